@@ -1,0 +1,288 @@
+"""Train the tiny Llama of the accuracy harness (addition + long-range key recall).
+
+Plain torch loop over ``transformers.LlamaForCausalLM`` (SDPA attention, bf16 autocast,
+fp32 master weights, AdamW, cosine schedule over a wall-clock budget), fixed seed. Steps
+alternate between short streams (2048 tokens, many problems per step) and long streams
+(9216 tokens) so RoPE positions past 8k and recall over 4k+ tokens are trained. Saves
+safetensors + config + character tokenizer in HF Llama format, so vLLM loads it like
+any checkpoint, then checks exact-match accuracy with the trained model itself
+(teacher-forced argmax over the answer, which equals greedy decoding's verdict).
+
+GPU (about 3 minutes on one H200):
+    python3 benchmarks/accuracy/train_tiny.py --out benchmarks/accuracy/model
+CPU smoke test (a few steps at toy size):
+    python3 benchmarks/accuracy/train_tiny.py --device cpu --toy --max-steps 3 --out /tmp/m
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import queue
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
+
+from benchmarks.accuracy import tasks
+from benchmarks.models.configs import ACCURACY_MODEL, write_json
+from benchmarks.models.tokenizer import (
+    char_vocab_size,
+    make_char_tokenizer,
+    special_ids,
+)
+
+# (stream length, batch) per step kind, alternating; both about 131k tokens per step.
+FULL_SCHEDULE = [(2048, 64), (9216, 14)]
+# Toy sizes for the CPU smoke test.
+TOY_SCHEDULE = [(128, 2), (256, 1)]
+TOY_MODEL = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "intermediate_size": 128,
+}
+
+
+def model_config(toy: bool) -> dict:
+    cfg = {
+        k: v
+        for k, v in ACCURACY_MODEL.items()
+        if k not in ("architectures", "model_type", "torch_dtype")
+    }
+    if toy:
+        cfg.update(TOY_MODEL)
+    ids = special_ids()
+    cfg.update(
+        vocab_size=char_vocab_size(tasks.ALPHABET),
+        bos_token_id=ids["bos"],
+        eos_token_id=ids["eos"],
+        pad_token_id=ids["pad"],
+    )
+    return cfg
+
+
+def make_batch(rng: random.Random, length: int, batch: int):
+    import torch
+
+    rows = [
+        [tasks.BOS_ID] + tasks.encode(tasks.training_stream(rng, length))
+        for _ in range(batch)
+    ]
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def batch_producer(seed: int, schedule, out: queue.Queue, stop: threading.Event):
+    rng = random.Random(seed)
+    step = 0
+    while not stop.is_set():
+        length, batch = schedule[step % len(schedule)]
+        item = make_batch(rng, length, batch)
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.5)
+                break
+            except queue.Full:
+                continue
+        step += 1
+
+
+def lr_at(progress: float, peak: float, warmup: float = 0.05) -> float:
+    """Linear warm-up over the first ``warmup`` of progress, then cosine to 5% of peak."""
+    progress = min(max(progress, 0.0), 1.0)
+    if progress < warmup:
+        return peak * progress / warmup
+    t = (progress - warmup) / (1.0 - warmup)
+    return peak * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * t)))
+
+
+def teacher_forced_accuracy(model, problems, device, batch: int) -> float:
+    """Fraction of problems whose answer + ';' is the argmax at every answer position."""
+    import torch
+
+    correct = 0
+    for i in range(0, len(problems), batch):
+        chunk = problems[i : i + batch]
+        rows = [
+            [tasks.BOS_ID] + tasks.encode(p.prompt + p.answer + tasks.END)
+            for p in chunk
+        ]
+        width = max(map(len, rows))
+        x = torch.full((len(rows), width), special_ids()["pad"], dtype=torch.long)
+        for r, row in enumerate(rows):
+            x[r, : len(row)] = torch.tensor(row)
+        x = x.to(device)
+        with (
+            torch.no_grad(),
+            torch.autocast(
+                device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
+            ),
+        ):
+            pred = model(input_ids=x).logits.argmax(-1)
+        for r, (p, row) in enumerate(zip(chunk, rows)):
+            n_ans = len(p.answer) + 1
+            start = len(row) - n_ans  # first answer token's index in the row
+            got = pred[r, start - 1 : len(row) - 1].tolist()
+            correct += got == row[start:]
+    return correct / max(1, len(problems))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=170.0,
+        help="wall-clock training budget (the LR schedule follows it)",
+    )
+    p.add_argument("--max-steps", type=int, default=4000)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--toy", action="store_true", help="toy sizes for a CPU smoke test")
+    p.add_argument(
+        "--check-problems",
+        type=int,
+        default=200,
+        help="addition problems for the after-training check (recall: 1/4)",
+    )
+    args = p.parse_args(argv)
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            "train_tiny: CUDA requested but not available; use --device cpu"
+        )
+    cfg_dict = model_config(args.toy)
+    config = LlamaConfig(**cfg_dict)
+    config._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(config).to(device)
+    n_params = sum(t.numel() for t in model.parameters())
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        weight_decay=0.1,
+        fused=device.type == "cuda",
+    )
+    schedule = TOY_SCHEDULE if args.toy else FULL_SCHEDULE
+    print(
+        f"train_tiny: {n_params / 1e6:.2f}M params, schedule {schedule}, "
+        f"budget {args.time_budget_s:.0f}s / {args.max_steps} steps",
+        flush=True,
+    )
+
+    batches: queue.Queue = queue.Queue(maxsize=4)
+    stop = threading.Event()
+    producer = threading.Thread(
+        target=batch_producer, args=(args.seed, schedule, batches, stop), daemon=True
+    )
+    producer.start()
+    log = []
+    t0 = time.monotonic()
+    step = 0
+    try:
+        while step < args.max_steps:
+            elapsed = time.monotonic() - t0
+            progress = max(step / args.max_steps, elapsed / args.time_budget_s)
+            if progress >= 1.0:
+                break
+            lr = lr_at(progress, args.lr)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            x = batches.get().to(device, non_blocking=True)
+            with torch.autocast(
+                device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
+            ):
+                logits = model(input_ids=x[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)
+            )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step += 1
+            if step % 25 == 0 or step <= 2:
+                rec = {
+                    "step": step,
+                    "len": x.shape[1] - 1,
+                    "loss": loss.item(),
+                    "lr": lr,
+                    "elapsed_s": round(time.monotonic() - t0, 1),
+                }
+                log.append(rec)
+                print(f"train_tiny: {rec}", flush=True)
+    finally:
+        stop.set()
+    train_s = time.monotonic() - t0
+
+    model.eval()
+    n_add = args.check_problems
+    add = tasks.addition_problems(n_add, seed=args.seed + 1)
+    rec_len = (600, 900, 300) if args.toy else (5000, 9000, 4096)
+    rec = tasks.recall_problems(
+        max(2, n_add // 4),
+        seed=args.seed + 2,
+        min_len=rec_len[0],
+        max_len=rec_len[1],
+        min_distance=rec_len[2],
+    )
+    acc_add = teacher_forced_accuracy(model, add, device, batch=64)
+    acc_rec = teacher_forced_accuracy(model, rec, device, batch=8)
+    print(
+        f"train_tiny: {step} steps in {train_s:.0f}s; HF check: addition "
+        f"{acc_add:.3f} (n={len(add)}), recall>=4k {acc_rec:.3f} (n={len(rec)})",
+        flush=True,
+    )
+
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    ids = special_ids()
+    make_char_tokenizer(out, tasks.ALPHABET, cfg_dict["max_position_embeddings"])
+    write_json(
+        out / "generation_config.json",
+        {
+            "bos_token_id": ids["bos"],
+            "eos_token_id": ids["eos"],
+            "pad_token_id": ids["pad"],
+            "do_sample": False,
+        },
+    )
+    write_json(
+        out / "train_log.json",
+        {
+            "seed": args.seed,
+            "steps": step,
+            "train_s": round(train_s, 1),
+            "params": n_params,
+            "schedule": schedule,
+            "lr": args.lr,
+            "toy": args.toy,
+            "torch": torch.__version__,
+            "hf_check": {"addition": acc_add, "recall": acc_rec},
+            "log": log,
+        },
+    )
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    print(f"train_tiny: saved {out} ({size / 1e6:.1f} MB)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

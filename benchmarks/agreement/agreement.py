@@ -1,0 +1,344 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Greedy-token agreement of two attention backends inside vLLM (run on the GPU).
+
+Each backend runs in its own process: offline ``vllm.LLM`` on a dummy-weight model
+directory with real Llama-3.1-8B dimensions (``benchmarks/models``), greedy first
+``--tokens`` tokens of ``--prompts`` prompts of mixed lengths (short chats to
+~3.9k-token documents, a group sharing a 300-token prefix for prefix-cache hits,
+all submitted at once so batches mix decodes and chunked prefills). The two token
+streams are compared position by position.
+
+Random weights make the logits nearly flat, so a tiny numerical difference can
+flip an argmax: besides the exact agreement the report counts divergences at near
+ties (both tokens in each other's top-5 with log-probabilities within
+``NEAR_TIE_NATS``), the signature of rounding rather than of a wrong attention.
+
+The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the worker
+can count the Triton kernels of ``vllm.attention.ops`` compiled *after* startup
+(expected 0: the backend warms every specialisation up at startup).
+
+Usage, from the repository root (each side's PYTHONPATH is a vLLM site; the fork's
+site by default, as in benchmarks/gpu_session.sh)::
+
+    PYTHONPATH=/tmp/site-fork python3 -m benchmarks.agreement.agreement
+    # stock TRITON_ATTN (stock site) against ours:
+    python3 -m benchmarks.agreement.agreement --reference TRITON_ATTN \\
+        --reference-pythonpath /tmp/site --backend-pythonpath /tmp/site-fork
+
+Writes ``benchmarks/results/agreement/<date>-<commit>[-<ref>-vs-<backend>].json``
+with the keys reference, backend, prompts, tokens_compared, tokens_equal,
+fraction_equal, tp, commit, gpu (plus details).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results" / "agreement"
+DEFAULT_PAIR = ("FLASH_ATTN", "TRITON_ATTN")
+TOP_LOGPROBS = 5
+NEAR_TIE_NATS = 0.05
+# Word ids of the benchmark tokenizer start after its special and role tokens.
+FIRST_WORD_ID = 16
+SHARED_PREFIX_LEN = 300
+
+
+def make_prompts(num_prompts: int, max_prompt_len: int, vocab: int, seed: int = 0):
+    """Token-id prompts: 40% short (8-64), 30% medium (65-512), 20% long
+    (513-2048), 10% very long (up to max_prompt_len); every fifth prompt starts
+    with one shared 300-token prefix."""
+    rng = random.Random(seed)
+    tiers = [
+        (0.4, 8, 64),
+        (0.3, 65, 512),
+        (0.2, 513, 2048),
+        (0.1, 2049, max_prompt_len),
+    ]
+    lengths = []
+    for share, lo, hi in tiers:
+        lengths += [
+            rng.randint(lo, min(hi, max_prompt_len))
+            for _ in range(round(share * num_prompts))
+        ]
+    lengths = (lengths + [rng.randint(8, 64) for _ in range(num_prompts)])[:num_prompts]
+    rng.shuffle(lengths)
+    prefix = [rng.randrange(FIRST_WORD_ID, vocab) for _ in range(SHARED_PREFIX_LEN)]
+    prompts = []
+    for i, n in enumerate(lengths):
+        body = [rng.randrange(FIRST_WORD_ID, vocab) for _ in range(n)]
+        if i % 5 == 0 and n > SHARED_PREFIX_LEN:
+            body[:SHARED_PREFIX_LEN] = prefix
+        prompts.append(body)
+    return prompts
+
+
+# ----------------------------------------------------------------------------------
+# Worker: one backend, one process
+# ----------------------------------------------------------------------------------
+
+
+def _triton_compiles() -> dict[str, int]:
+    """Compiled variants per Triton kernel of vllm.attention.ops (this process)."""
+    from triton.runtime.jit import JITFunction
+
+    counts = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("vllm.attention.ops") or module is None:
+            continue
+        for attr, obj in vars(module).items():
+            if isinstance(obj, JITFunction) and obj.device_caches:
+                n = sum(len(entry[0]) for entry in obj.device_caches.values())
+                if n:
+                    counts[f"{name}.{attr}"] = n
+    return counts
+
+
+def run_worker(args) -> None:
+    import torch
+    from vllm.inputs import TokensPrompt
+
+    from vllm import LLM, SamplingParams
+
+    prompts = json.loads(Path(args.prompts_file).read_text())
+    start = time.perf_counter()
+    llm = LLM(
+        model=args.model_dir,
+        load_format="dummy",
+        attention_config={"backend": args.backend},
+        max_model_len=args.max_model_len,
+        tensor_parallel_size=args.tp,
+        seed=0,
+        gpu_memory_utilization=0.85,
+        enable_prefix_caching=True,
+    )
+    startup_s = time.perf_counter() - start
+    compiled_at_startup = _triton_compiles()
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=args.tokens,
+        ignore_eos=True,
+        logprobs=TOP_LOGPROBS,
+    )
+    start = time.perf_counter()
+    outputs = llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+    )
+    generate_s = time.perf_counter() - start
+    compiled_after = _triton_compiles()
+    results = []
+    for out in outputs:
+        completion = out.outputs[0]
+        top = [
+            {str(tok): lp.logprob for tok, lp in step.items()}
+            for step in (completion.logprobs or [])
+        ]
+        results.append({"tokens": list(completion.token_ids), "top": top})
+    newly = {
+        k: v - compiled_at_startup.get(k, 0)
+        for k, v in compiled_after.items()
+        if v != compiled_at_startup.get(k, 0)
+    }
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "backend": args.backend,
+                "gpu": torch.cuda.get_device_name(),
+                "startup_s": round(startup_s, 1),
+                "generate_s": round(generate_s, 1),
+                "triton_kernels_compiled_at_startup": compiled_at_startup,
+                "triton_kernels_compiled_after_startup": newly,
+                "results": results,
+            }
+        )
+    )
+
+
+# ----------------------------------------------------------------------------------
+# Driver
+# ----------------------------------------------------------------------------------
+
+
+def _run_side(args, backend, pythonpath, prompts_file, model_dir, out):
+    env = dict(os.environ)
+    env.pop("VLLM_ATTENTION_BACKEND", None)  # the explicit backend is the choice
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    for offline in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS"):
+        env.setdefault(offline, "1")
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.agreement.agreement",
+        "--worker",
+        "--backend",
+        backend,
+        "--model-dir",
+        str(model_dir),
+        "--prompts-file",
+        str(prompts_file),
+        "--out",
+        str(out),
+        "--tokens",
+        str(args.tokens),
+        "--max-model-len",
+        str(args.max_model_len),
+        "--tp",
+        str(args.tp),
+    ]
+    print(f"[agreement] {backend}: {' '.join(cmd[3:])}", flush=True)
+    subprocess.run(cmd, env=env, cwd=REPO, check=True)
+    return json.loads(Path(out).read_text())
+
+
+def compare(ref: dict, new: dict) -> dict:
+    compared = equal = prefix_total = first_equal = 0
+    divergences = near_ties = 0
+    for a, b in zip(ref["results"], new["results"], strict=True):
+        n = min(len(a["tokens"]), len(b["tokens"]))
+        compared += n
+        equal += sum(x == y for x, y in zip(a["tokens"][:n], b["tokens"][:n]))
+        first_equal += int(n > 0 and a["tokens"][0] == b["tokens"][0])
+        prefix = next((i for i in range(n) if a["tokens"][i] != b["tokens"][i]), n)
+        prefix_total += prefix
+        if prefix < n:
+            divergences += 1
+            ta, tb = str(a["tokens"][prefix]), str(b["tokens"][prefix])
+            top_a, top_b = a["top"][prefix], b["top"][prefix]
+            if ta in top_b and tb in top_a:
+                gap_a = abs(top_a[ta] - top_a[tb])
+                gap_b = abs(top_b[ta] - top_b[tb])
+                near_ties += int(max(gap_a, gap_b) < NEAR_TIE_NATS)
+    num = len(ref["results"])
+    return {
+        "tokens_compared": compared,
+        "tokens_equal": equal,
+        "fraction_equal": round(equal / max(compared, 1), 4),
+        "first_token_equal_fraction": round(first_equal / max(num, 1), 4),
+        "mean_matching_prefix_tokens": round(prefix_total / max(num, 1), 2),
+        "prompts_diverged": divergences,
+        "divergences_at_near_ties": near_ties,
+    }
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("FORK_COMMIT", "unknown")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reference", default=DEFAULT_PAIR[0])
+    p.add_argument("--backend", default=DEFAULT_PAIR[1])
+    p.add_argument(
+        "--reference-pythonpath",
+        default=None,
+        help="PYTHONPATH of the reference process (default: inherited)",
+    )
+    p.add_argument("--backend-pythonpath", default=None)
+    p.add_argument("--model", default="llama-3.1-8b")
+    p.add_argument("--prompts", type=int, default=100)
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--out", type=Path, default=None)
+    # worker mode (internal)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    p.add_argument("--prompts-file", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        run_worker(args)
+        return 0
+
+    from benchmarks.models import make_model_dir
+    from benchmarks.models.configs import BENCH_TOKENIZER_VOCAB
+
+    with tempfile.TemporaryDirectory(prefix="agreement_") as tmp:
+        tmp = Path(tmp)
+        model_dir = make_model_dir(args.model, tmp / args.model)
+        prompts = make_prompts(
+            args.prompts, args.max_model_len - args.tokens - 8, BENCH_TOKENIZER_VOCAB
+        )
+        prompts_file = tmp / "prompts.json"
+        prompts_file.write_text(json.dumps(prompts))
+        ref = _run_side(
+            args,
+            args.reference,
+            args.reference_pythonpath,
+            prompts_file,
+            model_dir,
+            tmp / "ref.json",
+        )
+        new = _run_side(
+            args,
+            args.backend,
+            args.backend_pythonpath,
+            prompts_file,
+            model_dir,
+            tmp / "new.json",
+        )
+
+    commit = _commit()
+    report = {
+        "reference": args.reference,
+        "backend": args.backend,
+        "prompts": len(prompts),
+        **compare(ref, new),
+        "tp": args.tp,
+        "commit": commit,
+        "gpu": new["gpu"],
+        "model": args.model,
+        "tokens_per_prompt": args.tokens,
+        "max_model_len": args.max_model_len,
+        "prompt_len_min_max": [min(map(len, prompts)), max(map(len, prompts))],
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "sides": {
+            side["backend"] + ("" if i else " (reference)"): {
+                k: side[k]
+                for k in (
+                    "startup_s",
+                    "generate_s",
+                    "triton_kernels_compiled_at_startup",
+                    "triton_kernels_compiled_after_startup",
+                )
+            }
+            for i, side in ((0, ref), (1, new))
+        },
+    }
+    out = args.out
+    if out is None:
+        day = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+        suffix = (
+            ""
+            if (args.reference, args.backend) == DEFAULT_PAIR
+            else (f"-{args.reference}-vs-{args.backend}")
+        )
+        out = RESULTS / f"{day}-{commit}{suffix}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k != "sides"}, indent=2))
+    print(f"[agreement] wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""End-to-end offline throughput (issue #6): ``vllm.LLM`` on Llama-3.1-8B dimensions.
+
+Per backend, in its own process (``PYTHONPATH`` = its install): dummy bf16 weights,
+``max_model_len`` 12288, prefix caching off (passes repeat the same prompts), default
+torch.compile + CUDA graphs, all requests of a workload submitted at once, greedy with
+``ignore_eos``. Per workload:
+
+1. a few requests (``--warmup-requests``) untimed, so the pass below is what a fresh
+   engine sees on its first real batch of this shape (Triton JIT included);
+2. ``first`` pass: every request, timed;
+3. ``steady`` pass: the same requests again, timed (pass 2 was its untimed warm-up).
+
+total tok/s = (prompt tokens + generated tokens) / wall time of the pass. Greedy outputs
+of the steady pass are compared with FLASH_ATTN's (fraction identical). Results:
+``<results-dir>/<date>-<commit>.json``; per-backend partial files in ``--work-dir`` make
+the run resumable: a rerun skips (backend, workload) pairs already measured, and
+``--budget-s`` bounds one invocation (work that does not fit is left for the rerun).
+
+    python3 benchmarks/e2e/run_e2e.py --model-dir /tmp/models/llama-3.1-8b --scale 0.25
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
+
+from benchmarks import harness
+from benchmarks.e2e import results as res
+from benchmarks.e2e.workloads import (
+    WORKLOADS,
+    make_requests,
+    parse_workloads,
+    token_counts,
+)
+
+DEFAULT_BACKENDS = "FLASH_ATTN,TRITON_ATTN-stock,TRITON_ATTN-fork"
+HEAD_TOKENS = 32  # output tokens kept per request for the agreement check
+# Budget planning: a backend is not started with less than STARTUP_ALLOWANCE_S left
+# (a cold torch.compile start of the 8B model takes ~140 s), and a worker starts no
+# new workload once less than WORKLOAD_ALLOWANCE_S of its time is left.
+STARTUP_ALLOWANCE_S = 150.0
+WORKLOAD_ALLOWANCE_S = 60.0
+
+
+def stop_after(timeout_s: float) -> float:
+    """Seconds after which a worker with ``timeout_s`` starts no further workload (the
+    first one always runs: the engine start must not be wasted)."""
+    return max(0.75 * timeout_s, timeout_s - WORKLOAD_ALLOWANCE_S)
+
+
+def partial_name(backend: str, scale: float, kv: str) -> str:
+    return f"{backend}-s{scale:g}-kv{kv}.json"
+
+
+# ----------------------------------------------------------------------------- worker
+
+
+def worker(args) -> int:
+    import vllm
+    from vllm import LLM, SamplingParams
+
+    path = Path(args.partial)
+    state = (
+        harness.read_json(path)
+        if path.is_file()
+        else {
+            "backend": args.label,
+            "install": args.install,
+            "attention_backend": args.attention_backend,
+            "records": [],
+            "outputs": {},
+        }
+    )
+    # Versions as this process sees them (its PYTHONPATH), without importing torch.
+    versions = harness.library_versions(None)
+    state["versions"] = {
+        "vllm": vllm.__version__,
+        "torch": versions.get("torch"),
+        "triton": versions.get("triton"),
+    }
+    t0 = time.monotonic()
+    llm = LLM(
+        model=str(args.model_dir),
+        load_format="dummy",
+        dtype="bfloat16",
+        max_model_len=args.max_model_len,
+        attention_backend=args.attention_backend,
+        kv_cache_dtype=args.kv_cache_dtype,
+        enable_prefix_caching=False,
+        seed=0,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+    state["startup_s"] = round(time.monotonic() - t0, 1)
+    print(f"[e2e {args.label}] engine up in {state['startup_s']}s", flush=True)
+
+    for i, w in enumerate(parse_workloads(args.workloads)):
+        used = time.monotonic() - t0
+        if i > 0 and args.stop_after_s is not None and used > args.stop_after_s:
+            print(
+                f"[e2e {args.label}] {used:.0f}s used, stopping before {w.name} "
+                "(rerun to resume)",
+                flush=True,
+            )
+            break
+        reqs = make_requests(w, args.scale, args.seed)
+        prompts = [{"prompt_token_ids": p} for p, _ in reqs]
+        params = [
+            SamplingParams(
+                temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False
+            )
+            for _, n in reqs
+        ]
+        n_in, n_out_planned = token_counts(reqs)
+        k = min(args.warmup_requests, len(prompts))
+        llm.generate(prompts[:k], params[:k], use_tqdm=False)
+        for pass_name in ("first", "steady"):
+            t1 = time.monotonic()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            elapsed = time.monotonic() - t1
+            token_ids = [list(o.outputs[0].token_ids) for o in outs]
+            n_out = sum(map(len, token_ids))
+            if n_out != n_out_planned:
+                print(
+                    f"[e2e {args.label}] WARNING {w.name}: generated {n_out} tokens, "
+                    f"expected {n_out_planned} (ignore_eos should make them equal)"
+                )
+            rec = {
+                "workload": w.name,
+                "backend": args.label,
+                "install": args.install,
+                "attention_backend": args.attention_backend,
+                "kv_cache_dtype": args.kv_cache_dtype,
+                "pass": pass_name,
+                "scale": args.scale,
+                "num_requests": len(reqs),
+                "input_tokens": n_in,
+                "output_tokens": n_out,
+                "elapsed_s": round(elapsed, 3),
+                "total_tok_per_s": (n_in + n_out) / elapsed,
+                "output_tok_per_s": n_out / elapsed,
+            }
+            state["records"] = [
+                r
+                for r in state["records"]
+                if (r["workload"], r["pass"]) != (w.name, pass_name)
+            ]
+            state["records"].append(rec)
+            if pass_name == "steady":
+                state["outputs"][w.name] = {
+                    "digests": [res.output_digest(t) for t in token_ids],
+                    "heads": [t[:HEAD_TOKENS] for t in token_ids],
+                }
+            harness.write_json(path, state)
+            print(
+                f"[e2e {args.label}] {w.name} {pass_name}: "
+                f"{rec['total_tok_per_s']:,.0f} tok/s ({elapsed:.1f}s, "
+                f"{len(reqs)} requests)",
+                flush=True,
+            )
+    return 0
+
+
+# ----------------------------------------------------------------------- orchestrator
+
+
+def missing_workloads(partial: Path, wanted: list[str]) -> list[str]:
+    if not partial.is_file():
+        return list(wanted)
+    state = harness.read_json(partial)
+    done = {r["workload"] for r in state.get("records", []) if r["pass"] == "steady"}
+    return [w for w in wanted if w not in done]
+
+
+def aggregate(work_dir: Path, backends, scale: float, kv: str, wanted: list[str]):
+    """Records of all backends (ratios added) and steady-output agreement vs FA."""
+    states = {}
+    for b in backends:
+        f = work_dir / partial_name(b.name, scale, kv)
+        if f.is_file():
+            states[b.name] = harness.read_json(f)
+    records = [
+        r for s in states.values() for r in s["records"] if r["workload"] in wanted
+    ]
+    records = res.add_ratios(records)
+    agree = []
+    base = states.get(res.BASELINE)
+    for name, s in states.items():
+        if base is None or name == res.BASELINE:
+            continue
+        for w, outs in s.get("outputs", {}).items():
+            if w in base.get("outputs", {}) and w in wanted:
+                try:
+                    a = res.agreement(outs, base["outputs"][w])
+                except ValueError:
+                    continue
+                agree.append({"backend": name, "workload": w, **a})
+    return states, records, agree
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model-dir", type=Path, default=Path("/tmp/models/llama-3.1-8b"))
+    p.add_argument(
+        "--backends",
+        default=DEFAULT_BACKENDS,
+        help=f"comma list of {', '.join(harness.BACKENDS)}",
+    )
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiplies request counts (e.g. 0.25 for a short session)",
+    )
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8 | fp8_e4m3 ...")
+    p.add_argument("--max-model-len", type=int, default=12288)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--warmup-requests", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout-s", type=float, default=480.0, help="per backend process")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="wall-clock budget of this invocation: backends get what is left, "
+        "unfinished work resumes on the next run",
+    )
+    p.add_argument(
+        "--work-dir", type=Path, default=REPO / "benchmarks/results/e2e/work"
+    )
+    p.add_argument("--results-dir", type=Path, default=REPO / "benchmarks/results/e2e")
+    p.add_argument("--site-stock")
+    p.add_argument("--site-fork")
+    # worker-only
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--label", help=argparse.SUPPRESS)
+    p.add_argument("--install", help=argparse.SUPPRESS)
+    p.add_argument("--attention-backend", help=argparse.SUPPRESS)
+    p.add_argument("--partial", help=argparse.SUPPRESS)
+    p.add_argument("--stop-after-s", type=float, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker(args)
+
+    if not (args.model_dir / "config.json").is_file():
+        raise SystemExit(
+            f"no model dir at {args.model_dir}; make it with "
+            f"`python3 -m benchmarks.models /tmp/models llama-3.1-8b`"
+        )
+    backends = harness.parse_backends(args.backends)
+    wanted = [w.name for w in parse_workloads(args.workloads)]
+    sites = harness.resolve_sites(args.site_stock, args.site_fork)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    budget = harness.Budget(args.budget_s)
+    failed = []
+    for b in backends:
+        partial = args.work_dir / partial_name(b.name, args.scale, args.kv_cache_dtype)
+        todo = missing_workloads(partial, wanted)
+        if not todo:
+            print(f"[e2e] {b.name}: all workloads done ({partial}), skipping")
+            continue
+        if not budget.allows(STARTUP_ALLOWANCE_S):
+            print(f"[e2e] budget spent; {b.name} not started (rerun to resume)")
+            failed.append(b.name)
+            continue
+        harness.check_site(b, sites)
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            "--label",
+            b.name,
+            "--install",
+            b.install,
+            "--attention-backend",
+            b.attention_backend,
+            "--partial",
+            str(partial),
+            "--model-dir",
+            str(args.model_dir.resolve()),
+            "--workloads",
+            ",".join(todo),
+            "--scale",
+            str(args.scale),
+            "--kv-cache-dtype",
+            args.kv_cache_dtype,
+            "--max-model-len",
+            str(args.max_model_len),
+            "--gpu-memory-utilization",
+            str(args.gpu_memory_utilization),
+            "--warmup-requests",
+            str(args.warmup_requests),
+            "--seed",
+            str(args.seed),
+            "--stop-after-s",
+            str(stop_after(budget.timeout(args.timeout_s))),
+        ]
+        log = args.work_dir / partial.name.replace(".json", ".log")
+        rc = harness.run_logged(
+            cmd,
+            env=harness.backend_env(b, sites),
+            log=log,
+            timeout_s=budget.timeout(args.timeout_s),
+            what=f"e2e {b.name}",
+            cwd=Path("/tmp"),
+        )
+        if rc != 0 or missing_workloads(partial, wanted):
+            failed.append(b.name)
+
+    states, records, agree = aggregate(
+        args.work_dir, backends, args.scale, args.kv_cache_dtype, wanted
+    )
+    if not records:
+        print("[e2e] no results")
+        return 1
+    env = harness.environment(None)
+    versions = next((s["versions"] for s in states.values() if "versions" in s), {})
+    env.update({k: v for k, v in versions.items() if v})
+    body = {
+        "commit": env["commit"],
+        "gpu": env.get("gpu"),
+        "vllm": env.get("vllm"),
+        "torch": env.get("torch"),
+        "triton": env.get("triton"),
+        "driver": env.get("driver"),
+        "command": shlex.join([sys.executable] + sys.argv),
+        "scale": args.scale,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "model": args.model_dir.name,
+        "max_model_len": args.max_model_len,
+        "startup_s": {k: s.get("startup_s") for k, s in states.items()},
+        "records": records,
+        "output_agreement": agree,
+        "complete": not failed,
+    }
+    date = time.strftime("%Y%m%d", time.gmtime())
+    kv = "" if args.kv_cache_dtype == "auto" else f"-kv{args.kv_cache_dtype}"
+    scale = "" if args.scale == 1.0 else f"-s{args.scale:g}"
+    out = args.results_dir / f"{date}-{env['commit']}{kv}{scale}.json"
+    harness.write_json(out, body)
+    print(res.format_table(records))
+    for a in agree:
+        print(
+            f"greedy outputs {a['backend']} vs FLASH_ATTN on {a['workload']}: "
+            f"{a['identical']:.1%} identical, first {HEAD_TOKENS} tokens identical "
+            f"{a['identical_head']:.1%}, mean common prefix "
+            f"{a['mean_common_prefix']:.1f}"
+        )
+    print(f"[e2e] wrote {out}")
+    if failed:
+        print(
+            f"[e2e] INCOMPLETE: {', '.join(failed)} did not finish; rerun the same "
+            "command to resume"
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# One step of a GPU session on the H200 host, each fitting one device call (<= 9 min).
+#
+#   bash benchmarks/gpu_session.sh STEP
+#
+# Steps (in the order a session runs them; each one can be rerun, finished work is kept
+# in $STATE and skipped):
+#   setup          model dirs under $MODELS, versions of both installs     (~10 s)
+#   train          train the tiny accuracy model (~3 min)                   -> $STATE/accuracy-model
+#   accuracy       accuracy of FLASH_ATTN, TRITON_ATTN stock, fork           (~3-5 min)
+#   e2e-quick      issue #6 offline throughput, scale 0.25, 3 backends       (2 calls of ~8 min)
+#   serving-quick  issue #4 serving benchmark, quick mode, FA + fork         (~5-8 min)
+#   e2e-full | serving-full   full sizes, for longer sessions (resume across calls)
+#   serving-70b    the seed PR's 70B runs (10k/100, 5k/100), quick sizes, TP 2: needs the
+#                  nvidia-h200-x2 machine
+#   report         docs/performance.md from everything in $STATE/results
+#   collect        copy results to $OUT only
+#
+# Environment: OUT (files that come back; default ./gpu-out), STATE (kept between calls
+# while the machine is warm; default /tmp/bench-state), MODELS (/tmp/models),
+# BENCH_SITE_STOCK (/tmp/site), BENCH_SITE_FORK (/tmp/site-fork), STEP_BUDGET_S (500).
+# Every step ends by copying $STATE/results to $OUT/results: copy that folder's contents
+# into benchmarks/results/ of the repository (and $OUT/accuracy-model into
+# benchmarks/accuracy/model if it is under 20 MB) and commit them.
+set -euo pipefail
+STEP=${1:?usage: gpu_session.sh setup|train|accuracy|e2e-quick|serving-quick|e2e-full|serving-full|serving-70b|report|collect}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$REPO/gpu-out}
+STATE=${STATE:-/tmp/bench-state}
+MODELS=${MODELS:-/tmp/models}
+BUDGET=${STEP_BUDGET_S:-500}
+PY=${PYTHON:-python3}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export BENCH_SITE_STOCK=${BENCH_SITE_STOCK:-/tmp/site}
+export BENCH_SITE_FORK=${BENCH_SITE_FORK:-/tmp/site-fork}
+mkdir -p "$OUT" "$STATE/results" "$MODELS"
+cd "$REPO"
+
+# The orchestrators import only the standard library and benchmarks/; each worker gets
+# PYTHONPATH set to its own install, so a caller's PYTHONPATH must not leak in.
+unset PYTHONPATH
+
+acc_model() {
+  if [ -f "$STATE/accuracy-model/model.safetensors" ]; then echo "$STATE/accuracy-model"
+  elif [ -f "$REPO/benchmarks/accuracy/model/model.safetensors" ]; then
+    echo "$REPO/benchmarks/accuracy/model"
+  else echo "gpu_session: no tiny model; run the 'train' step first" >&2; exit 2; fi
+}
+
+need_model() {
+  [ -f "$MODELS/$1/config.json" ] ||
+    PYTHONPATH=$BENCH_SITE_STOCK "$PY" -m benchmarks.models "$MODELS" "$1"
+}
+
+collect() {
+  mkdir -p "$OUT/results"
+  cp -r "$STATE/results/." "$OUT/results/" 2>/dev/null || true
+  # Work folders hold logs and partial files: keep logs small, drop nothing else.
+  find "$OUT/results" -name '*.log' -size +2M -exec truncate -s 2M {} + 2>/dev/null || true
+  echo "gpu_session: results in $OUT/results -> copy into benchmarks/results/"
+}
+
+case "$STEP" in
+  setup)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
+    # tokenizers may live only in the stock install: make the model dirs with it.
+    PYTHONPATH=$BENCH_SITE_STOCK "$PY" -m benchmarks.models "$MODELS" llama-3.1-8b \
+      llama-3.1-70b mistral-7b-sw gemma-2-9b-softcap
+    for site in "$BENCH_SITE_STOCK" "$BENCH_SITE_FORK"; do
+      echo "== $site"; PYTHONPATH=$site "$PY" -c \
+        "import importlib.metadata as m; print({n: m.version(n) for n in ('torch','triton','vllm','transformers')})" \
+        || echo "gpu_session: WARNING no usable install at $site"
+    done
+    ;;
+  train)
+    # transformers comes from the stock install (the GPU host has no separate copy).
+    PYTHONPATH=$BENCH_SITE_STOCK timeout "$BUDGET" "$PY" benchmarks/accuracy/train_tiny.py \
+      --out "$STATE/accuracy-model" --time-budget-s 170
+    mkdir -p "$OUT/accuracy-model"
+    cp "$STATE/accuracy-model"/* "$OUT/accuracy-model/"
+    du -sh "$OUT/accuracy-model"
+    ;;
+  accuracy)
+    "$PY" benchmarks/accuracy/eval.py --model-dir "$(acc_model)" \
+      --out-dir "$STATE/results/accuracy" --timeout-s $((BUDGET / 3)) || rc=$?
+    collect; exit "${rc:-0}"
+    ;;
+  e2e-quick|e2e-full)
+    need_model llama-3.1-8b
+    scale=0.25; [ "$STEP" = e2e-full ] && scale=1
+    "$PY" benchmarks/e2e/run_e2e.py --model-dir "$MODELS/llama-3.1-8b" --scale "$scale" \
+      --work-dir "$STATE/e2e-work" --results-dir "$STATE/results/e2e" \
+      --budget-s "$BUDGET" ${E2E_ARGS:-} || rc=$?
+    collect; exit "${rc:-0}"
+    ;;
+  serving-quick|serving-full)
+    need_model llama-3.1-8b
+    mode=--quick; [ "$STEP" = serving-full ] && mode=
+    "$PY" benchmarks/serving/run_serving.py $mode --model-dir "$MODELS/llama-3.1-8b" \
+      --work-dir "$STATE/serving-work" --results-dir "$STATE/results/serving" \
+      --budget-s "$BUDGET" ${SERVING_ARGS:-} || rc=$?
+    collect; exit "${rc:-0}"
+    ;;
+  serving-70b)
+    need_model llama-3.1-70b
+    "$PY" benchmarks/serving/run_serving.py --quick --model-dir "$MODELS/llama-3.1-70b" \
+      --workloads random-10k-100,random-5k-100 --work-dir "$STATE/serving-work" \
+      --results-dir "$STATE/results/serving" --budget-s "$BUDGET" ${SERVING_ARGS:-} || rc=$?
+    collect; exit "${rc:-0}"
+    ;;
+  report)
+    plots=; "$PY" -c "import matplotlib" 2>/dev/null || plots=--no-plots
+    "$PY" benchmarks/report.py --results-dir "$STATE/results" \
+      --out "$OUT/performance.md" $plots
+    collect
+    ;;
+  collect) collect ;;
+  *) echo "gpu_session: unknown step $STEP" >&2; exit 2 ;;
+esac

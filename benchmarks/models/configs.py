@@ -1,0 +1,183 @@
+"""Model configurations for benchmarks and correctness runs, as plain data.
+
+The GPU host has no network and no weights. A "model" here is a directory with the real
+``config.json`` dimensions, a ``generation_config.json`` and a tokenizer made locally
+(see ``tokenizer.py``); vLLM runs it with ``--load-format dummy``. Only the attention
+shapes (heads, KV heads, head size, layers, context length, sliding window, soft-cap) and
+the matmul sizes matter for speed, and those are the published ones.
+
+``ACCURACY_MODEL`` is the tiny Llama that ``benchmarks/accuracy/train_tiny.py`` trains;
+its directory holds real weights and a character-level tokenizer instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+# Word-level benchmark tokenizer size. It must be <= every config's vocab_size (the
+# smallest here is Mistral's 32000); the random datasets draw token ids below it.
+BENCH_TOKENIZER_VOCAB = 32000
+
+_LLAMA3_ROPE_SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3",
+}
+
+
+def _llama31(hidden: int, layers: int, heads: int, kv_heads: int, inter: int) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": hidden // heads,
+        "intermediate_size": inter,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": dict(_LLAMA3_ROPE_SCALING),
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.02,
+        "torch_dtype": "bfloat16",
+    }
+
+
+# name -> {"config": HF config.json body (token ids are filled in from the tokenizer),
+#          "tokenizer": "bench" | "char", "serving_tp": tensor-parallel size for serving,
+#          "note": what the model is for}
+MODEL_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama-3.1-8b": {
+        "config": _llama31(4096, 32, 32, 8, 14336),
+        "tokenizer": "bench",
+        "serving_tp": 1,
+        "note": "Llama-3.1-8B dimensions: the main throughput model (GQA 4:1, head 128)",
+    },
+    "llama-3.1-70b": {
+        "config": _llama31(8192, 80, 64, 8, 28672),
+        "tokenizer": "bench",
+        "serving_tp": 2,
+        "note": "Llama-3.1-70B dimensions (GQA 8:1), served with tensor parallel 2",
+    },
+    "mistral-7b-sw": {
+        "config": {
+            "architectures": ["MistralForCausalLM"],
+            "model_type": "mistral",
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "intermediate_size": 14336,
+            "vocab_size": 32000,
+            "max_position_embeddings": 32768,
+            "sliding_window": 4096,
+            "rope_theta": 10000.0,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+        },
+        "tokenizer": "bench",
+        "serving_tp": 1,
+        "note": "Mistral-7B-v0.1 style: sliding window 4096 on every layer",
+    },
+    "gemma-2-9b-softcap": {
+        "config": {
+            "architectures": ["Gemma2ForCausalLM"],
+            "model_type": "gemma2",
+            "hidden_size": 3584,
+            "num_hidden_layers": 42,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 256,
+            "intermediate_size": 14336,
+            "vocab_size": 256000,
+            "max_position_embeddings": 8192,
+            "sliding_window": 4096,
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+            "query_pre_attn_scalar": 256,
+            "rope_theta": 10000.0,
+            "hidden_act": "gelu_pytorch_tanh",
+            "hidden_activation": "gelu_pytorch_tanh",
+            "rms_norm_eps": 1e-6,
+            "attention_bias": False,
+            "tie_word_embeddings": True,
+            "torch_dtype": "bfloat16",
+        },
+        "tokenizer": "bench",
+        "serving_tp": 1,
+        "note": "Gemma-2-9B style: attention logit soft-cap 50, head 256, "
+        "alternating sliding-window layers",
+    },
+}
+
+# The tiny model trained for the accuracy harness. Head size 128 and 4 query heads per KV
+# head, like Llama-3.1-8B; RoPE with max_position_embeddings 16384 so the long-context
+# recall problems (8-10k tokens) fit. vocab_size is set from the character tokenizer.
+ACCURACY_MODEL: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 128,
+    "intermediate_size": 1024,
+    "max_position_embeddings": 16384,
+    "rope_theta": 100000.0,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "tie_word_embeddings": False,
+    "initializer_range": 0.02,
+    "torch_dtype": "bfloat16",
+}
+
+
+def model_names() -> list[str]:
+    return sorted(MODEL_CONFIGS)
+
+
+def model_entry(name: str) -> dict[str, Any]:
+    if name not in MODEL_CONFIGS:
+        raise KeyError(
+            f"unknown model {name!r}; known models: {', '.join(model_names())}"
+        )
+    return MODEL_CONFIGS[name]
+
+
+def build_config(name: str, special_ids: dict[str, int]) -> dict[str, Any]:
+    """config.json body of ``name`` with bos/eos/pad ids taken from the tokenizer."""
+    cfg = copy.deepcopy(model_entry(name)["config"])
+    cfg["bos_token_id"] = special_ids["bos"]
+    cfg["eos_token_id"] = special_ids["eos"]
+    cfg["pad_token_id"] = special_ids["pad"]
+    return cfg
+
+
+def generation_config(special_ids: dict[str, int]) -> dict[str, Any]:
+    # Greedy by default; the benchmarks pass their own sampling parameters anyway.
+    return {
+        "bos_token_id": special_ids["bos"],
+        "eos_token_id": special_ids["eos"],
+        "pad_token_id": special_ids["pad"],
+        "do_sample": False,
+    }
+
+
+def write_json(path: Path, body: dict[str, Any]) -> None:
+    path.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")

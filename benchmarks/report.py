@@ -1,0 +1,291 @@
+"""Generate docs/performance.md (and the serving plots) from the results JSON files.
+
+Inputs, all optional (sections without data say so):
+- ``benchmarks/results/serving/*.json``  (run_serving.py; newest per model and mode)
+- ``benchmarks/results/e2e/*.json``      (run_e2e.py; newest per scale and KV dtype)
+- ``benchmarks/results/accuracy/summary*.json`` (accuracy/eval.py)
+
+    python3 benchmarks/report.py            # writes docs/performance.md + PNGs
+    python3 benchmarks/report.py --no-plots # text only (no matplotlib needed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
+
+from benchmarks.e2e import results as e2e_results
+from benchmarks.serving import results as serving_results
+
+PLOT_METRICS = [
+    ("total_token_throughput", "total tok/s (higher is better)"),
+    ("median_ttft_ms", "median TTFT ms (lower is better)"),
+    ("median_tpot_ms", "median TPOT ms (lower is better)"),
+]
+
+
+def _load(paths) -> list[tuple[Path, dict]]:
+    out = []
+    for p in sorted(paths):
+        try:
+            out.append((p, json.loads(p.read_text())))
+        except (OSError, ValueError) as e:
+            print(f"report: skipping unreadable {p}: {e}", file=sys.stderr)
+    return out
+
+
+def newest_by(items: list[tuple[Path, dict]], key) -> list[tuple[Path, dict]]:
+    """Newest file (by name: files start with the date) per ``key(body)``."""
+    best: dict = {}
+    for p, body in items:
+        k = key(body)
+        if k not in best or p.name > best[k][0].name:
+            best[k] = (p, body)
+    return [best[k] for k in sorted(best, key=str)]
+
+
+def plot_serving(body: dict, plot_dir: Path) -> list[Path]:
+    """One PNG per workload: grouped bars (backends) per (rate, pass), three metrics."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    records = body["records"]
+    out = []
+    for workload in sorted({r["workload"] for r in records}):
+        rs = [r for r in records if r["workload"] == workload]
+        groups = sorted(
+            {(str(r["rate"]), r["pass"]) for r in rs},
+            key=lambda g: (g[0] != "inf", g[0], g[1] != "first"),
+        )
+        backends = sorted(
+            {r["backend"] for r in rs}, key=lambda n: (n != serving_results.BASELINE, n)
+        )
+        fig, axes = plt.subplots(
+            1, len(PLOT_METRICS), figsize=(5 * len(PLOT_METRICS), 4)
+        )
+        width = 0.8 / max(1, len(backends))
+        for ax, (metric, label) in zip(axes, PLOT_METRICS):
+            for i, b in enumerate(backends):
+                vals = []
+                for rate, pass_name in groups:
+                    hit = [
+                        r
+                        for r in rs
+                        if (str(r["rate"]), r["pass"], r["backend"])
+                        == (rate, pass_name, b)
+                    ]
+                    vals.append(hit[0].get(metric, 0.0) if hit else 0.0)
+                xs = [g + i * width for g in range(len(groups))]
+                ax.bar(xs, vals, width=width, label=b)
+            ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
+            ax.set_xticklabels([f"rate {r}\n{p}" for r, p in groups], fontsize=8)
+            ax.set_title(label, fontsize=10)
+        axes[0].legend(fontsize=8)
+        mode = body.get("mode", "")
+        fig.suptitle(
+            f"{body.get('model')} · {workload} · {mode} · commit {body.get('commit')}",
+            fontsize=10,
+        )
+        fig.tight_layout()
+        png = plot_dir / f"{body.get('model')}-{mode}-{workload}.png"
+        fig.savefig(png, dpi=110)
+        plt.close(fig)
+        out.append(png)
+    return out
+
+
+def _env_line(env: dict) -> str:
+    keys = ["gpu", "driver", "torch", "triton", "vllm", "commit"]
+    return ", ".join(f"{k} {env.get(k, '?')}" for k in keys)
+
+
+def serving_section(items, plot_dir: Path | None, doc_dir: Path) -> list[str]:
+    lines = ["## Serving (`vllm bench serve`)", ""]
+    if not items:
+        return lines + [
+            (
+                "No serving results yet: run `bash benchmarks/gpu_session.sh "
+                "serving-quick` on the GPU host."
+            ),
+            "",
+        ]
+    for path, body in newest_by(items, lambda b: (b.get("model"), b.get("mode"))):
+        lines.append(
+            f"### {body.get('model')} · {body.get('mode')} mode "
+            f"({path.name}{'' if body.get('complete') else ', INCOMPLETE'})"
+        )
+        lines.append("")
+        for inst, env in sorted(body.get("environment", {}).items()):
+            lines.append(f"- {inst} install: {_env_line(env)}")
+        lines.append(f"- command: `{body.get('command', '?')}`")
+        lines.append("")
+        ratios = serving_results.ratio_to_baseline(body["records"])
+        if ratios:
+            lines += [
+                "Total token throughput relative to FLASH_ATTN:",
+                "",
+                "| workload | rate | pass | backend | total tok/s | vs FLASH_ATTN |",
+                "|---|---|---|---|---:|---:|",
+            ]
+            for r in ratios:
+                lines.append(
+                    f"| {r['workload']} | {r['rate']} | {r['pass']} | "
+                    f"{r['backend']} | {r['value']:,.0f} | {r['ratio']:.2f}x |"
+                )
+            lines.append("")
+        lines.append(
+            serving_results.side_by_side(body["records"]).replace("### ", "#### ")
+        )
+        if plot_dir is not None:
+            try:
+                pngs = plot_serving(body, plot_dir)
+            except ImportError as e:
+                lines.append(f"(plots skipped: {e})")
+                pngs = []
+            for png in pngs:
+                rel = os.path.relpath(png.resolve(), doc_dir.resolve())
+                lines.append(f"![{png.stem}]({Path(rel).as_posix()})")
+            lines.append("")
+        lines.append(
+            "<details><summary>Result blocks (as printed by vllm bench serve)</summary>"
+        )
+        lines.append("")
+        for r in body["records"]:
+            lines.append(
+                f"{r['backend']} · {r['workload']} · rate {r['rate']} · "
+                f"{r['pass']} pass"
+            )
+            lines.append("```")
+            lines.append(serving_results.result_block(r))
+            lines.append("```")
+        lines += ["</details>", ""]
+    return lines
+
+
+def e2e_section(items) -> list[str]:
+    lines = ["## End-to-end offline throughput (`vllm.LLM`, issue #6)", ""]
+    if not items:
+        return lines + [
+            (
+                "No e2e results yet: run `bash benchmarks/gpu_session.sh "
+                "e2e-quick` on the GPU host."
+            ),
+            "",
+        ]
+    for path, body in newest_by(
+        items, lambda b: (b.get("scale"), b.get("kv_cache_dtype"))
+    ):
+        lines.append(
+            f"### scale {body.get('scale')} · KV cache "
+            f"{body.get('kv_cache_dtype')} ({path.name}"
+            f"{'' if body.get('complete') else ', INCOMPLETE'})"
+        )
+        lines.append("")
+        lines.append(f"- {_env_line(body)}")
+        lines.append(
+            f"- model {body.get('model')}, max_model_len "
+            f"{body.get('max_model_len')}, startup s: {body.get('startup_s')}"
+        )
+        lines.append(f"- command: `{body.get('command', '?')}`")
+        lines.append("")
+        lines.append(e2e_results.format_table(body["records"]))
+        lines.append("")
+        for a in body.get("output_agreement", []):
+            lines.append(
+                f"- greedy outputs {a['backend']} vs FLASH_ATTN, "
+                f"{a['workload']}: {a['identical']:.1%} identical, first "
+                f"tokens identical {a['identical_head']:.1%}, mean common "
+                f"prefix {a['mean_common_prefix']:.1f}"
+            )
+        lines.append("")
+    return lines
+
+
+def accuracy_section(items) -> list[str]:
+    from benchmarks.accuracy.eval import lm_eval_table
+
+    lines = ["## Accuracy (tiny trained Llama through vLLM)", ""]
+    if not items:
+        return lines + [
+            (
+                "No accuracy results yet: run `bash benchmarks/gpu_session.sh "
+                "train` then `... accuracy` on the GPU host."
+            ),
+            "",
+        ]
+    path, body = items[-1]
+    lines.append(f"({path.name}; {_env_line(body.get('environment', {}))})")
+    lines.append("")
+    for label, r in body.get("backends", {}).items():
+        lines.append(lm_eval_table(f"**{label}** ({r.get('install')})", r["summary"]))
+        lines.append("")
+    for r in body.get("comparison", []):
+        if r["task"] == "*":
+            lines.append(
+                f"- {r['backend']}: {r['answers_differing']}/{r['n']} answers "
+                "differ from FLASH_ATTN"
+            )
+        else:
+            lines.append(
+                f"- {r['backend']} {r['task']}: {r['acc']:.4f} vs "
+                f"{r['baseline_acc']:.4f} (stderr {r['baseline_stderr']:.4f}) "
+                f"{'PASS' if r['pass'] else 'FAIL'}"
+            )
+    lines.append("")
+    lines.append(f"Overall: {'PASS' if body.get('pass') else 'FAIL or incomplete'}")
+    lines.append("")
+    return lines
+
+
+def build(results_dir: Path, doc: Path, plots: bool) -> str:
+    serving = _load((results_dir / "serving").glob("*.json"))
+    e2e = _load((results_dir / "e2e").glob("*.json"))
+    acc = _load((results_dir / "accuracy").glob("summary*.json"))
+    plot_dir = results_dir / "serving" / "plots" if plots else None
+    lines = [
+        "# Performance",
+        "",
+        (
+            "Generated by `python3 benchmarks/report.py` from the JSON files under "
+            "`benchmarks/results/`; do not edit by hand. Models are config-only "
+            "(`benchmarks/models/`, real dimensions, `--load-format dummy`), so numbers "
+            "measure speed, not quality; quality is the accuracy section's tiny trained "
+            "model. Ratios are value / FLASH_ATTN value (throughput: higher is better, "
+            "latency: lower is better). `first` = a fresh server/engine's first pass over "
+            "the requests; `steady` = the same requests again."
+        ),
+        "",
+    ]
+    lines += serving_section(serving, plot_dir, doc.parent)
+    lines += e2e_section(e2e)
+    lines += accuracy_section(acc)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--results-dir", type=Path, default=REPO / "benchmarks/results")
+    p.add_argument("--out", type=Path, default=REPO / "docs/performance.md")
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    text = build(args.results_dir, args.out, plots=not args.no_plots)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(f"report: wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""Serving benchmark (issue #4): ``vllm serve`` + ``vllm bench serve`` per backend.
+
+For each backend (own ``PYTHONPATH``: stock or fork install) start one server on a
+dummy-weight model directory (``benchmarks/models``), wait for ``/health`` (progress
+every 15 s, hard timeout; on failure print the server log tail and go on to the next
+backend, exiting non-zero at the end), then run the workloads of
+``benchmarks/serving/workloads.py``. Every (workload, rate) gets two timed passes over
+the same requests: ``first`` (what a fresh server sees; Triton JIT included) and
+``steady`` (the first pass was its warm-up). Prefix caching is off so the repeat pays
+its prefill.
+
+Resumable: each pass's ``vllm bench serve`` JSON lands in
+``<work-dir>/<model>/<backend>/<pass key>.json`` and is not rerun; a backend with every
+pass done does not even start a server. ``--budget-s`` bounds one invocation.
+
+Prints the seed PRs' result block per pass and a side-by-side table with ratios to
+FLASH_ATTN; writes ``<results-dir>/<date>-<commit>[-quick].json`` (environment +
+records). ``benchmarks/report.py`` turns those files into docs/performance.md + plots.
+
+    python3 benchmarks/serving/run_serving.py --quick \
+        --backends FLASH_ATTN,TRITON_ATTN-fork --model-dir /tmp/models/llama-3.1-8b
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
+
+from benchmarks import harness
+from benchmarks.models import MODEL_CONFIGS, model_entry
+from benchmarks.serving import results as sres
+from benchmarks.serving.workloads import (
+    WORKLOADS,
+    Run,
+    bench_command,
+    plan_runs,
+    serve_command,
+)
+
+DEFAULT_BACKENDS = "FLASH_ATTN,TRITON_ATTN-stock,TRITON_ATTN-fork"
+QUICK_BACKENDS = "FLASH_ATTN,TRITON_ATTN-fork"
+# Budget planning: no server start with less than STARTUP_ALLOWANCE_S left (cold
+# torch.compile start ~140 s), no bench pass with less than PASS_ALLOWANCE_S left.
+STARTUP_ALLOWANCE_S = 150.0
+PASS_ALLOWANCE_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(
+    proc: subprocess.Popen, port: int, log: Path, timeout_s: float, what: str
+) -> bool:
+    """Poll /health until 200; False (after printing the log tail) if the server dies
+    or ``timeout_s`` passes."""
+    url = f"http://127.0.0.1:{port}/health"
+    t0 = time.monotonic()
+    last_note = t0
+    while True:
+        elapsed = time.monotonic() - t0
+        if proc.poll() is not None:
+            _fail(
+                what,
+                f"server exited with code {proc.returncode} after {elapsed:.0f}s",
+                log,
+            )
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                if resp.status == 200:
+                    print(f"[{what}] server healthy after {elapsed:.0f}s", flush=True)
+                    return True
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        if elapsed > timeout_s:
+            _fail(what, f"server not healthy after {timeout_s:.0f}s", log)
+            return False
+        if time.monotonic() - last_note >= 15:
+            last_note = time.monotonic()
+            last = harness.tail(log, 1).strip()[:160]
+            print(
+                f"[{what}] waiting for /health: {elapsed:.0f}s; log: {last}", flush=True
+            )
+        time.sleep(0.5 if elapsed < 10 else 2.0)
+
+
+def _fail(what: str, why: str, log: Path) -> None:
+    bar = "!" * 78
+    print(
+        f"\n{bar}\n[{what}] FAILED: {why}\n--- server log tail ({log}) ---\n"
+        f"{harness.tail(log, 80)}\n{bar}\n",
+        flush=True,
+    )
+
+
+def run_backend(
+    b: harness.Backend,
+    runs: list[Run],
+    args,
+    sites: dict[str, str],
+    work: Path,
+    budget: harness.Budget,
+) -> bool:
+    """All pending passes of one backend on one server. True if nothing failed."""
+    todo = [r for r in runs if not (work / f"{r.key}.json").is_file()]
+    if not todo:
+        print(f"[serving {b.name}] all {len(runs)} passes done, skipping")
+        return True
+    if not budget.allows(STARTUP_ALLOWANCE_S):
+        print(f"[serving {b.name}] budget spent; not started (rerun to resume)")
+        return False
+    harness.check_site(b, sites)
+    env = harness.backend_env(b, sites)
+    port = free_port()
+    served = args.model_dir.name
+    tp = args.tp
+    if tp is None:
+        tp = model_entry(served)["serving_tp"] if served in MODEL_CONFIGS else 1
+    cmd = serve_command(
+        sys.executable,
+        str(args.model_dir.resolve()),
+        served,
+        port,
+        b.attention_backend,
+        tp,
+    )
+    log = work / "server.log"
+    work.mkdir(parents=True, exist_ok=True)
+    what = f"serving {b.name}"
+    print(f"[{what}] $ {shlex.join(cmd)}\n[{what}] server log: {log}", flush=True)
+    ok = True
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd="/tmp",
+            start_new_session=True,
+        )
+        try:
+            if not wait_healthy(
+                proc, port, log, budget.timeout(args.startup_timeout_s), what
+            ):
+                return False
+            for run in todo:
+                if not budget.allows(PASS_ALLOWANCE_S):
+                    print(
+                        f"[{what}] budget spent; {run.key} and later passes "
+                        "left for a rerun"
+                    )
+                    ok = False
+                    break
+                bcmd = bench_command(
+                    sys.executable,
+                    run,
+                    str(args.model_dir.resolve()),
+                    served,
+                    port,
+                    str(work),
+                    f"{run.key}.bench.json",
+                )
+                rc = harness.run_logged(
+                    bcmd,
+                    env=env,
+                    log=work / f"{run.key}.log",
+                    timeout_s=budget.timeout(args.pass_timeout_s),
+                    what=f"{what} {run.key}",
+                    cwd=Path("/tmp"),
+                )
+                tmp = work / f"{run.key}.bench.json"
+                if rc != 0 or not tmp.is_file():
+                    _fail(what, f"bench pass {run.key} failed (exit {rc})", log)
+                    ok = False
+                    if proc.poll() is not None:
+                        break
+                    continue
+                meta = {"command": shlex.join(bcmd), "server_command": shlex.join(cmd)}
+                body = harness.read_json(tmp)
+                body["_meta"] = meta
+                harness.write_json(work / f"{run.key}.json", body)
+                tmp.unlink()
+        finally:
+            harness.kill_group(proc)
+    return ok
+
+
+def collect(
+    work_root: Path, backends, runs: list[Run], model: str, quick: bool
+) -> list[dict]:
+    records = []
+    for b in backends:
+        for run in runs:
+            f = work_root / b.name / f"{run.key}.json"
+            if not f.is_file():
+                continue
+            bench = harness.read_json(f)
+            records.append(
+                sres.make_record(
+                    bench,
+                    backend=b.name,
+                    install=b.install,
+                    attention_backend=b.attention_backend,
+                    workload=run.workload.name,
+                    pass_name=run.pass_name,
+                    rate=run.rate,
+                    model=model,
+                    quick=quick,
+                    command=bench.get("_meta", {}).get("command", ""),
+                )
+            )
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model-dir",
+        type=Path,
+        default=Path("/tmp/models/llama-3.1-8b"),
+        help="made by `python3 -m benchmarks.models /tmp/models NAME`",
+    )
+    p.add_argument(
+        "--backends",
+        default=None,
+        help=f"default {DEFAULT_BACKENDS} ({QUICK_BACKENDS} with --quick)",
+    )
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small prompt counts, no request-rate sweeps (~5 min, 2 backends)",
+    )
+    p.add_argument("--no-rates", action="store_true", help="skip request-rate passes")
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        help="tensor parallel size (default: the model's serving_tp)",
+    )
+    p.add_argument("--startup-timeout-s", type=float, default=420.0)
+    p.add_argument("--pass-timeout-s", type=float, default=600.0)
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="wall-clock budget of this invocation; unfinished passes resume on rerun",
+    )
+    p.add_argument(
+        "--work-dir", type=Path, default=REPO / "benchmarks/results/serving/work"
+    )
+    p.add_argument(
+        "--results-dir", type=Path, default=REPO / "benchmarks/results/serving"
+    )
+    p.add_argument("--site-stock")
+    p.add_argument("--site-fork")
+    args = p.parse_args(argv)
+
+    if not (args.model_dir / "config.json").is_file():
+        raise SystemExit(
+            f"no model dir at {args.model_dir}; make it with "
+            "`python3 -m benchmarks.models /tmp/models llama-3.1-8b`"
+        )
+    backends = harness.parse_backends(
+        args.backends or (QUICK_BACKENDS if args.quick else DEFAULT_BACKENDS)
+    )
+    names = [s.strip() for s in args.workloads.split(",") if s.strip()]
+    runs = plan_runs(
+        names, quick=args.quick, with_rates=not (args.quick or args.no_rates)
+    )
+    sites = harness.resolve_sites(args.site_stock, args.site_fork)
+    model = args.model_dir.name
+    mode = "quick" if args.quick else "full"
+    work_root = args.work_dir / f"{model}-{mode}"
+    budget = harness.Budget(args.budget_s)
+    failed = []
+    for b in backends:
+        if not run_backend(b, runs, args, sites, work_root / b.name, budget):
+            failed.append(b.name)
+
+    records = collect(work_root, backends, runs, model, args.quick)
+    if not records:
+        print("[serving] no results")
+        return 1
+    for r in records:
+        print(
+            f"\n{r['backend']} · {r['workload']} · rate {r['rate']} · {r['pass']} pass"
+        )
+        print(sres.result_block(r))
+    print()
+    print(sres.side_by_side(records))
+    envs = {
+        inst: harness.environment(sites[inst])
+        for inst in sorted({b.install for b in backends})
+    }
+    commit = next(iter(envs.values()))["commit"]
+    body = {
+        "kind": "serving",
+        "model": model,
+        "mode": mode,
+        "commit": commit,
+        "environment": envs,
+        "command": shlex.join([sys.executable] + sys.argv),
+        "backends": [b.as_dict() for b in backends],
+        "complete": not failed,
+        "records": records,
+    }
+    date = time.strftime("%Y%m%d", time.gmtime())
+    out = (
+        args.results_dir
+        / f"{date}-{commit}-{model}{'-quick' if args.quick else ''}.json"
+    )
+    harness.write_json(out, body)
+    print(f"[serving] wrote {out}")
+    try:
+        from benchmarks.report import plot_serving
+
+        for png in plot_serving(body, args.results_dir / "plots"):
+            print(f"[serving] plot {png}")
+    except ImportError as e:
+        print(
+            f"[serving] no plots here ({e}); run benchmarks/report.py where "
+            "matplotlib is installed"
+        )
+    if failed:
+        print(
+            f"[serving] INCOMPLETE/FAILED: {', '.join(failed)}; rerun the same "
+            "command to resume"
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

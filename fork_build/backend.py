@@ -1,0 +1,73 @@
+"""In-tree PEP 517 build backend: `pip install .` / `pip wheel .` build the fork.
+
+The wheel is the pinned upstream vLLM wheel repackaged with the fork's changes
+(`fork_build.wheel`). Config settings (`pip ... --config-settings KEY=VALUE`):
+
+* `upstream-wheel=PATH`: use this local copy of the pinned upstream wheel
+  (same as TRITONATTN_UPSTREAM_WHEEL); it is verified by sha256 like a download.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import tempfile
+from pathlib import Path
+
+from fork_build import pins, plan, upstream, wheel
+
+
+def _upstream_wheel(config_settings) -> Path:
+    return upstream.fetch("wheel", (config_settings or {}).get("upstream-wheel"))
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def get_requires_for_build_sdist(config_settings=None):
+    return []
+
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    return wheel.write_metadata_dir(
+        _upstream_wheel(config_settings), Path(metadata_directory)
+    )
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    built = wheel.build_wheel(_upstream_wheel(config_settings), Path(wheel_directory))
+    return built.name
+
+
+# The fork's own sdist: the repository files the backend needs to build the wheel.
+SDIST_PATHS = (
+    "pyproject.toml",
+    "setup.py",
+    "README.md",
+    "requirements-rocm.txt",
+    "fork_build",
+    "envs_patch",
+    "vllm",
+)
+
+
+def build_sdist(sdist_directory, config_settings=None):
+    name = f"vllm-{pins.FORK_VERSION}"
+    target = Path(sdist_directory) / f"{name}.tar.gz"
+    root = plan.REPO_ROOT
+    pkg_info = (
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {pins.FORK_VERSION}\n"
+        f"Summary: vLLM {pins.UPSTREAM_VERSION} with the TritonAttn attention "
+        f"backend\n"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "PKG-INFO").write_text(pkg_info)
+        with tarfile.open(target, "w:gz") as tar:
+            tar.add(Path(tmp) / "PKG-INFO", f"{name}/PKG-INFO")
+            for rel in SDIST_PATHS:
+                tar.add(
+                    root / rel,
+                    f"{name}/{rel}",
+                    filter=lambda t: None if "__pycache__" in t.name else t,
+                )
+    return target.name

@@ -1,0 +1,117 @@
+"""Command line of setup.py (see its docstring for the commands)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fork_build import BuildError, pins, plan, site, source, upstream, wheel
+
+
+def _wheel(args) -> str:
+    built = wheel.build_wheel(upstream.fetch("wheel", args.upstream_wheel), args.out)
+    return f"wrote {built}"
+
+
+def _patch(args) -> str:
+    if args.status:
+        return site.describe(args.site_packages)
+    if args.revert:
+        paths = site.revert_site(args.site_packages)
+        return f"reverted {len(paths)} files in {args.site_packages} to stock vLLM"
+    paths = site.patch_site(args.site_packages)
+    return (
+        f"patched {len(paths)} files in {args.site_packages}: vLLM "
+        f"{pins.FORK_VERSION} (undo with --revert)"
+    )
+
+
+def _pr_patch(args) -> str:
+    out = args.out or Path("dist") / source.PATCH_NAME
+    written = source.write_pr_patch(upstream.fetch("sdist", args.upstream_sdist), out)
+    return f"wrote {written} (check: git apply --check {written} in {source.SDIST_ROOT})"
+
+
+def _source_tree(args) -> str:
+    tree = source.write_source_tree(
+        upstream.fetch("sdist", args.upstream_sdist), args.out
+    )
+    return f"wrote the patched source tree {tree} (build steps: docs/rocm.md)"
+
+
+def _fetch(args) -> str:
+    paths = [upstream.fetch("wheel", args.upstream_wheel)]
+    paths.append(upstream.fetch("sdist", args.upstream_sdist))
+    return "verified: " + ", ".join(str(p) for p in paths)
+
+
+def _show(args) -> str:
+    lines = [f"fork version: {pins.FORK_VERSION} (upstream vLLM {pins.UPSTREAM_VERSION})"]
+    lines += [f"overlay: {p}" for p in plan.overlay_files()]
+    lines += [f"edited:  {p}" for p in plan.edited_files()]
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python setup.py",
+        description=f"Build and install the vLLM TritonAttn fork "
+        f"({pins.FORK_VERSION}). `pip install .` builds and installs the wheel.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name, func, help_text):
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        cmd.set_defaults(func=func)
+        return cmd
+
+    def upstream_option(cmd, kind):
+        option, env = upstream.KINDS[kind][2:]
+        cmd.add_argument(
+            option,
+            metavar="PATH",
+            help=f"local copy of {upstream.KINDS[kind][0]} (else {env}, the cache "
+            f"{upstream.cache_dir()}, or a download from PyPI)",
+        )
+
+    cmd = add("wheel", _wheel, "build the fork's wheel (like `pip wheel . -w dist`)")
+    cmd.add_argument("--out", type=Path, default=Path("dist"), help="default: dist")
+    upstream_option(cmd, "wheel")
+
+    cmd = add("patch", _patch, "patch an installed vLLM 0.26.0 in place (offline)")
+    cmd.add_argument(
+        "--site-packages",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="directory that contains the vllm package, e.g. /tmp/site",
+    )
+    mode = cmd.add_mutually_exclusive_group()
+    mode.add_argument("--revert", action="store_true", help="restore stock vLLM")
+    mode.add_argument("--status", action="store_true", help="say what DIR holds")
+
+    cmd = add("pr-patch", _pr_patch, "write the upstream PR patch (git format)")
+    cmd.add_argument("--out", type=Path, help=f"default: dist/{source.PATCH_NAME}")
+    upstream_option(cmd, "sdist")
+
+    cmd = add("source-tree", _source_tree, "write the patched source tree (ROCm)")
+    cmd.add_argument("--out", type=Path, default=Path("build"), help="default: build")
+    upstream_option(cmd, "sdist")
+
+    cmd = add("fetch", _fetch, "download and verify the upstream files into the cache")
+    upstream_option(cmd, "wheel")
+    upstream_option(cmd, "sdist")
+
+    add("show", _show, "list the overlay files and the edited upstream files")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        print(args.func(args))
+    except BuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,153 @@
+"""Source outputs: the upstream PR patch and the patched source tree (ROCm builds).
+
+Both start from the pinned upstream sdist (`fork_build.upstream.fetch("sdist")`)
+and apply the same changes as the wheel (`fork_build.plan`), without the fork's
+`vllm/_version.py` (an upstream PR keeps upstream's version; a source build gets
+its version from PKG-INFO, which the tree writer sets to the fork version).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+from fork_build import BuildError, pins, plan
+
+SDIST_ROOT = f"{pins.UPSTREAM_NAME}-{pins.UPSTREAM_VERSION}"
+PATCH_NAME = f"vllm-{pins.UPSTREAM_VERSION}-tritonattn.patch"
+TREE_NAME = f"vllm-{pins.FORK_VERSION}"
+AUTHOR = "vLLM TritonAttn fork <vllm-tritonattn@users.noreply.github.com>"
+SUBJECT = (
+    "[Kernel][Attention] Faster Triton attention backend (TRITON_ATTN), "
+    "VLLM_ATTENTION_BACKEND"
+)
+
+
+def _sdist_reader(sdist: Path):
+    tar = tarfile.open(sdist, "r:gz")
+    members = {m.name: m for m in tar.getmembers() if m.isfile()}
+
+    def read_upstream(path: str) -> bytes | None:
+        member = members.get(f"{SDIST_ROOT}/{path}")
+        if member is None:
+            return None
+        f = tar.extractfile(member)
+        assert f is not None
+        return f.read()
+
+    return tar, read_upstream
+
+
+def sdist_changes(sdist: Path) -> list[plan.Change]:
+    tar, read_upstream = _sdist_reader(sdist)
+    with tar:
+        return plan.compute_changes(read_upstream, with_version=False)
+
+
+# ---------------------------------------------------------------- the PR patch
+
+
+def _blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _text_lines(change: plan.Change, data: bytes | None) -> list[str]:
+    if data is None:
+        return []
+    try:
+        return data.decode("utf-8").splitlines(keepends=True)
+    except UnicodeDecodeError:
+        raise BuildError(f"{change.path} is not UTF-8 text; the PR patch is text") from None
+
+
+def file_diff(change: plan.Change) -> str:
+    """One file's diff in `git diff` format (a/ b/ paths, new files included)."""
+    path = change.path
+    old_id, new_id = _blob_id(change.old or b""), _blob_id(change.new)
+    out = [f"diff --git a/{path} b/{path}\n"]
+    if change.old is None:
+        out += ["new file mode 100644\n", f"index 0000000..{new_id[:7]}\n"]
+        out += ["--- /dev/null\n", f"+++ b/{path}\n"]
+    else:
+        out += [f"index {old_id[:7]}..{new_id[:7]} 100644\n"]
+        out += [f"--- a/{path}\n", f"+++ b/{path}\n"]
+    old_lines = _text_lines(change, change.old)
+    new_lines = _text_lines(change, change.new)
+    diff = difflib.unified_diff(old_lines, new_lines, n=3)
+    for i, line in enumerate(diff):
+        if i < 2:  # difflib's own ---/+++ lines
+            continue
+        out.append(line)
+        if not line.endswith("\n"):
+            out.append("\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def patch_text(changes: list[plan.Change]) -> str:
+    changes = sorted(changes, key=lambda c: c.path)
+    body = [f"Changes against vLLM {pins.UPSTREAM_VERSION} (see docs/upstream-pr.md):", ""]
+    for c in changes:
+        body.append(f"  {c.kind:8} {c.path}")
+    header = (
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+        f"From: {AUTHOR}\n"
+        f"Subject: [PATCH] {SUBJECT}\n\n" + "\n".join(body) + "\n---\n\n"
+    )
+    return header + "".join(file_diff(c) for c in changes) + "-- \n"
+
+
+def write_pr_patch(sdist: Path, out: Path) -> Path:
+    text = patch_text(sdist_changes(sdist))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, out)
+    return out
+
+
+# ------------------------------------------------------- the patched source tree
+
+
+def _pkg_info_with_fork_version(data: bytes) -> bytes:
+    text = data.decode("utf-8")
+    pattern = re.compile(r"^Version: .*$", re.M)
+    if len(pattern.findall(text)) != 1:
+        raise BuildError("upstream PKG-INFO has no single Version: line")
+    return pattern.sub(f"Version: {pins.FORK_VERSION}", text, count=1).encode()
+
+
+def write_source_tree(sdist: Path, out_dir: Path, *, root: Path = plan.REPO_ROOT) -> Path:
+    """Write the patched upstream source tree to `out_dir/vllm-<fork version>`.
+
+    setuptools-scm takes the version from PKG-INFO in a tree without git, so the
+    tree's PKG-INFO carries the fork version; upstream's setup.py then appends its
+    device suffix (e.g. `0.26.0+tritonattn.1.rocm711`).
+    """
+    target = out_dir / TREE_NAME
+    if target.exists():
+        raise BuildError(f"{target} exists; remove it or choose another --out")
+    changes = sdist_changes(sdist)  # every anchor checked before any write
+    requirements = root / "requirements-rocm.txt"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".{TREE_NAME}.tmp-"))
+    try:
+        with tarfile.open(sdist, "r:gz") as tar:
+            tar.extractall(staging, filter="data")
+        tree = staging / SDIST_ROOT
+        for c in changes:
+            path = tree / c.path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(c.new)
+        pkg_info = tree / "PKG-INFO"
+        pkg_info.write_bytes(_pkg_info_with_fork_version(pkg_info.read_bytes()))
+        shutil.copy2(requirements, tree / "requirements-rocm.txt")
+        os.replace(tree, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

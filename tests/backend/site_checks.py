@@ -1,0 +1,700 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Backend checks that run inside a vLLM site (stock 0.26.0 + our overlay).
+
+Usage: ``python tests/backend/site_checks.py [CHECK ...]`` (all checks by default)
+with ``PYTHONPATH=<site>:<repo>``; see conftest.py. Each check prints one line
+``CHECK {"name": ..., "ok": ..., "detail": ...}``; a failing check's detail is its
+traceback, so the pytest side shows what went wrong. Kernels run under
+``TRITON_INTERPRET=1`` on tiny shapes.
+
+Nothing here is imported by pytest itself (vLLM is only imported in the subprocess).
+"""
+
+import json
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parents[2]
+OUR_FILE = REPO / "vllm" / "v1" / "attention" / "backends" / "triton_attn.py"
+# Stock modules that import names from triton_attn.py; every name must resolve.
+IMPORTERS = (
+    "vllm/v1/attention/backends/triton_attn_diffkv.py",
+    "vllm/v1/spec_decode/llm_base_proposer.py",
+    "vllm/model_executor/models/whisper_causal.py",
+)
+
+CHECKS = {}
+
+
+def check(fn):
+    CHECKS[fn.__name__.removeprefix("check_")] = fn
+    return fn
+
+
+# ----------------------------------------------------------------------------------
+# Registry, names, alias
+# ----------------------------------------------------------------------------------
+
+
+@check
+def check_registry():
+    import ast
+
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    import vllm
+    from vllm.v1.attention.backends import triton_attn as ours
+
+    cls = AttentionBackendEnum.TRITON_ATTN.get_class()
+    assert cls is ours.TritonAttentionBackend, cls
+    assert Path(ours.__file__).read_text() == OUR_FILE.read_text(), (
+        f"{ours.__file__} is not this repository's triton_attn.py"
+    )
+    assert AttentionBackendEnum[cls.get_name()] is AttentionBackendEnum.TRITON_ATTN
+    site = Path(vllm.__file__).parent.parent
+    imported = []
+    for rel in IMPORTERS:
+        tree = ast.parse((site / rel).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == ours.__name__:
+                for alias in node.names:
+                    assert hasattr(ours, alias.name), f"{rel} imports {alias.name}"
+                    imported.append(alias.name)
+    assert imported, "no stock module imports from triton_attn.py?"
+    return f"importable: {sorted(set(imported))}"
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@check
+def check_rocm_alias():
+    from vllm.v1.attention.backends.registry import (
+        AttentionBackendEnum,
+        register_backend,
+    )
+
+    from vllm.v1.attention.backends import triton_attn as ours
+
+    alias_path = f"{ours.__name__}.RocmAttentionBackend"
+    note = "registry patched by the frame"
+    if AttentionBackendEnum.ROCM_ATTN.get_path() != alias_path:
+        register_backend(AttentionBackendEnum.ROCM_ATTN, alias_path)
+        note = "registry not patched in this site: ROCM_ATTN overridden for the test"
+    alias = AttentionBackendEnum.ROCM_ATTN.get_class()
+    assert alias is ours.RocmAttentionBackend
+    assert issubclass(alias, ours.TritonAttentionBackend)
+    # The layer maps the name back to the registry: it must be a valid member.
+    assert AttentionBackendEnum[alias.get_name()] is AttentionBackendEnum.TRITON_ATTN
+
+    records = _Records()
+    ours.logger.addHandler(records)
+    try:
+        assert ours.TritonAttentionBackend.get_impl_cls() is ours.TritonAttentionImpl
+        assert records.messages == [], "TRITON_ATTN itself must not warn"
+        assert alias.get_impl_cls() is ours.TritonAttentionImpl
+        assert alias.get_impl_cls() is ours.TritonAttentionImpl
+    finally:
+        ours.logger.removeHandler(records)
+    renamed = [
+        m for m in records.messages if "ROCM_ATTN was renamed to TRITON_ATTN" in m
+    ]
+    assert len(renamed) == 1, records.messages
+    return note
+
+
+# ----------------------------------------------------------------------------------
+# Capabilities
+# ----------------------------------------------------------------------------------
+
+
+def _selector_config(**overrides):
+    import torch
+    from vllm.platforms.interface import DeviceCapability
+
+    config = {
+        "head_size": 128,
+        "dtype": torch.bfloat16,
+        "kv_cache_dtype": "auto",
+        "block_size": None,
+        "use_mla": False,
+        "has_sink": False,
+        "use_sparse": False,
+        "use_mm_prefix": False,
+        "use_per_head_quant_scales": False,
+        "device_capability": DeviceCapability(9, 0),
+        "attn_type": "decoder",
+    }
+    config.update(overrides)
+    return config
+
+
+@check
+def check_capabilities():
+    import torch
+    from vllm.platforms.interface import DeviceCapability
+
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend as B
+
+    accepted = [
+        {},
+        {"kv_cache_dtype": "fp8"},
+        {"kv_cache_dtype": "fp8_e4m3"},
+        {"kv_cache_dtype": "bfloat16"},
+        {"dtype": torch.float16, "kv_cache_dtype": "float16"},
+        {"has_sliding_window": True, "has_sink": True},
+        {"device_capability": DeviceCapability(8, 0)},
+        *({"head_size": h} for h in (64, 80, 96, 112, 128, 192, 256)),
+        *({"block_size": b} for b in (16, 32, 64, 128, 256, 48)),
+    ]
+    for overrides in accepted:
+        reasons = B.validate_configuration(**_selector_config(**overrides))
+        assert reasons == [], (overrides, reasons)
+
+    refused = [
+        ({"head_size": 72}, "head_size 72 not supported"),
+        ({"dtype": torch.float32}, "dtype torch.float32 not supported"),
+        ({"kv_cache_dtype": "fp8_e5m2"}, "kv_cache_dtype fp8_e5m2 not supported"),
+        ({"kv_cache_dtype": "int8_per_token_head"}, "not supported (supported: auto"),
+        ({"kv_cache_dtype": "float16"}, "16-bit cache in the model's dtype"),
+        (
+            {"kv_cache_dtype": "fp8", "device_capability": DeviceCapability(8, 0)},
+            "needs fp8 e4m3 support",
+        ),
+        ({"device_capability": DeviceCapability(7, 5)}, "compute capability 7.5"),
+        ({"block_size": 8}, "block_size 8 not supported"),
+        ({"use_mla": True}, "MLA not supported"),
+        ({"use_sparse": True}, "sparse not supported"),
+        ({"attn_type": "encoder"}, "attention type encoder not supported"),
+        ({"attn_type": "encoder_only"}, "attention type encoder_only not supported"),
+        (
+            {"attn_type": "encoder_decoder"},
+            "attention type encoder_decoder not supported",
+        ),
+        ({"use_non_causal": True}, "non-causal attention not supported"),
+        ({"use_batch_invariant": True}, "batch invariance not supported"),
+        ({"use_kv_connector": True}, "KV connector not supported"),
+        ({"use_pcp": True}, "prefill context parallelism not supported"),
+        ({"use_mm_prefix": True}, "multimodal prefix-LM"),
+        ({"use_per_head_quant_scales": True}, "per-head KV quant scales"),
+    ]
+    for overrides, expected in refused:
+        reasons = B.validate_configuration(**_selector_config(**overrides))
+        assert any(expected in r for r in reasons), (overrides, reasons)
+    return f"{len(accepted)} accepted, {len(refused)} refused"
+
+
+@check
+def check_layout():
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend as B
+
+    assert B.get_name() == "TRITON_ATTN"
+    assert B.get_kv_cache_shape(10, 64, 8, 128) == (10, 2, 8, 64, 128)
+    assert B.get_kv_cache_shape(10, 16, 8, 128, cache_dtype_str="fp8") == (
+        10,
+        2,
+        8,
+        16,
+        128,
+    )
+    assert B.get_kv_cache_block_dim(64, 8, 128) == 0
+    assert B.get_kv_cache_stride_order() == (0, 1, 2, 3, 4)
+    assert B.get_kv_cache_stride_order(include_num_layers_dimension=True)[0] == 1
+    assert B.indexes_kv_by_block_stride()
+    for bad_block in (8, 24):
+        try:
+            B.get_kv_cache_shape(10, bad_block, 8, 128)
+        except ValueError as e:
+            assert "block size" in str(e)
+        else:
+            raise AssertionError(f"block size {bad_block} accepted")
+    try:
+        B.get_kv_cache_shape(10, 64, 8, 128, cache_dtype_str="int8_per_token_head")
+    except ValueError as e:
+        assert "kv-cache-dtype" in str(e)
+    else:
+        raise AssertionError("per-token-head layout accepted")
+    assert B.get_preferred_block_size(16) == 64
+    assert B.get_supported_kernel_block_sizes() == [16, 32, 64, 128]
+    assert not B.forward_includes_kv_cache_update
+    assert B.supports_sink() and B.supports_sliding_window()
+    assert not B.supports_kv_connector() and not B.supports_batch_invariance()
+    assert not B.supports_alibi_sqrt() and not B.supports_non_causal()
+    assert not B.is_mla() and not B.supports_pcp()
+
+
+@check
+def check_refuses_stock_subclasses():
+    import torch
+
+    from vllm.v1.attention.backends import triton_attn_diffkv as diffkv
+
+    reasons = diffkv.TritonAttentionDiffKVBackend.validate_configuration(
+        **_selector_config()
+    )
+    assert any("TRITON_ATTN_DIFFKV" in r and "FLASH_ATTN_DIFFKV" in r for r in reasons)
+    try:
+        diffkv.TritonAttentionDiffKVImpl(8, 128, 0.1, 8, None, None, "auto")
+    except NotImplementedError as e:
+        assert "FLASH_ATTN_DIFFKV" in str(e), e
+    else:
+        raise AssertionError("TritonAttentionDiffKVImpl was constructed")
+
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+    bad_impls = [
+        ({"attn_type": "encoder_only"}, "decoder self-attention only"),
+        ({"head_size": 72}, "head size 72"),
+        ({"kv_cache_dtype": "fp8_e5m2"}, "fp8_e5m2"),
+        ({"chunk_lookback": 2}, "chunk_lookback"),
+        ({"sinks": torch.zeros(3)}, "sinks must have one value per query head"),
+    ]
+    for kwargs, expected in bad_impls:
+        args = {"num_heads": 8, "head_size": 128, "scale": 0.1, "num_kv_heads": 2}
+        args.update(kwargs)
+        try:
+            TritonAttentionImpl(**args)
+        except (NotImplementedError, ValueError) as e:
+            assert expected in str(e), (kwargs, e)
+        else:
+            raise AssertionError(f"TritonAttentionImpl accepted {kwargs}")
+    TritonAttentionImpl(num_heads=8, head_size=128, scale=0.1, chunk_lookback=-1)
+
+
+# ----------------------------------------------------------------------------------
+# Builder
+# ----------------------------------------------------------------------------------
+
+NUM_Q_HEADS, NUM_KV_HEADS = 4, 2
+
+
+def _fake_vllm_config(max_num_seqs=16):
+    """The parts of VllmConfig the builder reads (VllmConfig() itself needs the
+    engine's optional dependencies, absent from the CPU test environment)."""
+    import torch
+
+    return SimpleNamespace(
+        scheduler_config=SimpleNamespace(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=256
+        ),
+        model_config=SimpleNamespace(
+            get_num_attention_heads=lambda _: NUM_Q_HEADS,
+            max_model_len=4096,
+            dtype=torch.bfloat16,
+        ),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+        compilation_config=SimpleNamespace(static_forward_context={}),
+        speculative_config=None,
+    )
+
+
+def _builder(block_size, head_size, kv_dtype, max_num_seqs=16):
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadataBuilder
+
+    spec = FullAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=head_size,
+        dtype=kv_dtype,
+    )
+    return TritonAttentionMetadataBuilder(
+        spec, ["layers.0.attn"], _fake_vllm_config(max_num_seqs), torch.device("cpu")
+    )
+
+
+def _common_metadata(query_lens, seq_lens, block_table, slot_mapping, num_tokens):
+    import torch
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    starts = [0]
+    for q in query_lens:
+        starts.append(starts[-1] + q)
+    qsl = torch.tensor(starts, dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl.clone(),
+        query_start_loc_cpu=qsl,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        num_reqs=len(query_lens),
+        num_actual_tokens=num_tokens,
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        block_table_tensor=block_table,
+        slot_mapping=slot_mapping,
+    )
+
+
+@check
+def check_builder():
+    import torch
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    from vllm.attention.ops.triton_paged_decode_attention_2d import choose_num_splits
+    from vllm.v1.attention.backends.triton_attn import (
+        _CPU_STAND_IN_NUM_SMS,
+        DECODE_QUERY_LEN,
+        TritonAttentionMetadataBuilder,
+    )
+
+    assert DECODE_QUERY_LEN == 1
+    builder = _builder(64, 128, torch.bfloat16)
+    assert builder.reorder_batch_threshold == DECODE_QUERY_LEN
+    support = TritonAttentionMetadataBuilder.get_cudagraph_support(None, None)
+    assert support == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+    # (query_lens, seq_lens, expected num_decodes, expected num_decode_tokens)
+    cases = {
+        "decode-only": ([1, 1, 1], [7, 70, 700], 3, 3),
+        "mixed": ([1, 1, 5, 1, 300], [9, 10, 40, 5, 300], 2, 2),
+        "prefill-only": ([4, 17], [4, 30], 0, 0),
+        "padded decode (CUDA graph)": ([1, 1, 0, 0], [5, 9, 0, 0], 4, 4),
+        "spec-decode verify": ([3, 3], [20, 30], 0, 0),
+    }
+    for name, (q_lens, s_lens, want_decodes, want_tokens) in cases.items():
+        num_tokens = sum(q_lens)
+        cm = _common_metadata(
+            q_lens,
+            s_lens,
+            torch.zeros((len(q_lens), 16), dtype=torch.int32),
+            torch.arange(num_tokens, dtype=torch.int64),
+            num_tokens,
+        )
+        md = builder.build(0, cm)
+        assert (md.num_decodes, md.num_decode_tokens) == (want_decodes, want_tokens), (
+            name,
+            md.num_decodes,
+            md.num_decode_tokens,
+        )
+        assert md.num_prefills == len(q_lens) - want_decodes
+        assert md.max_query_len == max(q_lens) and md.num_reqs == len(q_lens)
+        assert md.seq_lens is cm.seq_lens and md.block_table is cm.block_table_tensor
+        splits = choose_num_splits(
+            num_seqs=max(want_decodes, 1),
+            num_kv_heads=NUM_KV_HEADS,
+            num_sms=_CPU_STAND_IN_NUM_SMS,
+        )
+        want_splits = splits if want_decodes else 1
+        assert md.decode_num_splits == want_splits, (name, md.decode_num_splits)
+        if want_splits > 1:
+            ws = md.decode_workspace
+            assert ws is not None and ws.shape[0] >= want_decodes
+            assert ws.shape[1:] == (NUM_Q_HEADS, want_splits, 128 + 1), ws.shape
+        # The same plan again reuses the same workspace (allocated once).
+        assert builder.build(0, cm).decode_workspace is md.decode_workspace
+
+    # Every decode batch size up to max_num_seqs has a large enough workspace.
+    for num_decodes in range(1, builder.max_decode_seqs + 1):
+        splits, ws = builder.decode_plan(num_decodes)
+        assert (splits == 1) == (ws is None), num_decodes
+        assert ws is None or ws.shape[0] >= num_decodes
+
+    noncausal = _common_metadata(
+        [1], [3], torch.zeros((1, 4), dtype=torch.int32), torch.zeros(1).long(), 1
+    ).replace(causal=False)
+    try:
+        builder.build(0, noncausal)
+    except NotImplementedError as e:
+        assert "causal" in str(e)
+    else:
+        raise AssertionError("non-causal batch accepted")
+
+
+@check
+def check_warm_up():
+    """The warm-up plan covers every split count and prefill bucket, and its
+    batches run through the real kernels (here on the CPU)."""
+    import torch
+
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+    # 64 requests: split counts 16, 8 and 4 with 2 KV heads on 132 SMs.
+    builder = _builder(16, 64, torch.bfloat16, max_num_seqs=64)
+    plan = builder.warm_up_plan(block_table_stride=64)
+    decodes = [b for b in plan if b.max_query_len is None]
+    split_counts = {builder.decode_plan(len(b.query_lens))[0] for b in decodes}
+    assert split_counts == set(builder._splits_for_batch[1:]), split_counts
+    assert len(decodes) == len(split_counts) > 1, decodes
+    prefills = [b for b in plan if b.max_query_len is not None]
+    # max_num_batched_tokens 256 -> buckets 16, 64, 256; seq_start 0, 1, 3 each.
+    assert sorted({b.max_query_len for b in prefills}) == [16, 64, 256], prefills
+    assert sorted({b.query_lens.count(1) for b in prefills}) == [0, 1, 3]
+    assert len(prefills) == 9
+
+    impl = TritonAttentionImpl(
+        num_heads=NUM_Q_HEADS, head_size=64, scale=0.125, num_kv_heads=NUM_KV_HEADS
+    )
+    layer = SimpleNamespace(
+        impl=impl, _k_scale=torch.tensor(1.0), _v_scale=torch.tensor(1.0)
+    )
+    for batch in (decodes[0], prefills[-1]):
+        for layout in ("qkv_view", "contiguous"):
+            builder._run_warm_up_batch(layer, batch, 64, layout)
+    return f"{len(decodes)} decode and {len(prefills)} prefill batches"
+
+
+# ----------------------------------------------------------------------------------
+# Forward against the reference
+# ----------------------------------------------------------------------------------
+
+
+def _run_step(
+    *,
+    seqs,
+    q_dtype,
+    cache_dtype_str,
+    head_size=64,
+    block_size=16,
+    pad_tokens=1,
+    pad_reqs=0,
+    sliding_window=None,
+    logits_soft_cap=None,
+    with_sinks=False,
+    with_alibi=False,
+    seed=0,
+):
+    """One vLLM step through the backend; returns (output, reference, metadata).
+
+    ``seqs`` are ``(query_len, context_len)`` pairs in batch order. Earlier steps'
+    K/V are written with do_kv_cache_update (one call for all contexts), then this
+    step's K/V, then forward(). The reference fills its own cache by plain
+    indexing from the same K/V and runs ref_paged_attention on it, so a wrong cache
+    write shows up as well as a wrong attention.
+    """
+    import torch
+
+    from vllm.attention.ops.reference import ref_paged_attention
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+    gen = torch.Generator().manual_seed(seed)
+    fp8 = cache_dtype_str == "fp8"
+    scale = head_size**-0.5
+    seq_lens = [q + c for q, c in seqs] + [0] * pad_reqs
+    q_lens = [q for q, _ in seqs] + [0] * pad_reqs
+    pages = [(s + block_size - 1) // block_size for s in seq_lens]
+    num_blocks = sum(pages) + 3
+    max_pages = max(pages) + 1
+    # Shuffled pages; block 0 is vLLM's null block and never assigned.
+    perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    block_table = torch.zeros((len(seq_lens), max_pages), dtype=torch.int32)
+    used = 0
+    for s, n in enumerate(pages):
+        block_table[s, :n] = torch.tensor(perm[used : used + n], dtype=torch.int32)
+        used += n
+
+    def slot(s, pos):
+        return int(block_table[s, pos // block_size]) * block_size + pos % block_size
+
+    keys = [torch.randn((n, NUM_KV_HEADS, head_size), generator=gen) for n in seq_lens]
+    values = [
+        torch.randn((n, NUM_KV_HEADS, head_size), generator=gen) for n in seq_lens
+    ]
+    num_tokens = sum(q_lens)
+    query = torch.randn(
+        (num_tokens + pad_tokens, NUM_Q_HEADS, head_size), generator=gen
+    ).to(q_dtype)
+
+    sinks = torch.randn(NUM_Q_HEADS, generator=gen).to(q_dtype) if with_sinks else None
+    alibi = [2.0 ** -(h + 1) for h in range(NUM_Q_HEADS)] if with_alibi else None
+    impl = TritonAttentionImpl(
+        num_heads=NUM_Q_HEADS,
+        head_size=head_size,
+        scale=scale,
+        num_kv_heads=NUM_KV_HEADS,
+        alibi_slopes=alibi,
+        sliding_window=sliding_window,
+        kv_cache_dtype=cache_dtype_str,
+        logits_soft_cap=logits_soft_cap,
+        sinks=sinks,
+    )
+    impl.process_weights_after_loading(q_dtype)
+    layer = SimpleNamespace(
+        _k_scale=torch.tensor(0.05 if fp8 else 1.0),
+        _v_scale=torch.tensor(0.03 if fp8 else 1.0),
+    )
+    storage_dtype = torch.uint8 if fp8 else q_dtype  # vLLM allocates fp8 as uint8
+    shape = (num_blocks, 2, NUM_KV_HEADS, block_size, head_size)
+    # Stale garbage everywhere: the kernels must never read unwritten slots.
+    kv_cache = (
+        torch.randint(0, 0x38, shape, dtype=torch.uint8)
+        if fp8
+        else (torch.randn(shape, generator=gen).to(storage_dtype) * 100)
+    )
+
+    # Earlier steps: every sequence's context.
+    ctx = [(s, p) for s, (_, c) in enumerate(seqs) for p in range(c)]
+    if ctx:
+        impl.do_kv_cache_update(
+            layer,
+            torch.stack([keys[s][p] for s, p in ctx]).to(q_dtype),
+            torch.stack([values[s][p] for s, p in ctx]).to(q_dtype),
+            kv_cache,
+            torch.tensor([slot(s, p) for s, p in ctx], dtype=torch.int64),
+        )
+    # This step: the new tokens, then padding tokens (slot -1).
+    new = [(s, c + i) for s, (q, c) in enumerate(seqs) for i in range(q)]
+    pad_kv = torch.zeros((pad_tokens, NUM_KV_HEADS, head_size))
+    step_k = torch.cat([torch.stack([keys[s][p] for s, p in new]), pad_kv])
+    step_v = torch.cat([torch.stack([values[s][p] for s, p in new]), pad_kv])
+    slots = [slot(s, p) for s, p in new] + [-1] * pad_tokens
+    slot_mapping = torch.tensor(slots, dtype=torch.int64)
+    impl.do_kv_cache_update(
+        layer, step_k.to(q_dtype), step_v.to(q_dtype), kv_cache, slot_mapping
+    )
+
+    builder = _builder(block_size, head_size, storage_dtype)
+    cm = _common_metadata(
+        q_lens, seq_lens, block_table, slot_mapping, num_tokens + pad_tokens
+    )
+    md = builder.build(0, cm)
+    output = torch.full_like(query, float("nan"))
+    impl.forward(layer, query, step_k, step_v, kv_cache, md, output)
+
+    # Reference cache, filled by indexing (fp8: stored = x / scale, as e4m3fn).
+    ref_cache = torch.zeros(shape, dtype=torch.float32)
+    for s, n in enumerate(seq_lens):
+        for p in range(n):
+            b, o = divmod(slot(s, p), block_size)
+            ref_cache[b, 0, :, o] = keys[s][p].to(q_dtype).float()
+            ref_cache[b, 1, :, o] = values[s][p].to(q_dtype).float()
+    k_scale = v_scale = None
+    if fp8:
+        k_scale, v_scale = 0.05, 0.03
+        ref_cache[:, 0] = (ref_cache[:, 0] / k_scale).to(torch.float8_e4m3fn).float()
+        ref_cache[:, 1] = (ref_cache[:, 1] / v_scale).to(torch.float8_e4m3fn).float()
+    reference = ref_paged_attention(
+        query=query[:num_tokens],
+        key_cache=ref_cache[:, 0],
+        value_cache=ref_cache[:, 1],
+        block_table=block_table,
+        query_start_loc=cm.query_start_loc_cpu,
+        seq_lens=cm.seq_lens,
+        softmax_scale=scale,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        sliding_window=sliding_window,
+        alibi_slopes=None if alibi is None else torch.tensor(alibi),
+        logits_soft_cap=logits_soft_cap,
+        sinks=None if sinks is None else sinks.float(),
+    )
+    return output, reference, md, num_tokens
+
+
+def _assert_close(actual, expected, atol, rtol, what):
+    import torch
+
+    actual = actual.float()
+    diff = (actual - expected).abs()
+    bad = ~(diff <= atol + rtol * expected.abs())  # NaN counts as bad
+    if bad.any():
+        index = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.numel()} elements differ, max |diff| "
+            f"{diff.nan_to_num(float('inf')).max().item():.3e}; first at {index}: "
+            f"got {actual[index].item():.5f}, want {expected[index].item():.5f}"
+        )
+
+
+# (dtype -> atol, rtol): the kernels round P to the query dtype for P @ V and the
+# output once; inputs are randn (magnitude ~1), so errors of a broken kernel are O(1).
+_TOLERANCE = {"bfloat16": (2e-2, 2e-2), "float16": (5e-3, 5e-3)}
+
+
+@check
+def check_forward_mixed_bf16():
+    """Split-KV decodes + a prefix-hit chunk + a fresh prefill + a padding token."""
+    import torch
+
+    out, ref, md, n = _run_step(
+        seqs=[(1, 20), (1, 3), (5, 17), (3, 0)],
+        q_dtype=torch.bfloat16,
+        cache_dtype_str="auto",
+    )
+    assert md.num_decodes == 2 and md.decode_num_splits > 1, md
+    _assert_close(out[:n], ref, *_TOLERANCE["bfloat16"], "bf16 mixed batch")
+    return f"decode splits {md.decode_num_splits}"
+
+
+@check
+def check_forward_fp8_window_softcap_sinks():
+    """fp8 cache with per-tensor scales, sliding window, soft-cap and sinks."""
+    import torch
+
+    out, ref, md, n = _run_step(
+        seqs=[(1, 29), (4, 12), (2, 0)],
+        q_dtype=torch.float16,
+        cache_dtype_str="fp8",
+        sliding_window=8,
+        logits_soft_cap=30.0,
+        with_sinks=True,
+        block_size=32,
+    )
+    assert md.num_decodes == 1, md
+    _assert_close(out[:n], ref, *_TOLERANCE["float16"], "fp8 window/softcap/sinks")
+
+
+@check
+def check_forward_padded_decode_alibi():
+    """CUDA-graph style decode batch: 2 requests padded to 4 (query length 0,
+    seq_len 0) and 4 tokens; ALiBi; head size 80 (padded to 128 in the kernels)."""
+    import torch
+
+    out, ref, md, n = _run_step(
+        seqs=[(1, 4), (1, 8)],
+        q_dtype=torch.bfloat16,
+        cache_dtype_str="auto",
+        head_size=80,
+        pad_tokens=2,
+        pad_reqs=2,
+        with_alibi=True,
+    )
+    assert md.num_decodes == 4 and md.num_decode_tokens == 4, md
+    _assert_close(out[:n], ref, *_TOLERANCE["bfloat16"], "padded decode batch")
+    assert torch.isfinite(out[n:]).all(), "padding rows must not be NaN/inf"
+
+
+@check
+def check_forward_profile_run():
+    """attn_metadata None (vLLM's memory-profiling run) writes zeros."""
+    import torch
+
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+    impl = TritonAttentionImpl(num_heads=4, head_size=64, scale=0.1, num_kv_heads=2)
+    out = torch.full((3, 4, 64), float("nan"), dtype=torch.bfloat16)
+    layer = SimpleNamespace(_k_scale=torch.tensor(1.0), _v_scale=torch.tensor(1.0))
+    impl.forward(layer, out, out, out, torch.empty(0), None, out)
+    assert (out == 0).all()
+
+
+def main(argv: list[str]) -> int:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        from tests.kernels.interpreter_compat import install
+
+        install()
+    failed = 0
+    for name in argv or list(CHECKS):
+        try:
+            detail = CHECKS[name]() or ""
+            ok = True
+        except Exception:  # noqa: BLE001 - every failure becomes the check's report
+            detail, ok = traceback.format_exc(), False
+            failed += 1
+        print("CHECK " + json.dumps({"name": name, "ok": ok, "detail": detail}))
+        sys.stdout.flush()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,77 @@
+"""A stand-in for vLLM used by tests/benchmarks: the harnesses' plumbing (processes,
+PYTHONPATH per install, resume, result files) runs on the CPU against it.
+
+``LLM.generate`` returns deterministic token ids; for the accuracy task's character
+prompts it answers correctly, except that with ``FAKE_VLLM_WRONG=<backend>`` that
+attention backend answers every 10th problem wrong (the harness must then FAIL).
+"""
+
+import os
+from dataclasses import dataclass, field
+
+__version__ = "0.0.fake"
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    detokenize: bool = True
+    stop_token_ids: list = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+
+
+@dataclass
+class _Completion:
+    token_ids: list
+
+
+@dataclass
+class _Output:
+    outputs: list
+
+
+def _solve(ids):
+    """Answer an accuracy-task prompt (character ids after BOS), or None."""
+    try:
+        from benchmarks.accuracy import tasks
+    except ImportError:
+        return None
+    text = tasks.decode(ids[1:])
+    if "?" in text:
+        return None
+    if text.endswith("="):
+        a, b = text.split(";")[-1][:-1].split("+")
+        return str(int(a) + int(b))
+    key = text[-1]
+    at = text[:-1].find(key)
+    return text[at + 1 : at + 3] if at >= 0 else None
+
+
+class LLM:
+    def __init__(self, model, attention_backend=None, **kwargs):
+        self.model = model
+        self.attention_backend = attention_backend
+        self.kwargs = kwargs
+        self.calls = 0
+
+    def generate(self, prompts, params, use_tqdm=True):
+        if not isinstance(params, list):
+            params = [params] * len(prompts)
+        wrong = os.environ.get("FAKE_VLLM_WRONG") == self.attention_backend
+        outs = []
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            ids = p["prompt_token_ids"]
+            answer = _solve(ids)
+            if answer is not None:
+                from benchmarks.accuracy import tasks
+
+                if wrong and i % 10 == 0:
+                    answer = "9" + answer
+                toks = tasks.encode(answer + ";")[: sp.max_tokens]
+            else:
+                toks = [(sum(ids) + k) % 1000 for k in range(sp.max_tokens)]
+            outs.append(_Output([_Completion(toks)]))
+        self.calls += 1
+        return outs

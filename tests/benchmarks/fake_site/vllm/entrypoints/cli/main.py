@@ -1,0 +1,64 @@
+"""Fake ``vllm serve`` (answers /health) and ``vllm bench serve`` (writes a result)."""
+
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+
+def _arg(argv, name, default=None):
+    return argv[argv.index(name) + 1] if name in argv else default
+
+
+class _Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def serve(argv):
+    if os.environ.get("FAKE_VLLM_SERVE_FAIL") == _arg(argv, "--attention-backend"):
+        print("fake serve: simulated startup crash", flush=True)
+        sys.exit(3)
+    print(f"fake serve: {argv}", flush=True)
+    time.sleep(0.3)
+    HTTPServer(("127.0.0.1", int(_arg(argv, "--port"))), _Health).serve_forever()
+
+
+def bench(argv):
+    n = int(_arg(argv, "--num-prompts"))
+    n_in = int(_arg(argv, "--random-input-len"))
+    n_out = int(_arg(argv, "--random-output-len"))
+    dur = 1.0 + n / 1000
+    result = {
+        "duration": dur,
+        "completed": n,
+        "failed": 0,
+        "total_input_tokens": n * n_in,
+        "total_output_tokens": n * n_out,
+        "request_throughput": n / dur,
+        "output_throughput": n * n_out / dur,
+        "total_token_throughput": n * (n_in + n_out) / dur,
+        "request_rate": _arg(argv, "--request-rate", "inf"),
+        "num_prompts": n,
+    }
+    for m in ("ttft", "tpot", "itl", "e2el"):
+        for s in ("mean", "median", "std", "p50", "p99"):
+            result[f"{s}_{m}_ms"] = 10.0
+    path = os.path.join(_arg(argv, "--result-dir"), _arg(argv, "--result-filename"))
+    with open(path, "w") as fh:
+        json.dump(result, fh)
+    print("fake bench: wrote", path, flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        serve(sys.argv[2:])
+    elif sys.argv[1:3] == ["bench", "serve"]:
+        bench(sys.argv[3:])
+    else:
+        sys.exit(f"fake vllm: unsupported {sys.argv[1:]}")

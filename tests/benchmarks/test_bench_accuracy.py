@@ -1,0 +1,194 @@
+"""Accuracy harness: task generation, scoring, stderr/table/pass logic, the training
+loop at toy size, and the per-backend eval orchestration against the fake vLLM."""
+
+import json
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.accuracy import eval as acc_eval
+from benchmarks.accuracy import tasks
+from benchmarks.harness import REPO
+
+
+def test_addition_answers_are_sums():
+    for p in tasks.addition_problems(200, seed=1):
+        a, b = p.prompt.split(";")[-1].rstrip("=").split("+")
+        assert p.answer == str(int(a) + int(b))
+        assert set(p.prompt) <= set(tasks.ALPHABET)
+
+
+def test_recall_needle_is_far_and_unique():
+    """The answer must depend on a token >= 4096 positions back and nowhere closer."""
+    for p in tasks.recall_problems(20, seed=2, min_len=4500, max_len=6000):
+        key = p.prompt[-1]
+        assert key in tasks.KEYS
+        assert p.prompt[:-1].count(key) == 1
+        at = p.prompt.index(key)
+        assert p.prompt[at + 1 : at + 3] == p.answer
+        assert len(p.prompt) - at == p.distance >= 4096
+
+
+def test_training_stream_is_consistent():
+    """Every key keeps one value within a stream, so repeats are predictable."""
+    rng = random.Random(3)
+    for length in (300, 5000):
+        s = tasks.training_stream(rng, length)
+        assert len(s) == length
+        seen = {}
+        for item in s.split(";")[:-1]:
+            if item and item[0] in tasks.KEYS:
+                assert seen.setdefault(item[0], item[1:]) == item[1:]
+            elif "=" in item:
+                q, a = item.split("=")
+                x, y = q.split("+")
+                assert int(a) == int(x) + int(y)
+
+
+def test_encode_decode_roundtrip():
+    text = "12+3=15;aZ09;"
+    assert tasks.decode(tasks.encode(text)) == text
+    assert tasks.decode([0, 2]) == "??"
+    with pytest.raises(ValueError, match="outside the alphabet"):
+        tasks.encode("12 + 3")
+
+
+def test_score_is_strict():
+    assert tasks.score("579", "579;")
+    assert tasks.score("579", "579")
+    assert not tasks.score("579", "5790;")
+    assert not tasks.score("57", "579;")
+    assert not tasks.score("07", "7;")
+
+
+def test_stderr_and_table():
+    probs = tasks.addition_problems(4, seed=0)
+    gen = [p.answer + ";" for p in probs[:3]] + ["x"]
+    s = acc_eval.summarize(probs, gen)
+    assert s["addition"]["acc"] == 0.75
+    assert math.isclose(s["addition"]["stderr"], math.sqrt(0.75 * 0.25 / 4))
+    table = acc_eval.lm_eval_table("FLASH_ATTN", s)
+    assert "|addition|1|exact|0|exact_match|↑|0.7500|±|0.2165|" in table
+
+
+def _res(acc_by_task, n=400, gen=None):
+    summary = {
+        t: {"n": n, "correct": int(a * n), "acc": a, "stderr": acc_eval.stderr(a, n)}
+        for t, a in acc_by_task.items()
+    }
+    return {"summary": summary, "generated": gen or ["1"] * 10}
+
+
+def test_compare_pass_and_fail():
+    base = _res({"addition": 0.9, "recall": 0.8})
+    se = acc_eval.stderr(0.9, 400)  # 0.015
+    ok = _res({"addition": 0.9 - se * 0.9, "recall": 0.8})
+    bad = _res({"addition": 0.9 - 2 * se, "recall": 0.8}, gen=["1"] * 9 + ["2"])
+    rows = acc_eval.compare(
+        {"FLASH_ATTN": base, "TRITON_ATTN-fork": ok, "TRITON_ATTN-stock": bad}
+    )
+    verdict = {(r["backend"], r["task"]): r for r in rows}
+    assert verdict[("TRITON_ATTN-fork", "addition")]["pass"]
+    assert not verdict[("TRITON_ATTN-stock", "addition")]["pass"]
+    assert verdict[("TRITON_ATTN-stock", "*")]["answers_differing"] == 1
+    with pytest.raises(ValueError, match="FLASH_ATTN"):
+        acc_eval.compare({"TRITON_ATTN-fork": ok})
+
+
+class _Oracle:
+    """Stand-in model whose argmax is the true next token (or a wrong one)."""
+
+    def __init__(self, wrong=False):
+        self.wrong = wrong
+
+    def __call__(self, input_ids):
+        import torch
+
+        nxt = torch.roll(input_ids, -1, dims=1) + (1 if self.wrong else 0)
+        logits = torch.nn.functional.one_hot(nxt % 80, 80).float()
+        return type("O", (), {"logits": logits})()
+
+
+def test_teacher_forced_accuracy_oracle():
+    torch = pytest.importorskip("torch")
+    from benchmarks.accuracy.train_tiny import teacher_forced_accuracy
+
+    probs = tasks.addition_problems(10, seed=5)
+    dev = torch.device("cpu")
+    assert teacher_forced_accuracy(_Oracle(), probs, dev, batch=4) == 1.0
+    assert teacher_forced_accuracy(_Oracle(wrong=True), probs, dev, batch=4) == 0.0
+
+
+def test_train_tiny_toy_cpu(tmp_path):
+    """A few optimizer steps at toy size; the saved directory must be a loadable HF
+    Llama checkpoint with our tokenizer."""
+    pytest.importorskip("transformers")
+    from benchmarks.accuracy.train_tiny import main
+
+    out = tmp_path / "m"
+    args = ["--device", "cpu", "--toy", "--max-steps", "3", "--out", str(out)]
+    assert main([*args, "--check-problems", "8"]) == 0
+    for f in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "train_log.json",
+    ):
+        assert (out / f).is_file(), f
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["steps"] == 3 and all(math.isfinite(r["loss"]) for r in log["log"])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["vocab_size"] == 4 + len(tasks.ALPHABET) + 3
+
+
+def _run_eval(tmp_path, model_dir, extra_env=None):
+    import os
+
+    env = dict(os.environ, **(extra_env or {}))
+    return subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks/accuracy/eval.py"),
+            "--model-dir",
+            str(model_dir),
+            "--out-dir",
+            str(tmp_path / "acc"),
+            "--n",
+            "20",
+            "--timeout-s",
+            "60",
+        ],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_eval_orchestration_pass_then_resume(tmp_path, fake_sites):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    r = _run_eval(tmp_path, model_dir)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ACCURACY PASS" in r.stdout
+    summary = json.loads((tmp_path / "acc" / "summary.json").read_text())
+    assert summary["pass"]
+    assert summary["backends"]["FLASH_ATTN"]["summary"]["recall"]["acc"] == 1.0
+    r2 = _run_eval(tmp_path, model_dir)
+    assert r2.stdout.count("skipping") == 3
+
+
+def test_eval_detects_a_wrong_backend(tmp_path, fake_sites):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    r = _run_eval(tmp_path, model_dir, {"FAKE_VLLM_WRONG": "TRITON_ATTN"})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "ACCURACY FAIL" in r.stdout

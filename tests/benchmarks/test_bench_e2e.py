@@ -1,0 +1,165 @@
+"""e2e (issue #6) harness: workloads, ratios, table, output agreement, and the
+per-backend orchestration with resume against the fake vLLM."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.e2e import results as res
+from benchmarks.e2e.workloads import WORKLOADS, make_requests, token_counts
+from benchmarks.harness import REPO
+
+
+def test_workloads_match_the_issue():
+    w = WORKLOADS
+    assert (
+        w["sharegpt"].num_requests,
+        w["sharegpt"].input_len,
+        w["sharegpt"].output_len,
+    ) == (1000, (22, 408), (20, 374))
+    assert (w["long10k"].num_requests, w["long10k"].input_len) == (100, (10000, 10000))
+    assert (w["decode"].num_requests, w["decode"].output_len) == (256, (1000, 1000))
+
+
+def test_make_requests_deterministic_and_in_range():
+    a = make_requests(WORKLOADS["sharegpt"], 0.05, seed=0)
+    b = make_requests(WORKLOADS["sharegpt"], 0.05, seed=0)
+    c = make_requests(WORKLOADS["sharegpt"], 0.05, seed=1)
+    assert a == b and a != c
+    assert len(a) == 50
+    for prompt, n_out in a:
+        assert 22 <= len(prompt) <= 408 and 20 <= n_out <= 374
+        assert all(16 <= t < 32000 for t in prompt)
+    n_in, n_out = token_counts(a)
+    assert n_in == sum(len(p) for p, _ in a)
+    assert len(make_requests(WORKLOADS["long10k"], 0.01, seed=0)) == 8  # minimum
+
+
+def _rec(backend, tps, workload="sharegpt", pass_="steady", kv="auto"):
+    return {
+        "workload": workload,
+        "backend": backend,
+        "install": "stock",
+        "pass": pass_,
+        "kv_cache_dtype": kv,
+        "scale": 1.0,
+        "total_tok_per_s": tps,
+        "elapsed_s": 1.0,
+    }
+
+
+def test_ratios_pair_only_matching_records():
+    recs = res.add_ratios(
+        [
+            _rec("FLASH_ATTN", 200.0),
+            _rec("TRITON_ATTN-fork", 150.0),
+            _rec("TRITON_ATTN-fork", 90.0, pass_="first"),  # no baseline first pass
+            _rec("TRITON_ATTN-fork", 300.0, kv="fp8"),  # no fp8 baseline
+        ]
+    )
+    got = [r["ratio_to_flash_attn"] for r in recs]
+    assert got == [1.0, 0.75, None, None]
+    table = res.format_table(recs)
+    assert (
+        "| sharegpt | steady | auto | TRITON_ATTN-fork | stock | 150 | 0.75x |" in table
+    )
+
+
+def test_agreement():
+    base = {"digests": ["a", "b", "c", "d"], "heads": [[1, 2], [1, 2], [3], [4, 5]]}
+    ours = {"digests": ["a", "x", "c", "y"], "heads": [[1, 2], [1, 3], [3], [5, 5]]}
+    a = res.agreement(ours, base)
+    assert a["identical"] == 0.5
+    assert a["identical_head"] == 0.5
+    assert a["mean_common_prefix"] == (2 + 1 + 1 + 0) / 4
+    with pytest.raises(ValueError):
+        res.agreement({"digests": ["a"], "heads": [[1]]}, base)
+
+
+def _run(tmp_path, model_dir, *extra):
+    return subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks/e2e/run_e2e.py"),
+            "--model-dir",
+            str(model_dir),
+            "--scale",
+            "0.01",
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--results-dir",
+            str(tmp_path / "res"),
+            "--timeout-s",
+            "60",
+            *extra,
+        ],
+        env=dict(os.environ),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_orchestration_schema_and_resume(tmp_path, fake_sites, model_dir_8b):
+    r = _run(tmp_path, model_dir_8b, "--workloads", "sharegpt,decode")
+    assert r.returncode == 0, r.stdout + r.stderr
+    files = list((tmp_path / "res").glob("*.json"))
+    assert len(files) == 1 and files[0].name.endswith("-testcommit-s0.01.json")
+    body = json.loads(files[0].read_text())
+    for key in (
+        "commit",
+        "gpu",
+        "vllm",
+        "torch",
+        "triton",
+        "driver",
+        "command",
+        "records",
+        "scale",
+    ):
+        assert key in body, key
+    assert body["vllm"] == "0.0.fake" and body["scale"] == 0.01
+    recs = body["records"]
+    assert len(recs) == 3 * 2 * 2  # backends x workloads x passes
+    for r_ in recs:
+        for key in (
+            "workload",
+            "backend",
+            "install",
+            "kv_cache_dtype",
+            "total_tok_per_s",
+            "ratio_to_flash_attn",
+            "pass",
+        ):
+            assert key in r_, key
+        assert r_["pass"] in ("first", "steady")
+        if r_["backend"] == "FLASH_ATTN":
+            assert r_["ratio_to_flash_attn"] == 1.0
+    # The fake generates the same tokens for every backend.
+    assert body["output_agreement"] and all(
+        a["identical"] == 1.0 for a in body["output_agreement"]
+    )
+    assert "| decode | first |" in r.stdout
+    # Resume: nothing left to do for these workloads; one more workload runs alone.
+    r2 = _run(tmp_path, model_dir_8b, "--workloads", "sharegpt,decode")
+    assert r2.stdout.count("skipping") == 3
+    r3 = _run(
+        tmp_path,
+        model_dir_8b,
+        "--workloads",
+        "sharegpt,long10k",
+        "--backends",
+        "FLASH_ATTN",
+    )
+    assert r3.returncode == 0, r3.stdout + r3.stderr
+    assert "--workloads long10k" in r3.stdout
+
+
+def test_budget_leaves_work_for_a_rerun(tmp_path, fake_sites, model_dir_8b):
+    r = _run(tmp_path, model_dir_8b, "--workloads", "sharegpt", "--budget-s", "30")
+    assert r.returncode == 1
+    assert "budget spent" in r.stdout and "rerun" in r.stdout

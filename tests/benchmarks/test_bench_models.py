@@ -1,0 +1,109 @@
+"""Model configs as data and the locally made tokenizers."""
+
+import json
+import random
+
+import pytest
+
+from benchmarks.models import MODEL_CONFIGS, make_model_dir
+from benchmarks.models.configs import ACCURACY_MODEL, BENCH_TOKENIZER_VOCAB
+from benchmarks.models.tokenizer import make_char_tokenizer, pseudo_words
+
+# The published dimensions the issue names; a typo here would silently benchmark a
+# different model.
+EXPECTED = {
+    "llama-3.1-8b": (4096, 32, 32, 8, 14336, 128256),
+    "llama-3.1-70b": (8192, 80, 64, 8, 28672, 128256),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_llama_dimensions(name):
+    c = MODEL_CONFIGS[name]["config"]
+    got = (
+        c["hidden_size"],
+        c["num_hidden_layers"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["intermediate_size"],
+        c["vocab_size"],
+    )
+    assert got == EXPECTED[name]
+    assert c["rope_theta"] == 500000.0
+    assert c["rope_scaling"]["rope_type"] == "llama3"
+    assert c["max_position_embeddings"] == 131072
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_CONFIGS))
+def test_config_consistency(name):
+    c = MODEL_CONFIGS[name]["config"]
+    assert c["num_attention_heads"] % c["num_key_value_heads"] == 0
+    assert c["head_dim"] * c["num_attention_heads"] in (c["hidden_size"], 4096)
+    assert c["vocab_size"] >= BENCH_TOKENIZER_VOCAB
+
+
+def test_special_configs():
+    assert MODEL_CONFIGS["mistral-7b-sw"]["config"]["sliding_window"] == 4096
+    assert (
+        MODEL_CONFIGS["gemma-2-9b-softcap"]["config"]["attn_logit_softcapping"] == 50.0
+    )
+    a = ACCURACY_MODEL
+    assert a["num_attention_heads"] // a["num_key_value_heads"] == 4
+    assert a["head_dim"] in (64, 128)
+    assert a["max_position_embeddings"] >= 8192
+
+
+def test_pseudo_words_distinct():
+    words = pseudo_words(5000)
+    assert len(set(words)) == 5000
+    assert all(w.isalpha() and w.islower() for w in words)
+
+
+def test_make_model_dir(model_dir_8b):
+    cfg = json.loads((model_dir_8b / "config.json").read_text())
+    assert cfg["hidden_size"] == 4096
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        assert 0 <= cfg[key] < BENCH_TOKENIZER_VOCAB
+    gen = json.loads((model_dir_8b / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == cfg["eos_token_id"]
+
+
+def test_bench_tokenizer_roundtrip(model_dir_8b):
+    """vllm bench serve's random dataset decodes random ids and re-encodes them: the
+    word-level tokenizer must give back exactly the same ids."""
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.AutoTokenizer.from_pretrained(str(model_dir_8b))
+    assert tok.vocab_size == BENCH_TOKENIZER_VOCAB
+    assert tok.num_special_tokens_to_add() == 1  # BOS, like Llama
+    rng = random.Random(0)
+    special = set(tok.all_special_ids)
+    ids = [
+        i
+        for i in (rng.randrange(tok.vocab_size) for _ in range(3000))
+        if i not in special and i >= 7
+    ]
+    text = tok.decode(ids)
+    assert tok.encode(text, add_special_tokens=False) == ids
+    assert tok.encode(text)[0] == tok.bos_token_id
+    words = " ".join(text.split()[:6])
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": words}], add_generation_prompt=True, tokenize=False
+    )
+    assert chat.startswith("<|user|>") and chat.rstrip().endswith("<|assistant|>")
+    assert tok.unk_token_id not in tok.encode(chat, add_special_tokens=False)
+
+
+def test_char_tokenizer_matches_task_encoding(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from benchmarks.accuracy import tasks
+
+    make_char_tokenizer(tmp_path, tasks.ALPHABET, 16384)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    text = "123+45=168;Q07;z"
+    assert tok.encode(text) == [tasks.BOS_ID] + tasks.encode(text)
+    assert tok.decode(tasks.encode(text)) == text
+
+
+def test_unknown_model_is_a_clear_error(tmp_path):
+    with pytest.raises(KeyError, match="known models"):
+        make_model_dir("llama-9000", tmp_path)

@@ -1,0 +1,161 @@
+"""docs/performance.md generation from results files (synthetic ones here)."""
+
+import json
+
+import pytest
+
+from benchmarks import report
+from benchmarks.e2e import results as e2e_res
+from benchmarks.serving import results as sres
+
+
+def _serving_body():
+    recs = []
+    for backend, tps in (("FLASH_ATTN", 200.0), ("TRITON_ATTN-fork", 180.0)):
+        for pass_name in ("first", "steady"):
+            bench = {
+                "completed": 10,
+                "duration": 1.0,
+                "total_input_tokens": 100,
+                "total_output_tokens": 50,
+                "request_throughput": 10.0,
+                "output_throughput": 50.0,
+                "total_token_throughput": tps,
+                "median_ttft_ms": 5.0,
+                "mean_ttft_ms": 5.0,
+                "p99_ttft_ms": 9.0,
+                "median_tpot_ms": 2.0,
+                "mean_tpot_ms": 2.0,
+                "p99_tpot_ms": 3.0,
+            }
+            recs.append(
+                sres.make_record(
+                    bench,
+                    backend=backend,
+                    install="stock",
+                    attention_backend=backend,
+                    workload="sharegpt-like",
+                    pass_name=pass_name,
+                    rate=None,
+                    model="llama-3.1-8b",
+                    quick=True,
+                    command="cmd",
+                )
+            )
+    return {
+        "kind": "serving",
+        "model": "llama-3.1-8b",
+        "mode": "quick",
+        "commit": "abc",
+        "environment": {"stock": {"gpu": "NVIDIA H200"}},
+        "command": "run_serving.py --quick",
+        "complete": True,
+        "records": recs,
+    }
+
+
+def _e2e_body():
+    recs = [
+        {
+            "workload": "decode",
+            "backend": b,
+            "install": "stock",
+            "pass": "steady",
+            "kv_cache_dtype": "auto",
+            "scale": 0.25,
+            "total_tok_per_s": t,
+            "elapsed_s": 2.0,
+        }
+        for b, t in (("FLASH_ATTN", 1000.0), ("TRITON_ATTN-stock", 500.0))
+    ]
+    return {
+        "commit": "abc",
+        "gpu": "NVIDIA H200",
+        "scale": 0.25,
+        "kv_cache_dtype": "auto",
+        "command": "run_e2e.py",
+        "complete": True,
+        "records": e2e_res.add_ratios(recs),
+        "output_agreement": [
+            {
+                "backend": "TRITON_ATTN-stock",
+                "workload": "decode",
+                "n": 4,
+                "identical": 0.5,
+                "identical_head": 1.0,
+                "mean_common_prefix": 32.0,
+            }
+        ],
+    }
+
+
+def _acc_body():
+    s = {"addition": {"n": 500, "correct": 490, "acc": 0.98, "stderr": 0.00626}}
+    return {
+        "environment": {"gpu": "NVIDIA H200"},
+        "pass": True,
+        "backends": {
+            "FLASH_ATTN": {"install": "stock", "summary": s},
+            "TRITON_ATTN-fork": {"install": "fork", "summary": s},
+        },
+        "comparison": [
+            {
+                "backend": "TRITON_ATTN-fork",
+                "task": "addition",
+                "acc": 0.98,
+                "baseline_acc": 0.98,
+                "delta": 0.0,
+                "baseline_stderr": 0.00626,
+                "pass": True,
+            }
+        ],
+    }
+
+
+@pytest.fixture
+def results_dir(tmp_path):
+    root = tmp_path / "results"
+    for sub, name, body in (
+        ("serving", "20260101-abc-llama-3.1-8b-quick.json", _serving_body()),
+        ("e2e", "20260101-abc-s0.25.json", _e2e_body()),
+        ("accuracy", "summary.json", _acc_body()),
+    ):
+        (root / sub).mkdir(parents=True)
+        (root / sub / name).write_text(json.dumps(body))
+    return root
+
+
+def test_report_text(results_dir, tmp_path):
+    text = report.build(results_dir, tmp_path / "docs" / "performance.md", plots=False)
+    assert "| sharegpt-like | inf | steady | TRITON_ATTN-fork | 180 | 0.90x |" in text
+    assert (
+        "| decode | steady | auto | TRITON_ATTN-stock | stock | 500 | 0.50x |" in text
+    )
+    assert "|addition|1|exact|0|exact_match|↑|0.9800|±|0.0063|" in text
+    assert "Overall: PASS" in text
+    assert text.count("Serving Benchmark Result") == 4
+
+
+def test_report_empty(tmp_path):
+    text = report.build(tmp_path / "none", tmp_path / "performance.md", plots=False)
+    assert "No serving results yet" in text and "No e2e results yet" in text
+
+
+def test_newest_wins(results_dir, tmp_path):
+    newer = _serving_body()
+    newer["records"][1]["total_token_throughput"] = 400.0  # FA steady
+    (results_dir / "serving" / "20270101-def-llama-3.1-8b-quick.json").write_text(
+        json.dumps(newer)
+    )
+    text = report.build(results_dir, tmp_path / "performance.md", plots=False)
+    assert "| sharegpt-like | inf | steady | TRITON_ATTN-fork | 180 | 0.45x |" in text
+
+
+def test_plots(results_dir, tmp_path):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
+    doc = tmp_path / "docs" / "performance.md"
+    text = report.build(results_dir, doc, plots=True)
+    pngs = list((results_dir / "serving" / "plots").glob("*.png"))
+    assert [p.name for p in pngs] == ["llama-3.1-8b-quick-sharegpt-like.png"]
+    assert pngs[0].stat().st_size > 1000
+    assert "![llama-3.1-8b-quick-sharegpt-like](" in text

@@ -1,0 +1,227 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Compile Triton kernels for GPU targets without a GPU (ahead of time).
+
+The interpreter runs kernels as numpy and accepts code the GPU compiler rejects
+(e.g. non-constexpr globals) and says nothing about the generated code. This
+helper builds the kernel for ``sm_90`` from the same keyword arguments a launcher
+passes, so a CPU-only test can check that it compiles and that the PTX uses wgmma
+and cp.async pipelining. It must run with ``TRITON_INTERPRET`` unset (under the
+interpreter ``@triton.jit`` builds interpreted functions); the tests call
+``python -m tests.kernels.hopper_compile`` in a subprocess for that.
+
+Argument specialisation mirrors Triton's launcher: pointers and ints divisible by
+16 get the divisibility-16 hint, ints equal to 1 become constexpr 1.
+"""
+
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+_TRITON_DTYPE = {
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float32: "fp32",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.float8_e4m3fn: "fp8e4nv",
+    torch.float8_e4m3fnuz: "fp8e4b8",
+}
+
+
+HOPPER = GPUTarget("cuda", 90, 32)
+MI300 = GPUTarget("hip", "gfx942", 64)
+
+
+def compile_for_target(kernel, kwargs: dict, *, target: GPUTarget = HOPPER):
+    """``triton.compile`` the JIT kernel for ``target`` with these arguments
+    (tensors may live on the CPU: only dtype and alignment matter)."""
+    kwargs = dict(kwargs)
+    options = {
+        "num_warps": kwargs.pop("num_warps", 4),
+        "num_stages": kwargs.pop("num_stages", 3),
+    }
+    constexpr_names = {kernel.arg_names[i] for i in kernel.constexprs}
+    signature, constexprs, attrs = {}, {}, {}
+    for index, name in enumerate(kernel.arg_names):
+        value = kwargs[name]
+        divisible = False
+        if name in constexpr_names or value is None or isinstance(value, bool):
+            signature[name] = "constexpr"
+            constexprs[name] = value
+            continue
+        if isinstance(value, torch.Tensor):
+            signature[name] = "*" + _TRITON_DTYPE[value.dtype]
+            divisible = value.data_ptr() % 16 == 0
+        elif isinstance(value, int):
+            if value == 1:
+                signature[name] = "constexpr"
+                constexprs[name] = 1
+                continue
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+            divisible = value % 16 == 0
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"argument {name}: unsupported {type(value)}")
+        if divisible:
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    source = ASTSource(
+        fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs
+    )
+    return triton.compile(source, target=target, options=options)
+
+
+def ptx_summary(compiled) -> dict:
+    ptx = compiled.asm["ptx"]
+    return {
+        "wgmma": ptx.count("wgmma.mma_async"),
+        "mma_sync": ptx.count("mma.sync"),
+        "cp_async": ptx.count("cp.async"),
+        "shared_bytes": compiled.metadata.shared,
+    }
+
+
+def _amd_prefix_prefill_kwargs():
+    """MI300 launch: fp8 e4m3fnuz cache, every feature on, the HIP heuristic."""
+    from vllm.attention.ops import prefix_prefill as pp
+    from vllm.attention.ops.tuning.prefill_configs import heuristic_prefill_config
+
+    query = torch.empty((64, 16, 128), dtype=torch.bfloat16)
+    cache = torch.empty((8, 2, 2, 16, 128), dtype=torch.float8_e4m3fnuz)
+    heads = torch.empty(16)
+    _, kwargs = pp._launch_arguments(
+        query=query,
+        key_cache=cache[:, 0],
+        value_cache=cache[:, 1],
+        output=torch.empty_like(query),
+        block_table=torch.zeros((4, 37), dtype=torch.int32),
+        query_start_loc=torch.zeros(5, dtype=torch.int32),
+        seq_lens=torch.zeros(4, dtype=torch.int32),
+        max_query_len=1024,
+        softmax_scale=0.1,
+        seq_start=0,
+        num_seqs=4,
+        k_scale=torch.ones(1),
+        v_scale=torch.ones(1),
+        sliding_window=64,
+        alibi_slopes=heads,
+        logits_soft_cap=5.0,
+        sinks=heads,
+        config=heuristic_prefill_config(
+            head_size=128, group=8, max_query_len=1024, is_hip=True
+        ),
+    )
+    return kwargs
+
+
+def _prefix_prefill_cases():
+    """Production-like launches of the prefill kernel (configs from the heuristic)."""
+    from vllm.attention.ops import prefix_prefill as pp
+    from vllm.attention.ops.tuning.prefill_configs import heuristic_prefill_config
+
+    def launch(head_size, group, block_size, cache_dtype, max_query_len, **extra):
+        num_kv_heads = 2
+        query = torch.empty((64, num_kv_heads * group, head_size), dtype=torch.bfloat16)
+        cache = torch.empty(
+            (8, 2, num_kv_heads, block_size, head_size), dtype=cache_dtype
+        )
+        fp8 = cache_dtype != torch.bfloat16
+        scale = torch.ones(1) if fp8 else None
+        config = heuristic_prefill_config(
+            head_size=head_size, group=group, max_query_len=max_query_len
+        )
+        _, kwargs = pp._launch_arguments(
+            query=query,
+            key_cache=cache[:, 0],
+            value_cache=cache[:, 1],
+            output=torch.empty_like(query),
+            block_table=torch.zeros((4, 37), dtype=torch.int32),
+            query_start_loc=torch.zeros(5, dtype=torch.int32),
+            seq_lens=torch.zeros(4, dtype=torch.int32),
+            max_query_len=max_query_len,
+            softmax_scale=0.1,
+            seq_start=0,
+            num_seqs=4,
+            k_scale=scale,
+            v_scale=scale,
+            config=config,
+            **{
+                "sliding_window": None,
+                "alibi_slopes": None,
+                "logits_soft_cap": None,
+                "sinks": None,
+                **extra,
+            },
+        )
+        return f"d{head_size}-g{group}-bs{block_size}-{cache_dtype}-{config}", kwargs
+
+    heads = torch.empty(16)
+    yield launch(128, 8, 64, torch.bfloat16, 4096)
+    yield launch(64, 4, 16, torch.bfloat16, 64)
+    yield launch(
+        80,
+        7,
+        32,
+        torch.float8_e4m3fn,
+        1024,
+        sliding_window=128,
+        alibi_slopes=heads[:14],
+        logits_soft_cap=30.0,
+        sinks=heads[:14],
+    )
+    yield launch(256, 2, 128, torch.bfloat16, 16384)
+
+
+def _cache_write_cases():
+    from vllm.attention.ops import paged_cache_write as pcw
+
+    for cache_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        key = torch.empty((16, 8, 128), dtype=torch.bfloat16)
+        cache = torch.empty((4, 2, 8, 64, 128), dtype=cache_dtype)
+        scale = torch.ones(1) if cache_dtype != torch.bfloat16 else None
+        _, kwargs = pcw._launch_arguments(
+            key=key,
+            value=key,
+            key_cache=cache[:, 0],
+            value_cache=cache[:, 1],
+            slot_mapping=torch.zeros(16, dtype=torch.int64),
+            k_scale=scale,
+            v_scale=scale,
+        )
+        yield f"cache-write-{cache_dtype}", kwargs
+
+
+def main() -> int:
+    """Compile the kernels' production shapes for sm_90 (and one for MI300) and
+    print one line each. Fails unless everything compiles, every Hopper prefill
+    shape uses wgmma and cp.async, and the MI300 one uses MFMA."""
+    from vllm.attention.ops.paged_cache_write import _paged_cache_write_kernel
+    from vllm.attention.ops.prefix_prefill import _prefix_prefill_kernel
+
+    ok = True
+    for name, kwargs in _prefix_prefill_cases():
+        summary = ptx_summary(compile_for_target(_prefix_prefill_kernel, kwargs))
+        good = summary["wgmma"] > 0 and summary["cp_async"] > 0
+        ok &= good
+        print(f"{'ok ' if good else 'BAD'} {name}: {summary}")
+    for name, kwargs in _cache_write_cases():
+        summary = ptx_summary(compile_for_target(_paged_cache_write_kernel, kwargs))
+        print(f"ok  {name}: {summary}")
+    if MI300.backend in triton.backends.backends:
+        compiled = compile_for_target(
+            _prefix_prefill_kernel, _amd_prefix_prefill_kwargs(), target=MI300
+        )
+        mfma = compiled.asm["amdgcn"].count("v_mfma")
+        ok &= mfma > 0
+        print(
+            f"{'ok ' if mfma else 'BAD'} gfx942 prefill fp8-e4m3fnuz all features: "
+            f"{mfma} v_mfma"
+        )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

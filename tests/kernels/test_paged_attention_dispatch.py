@@ -1,0 +1,172 @@
+# SPDX-License-Identifier: Apache-2.0
+"""paged_attention: routing by query length, and end to end against the reference.
+
+The routing tests replace both kernels by recorders, so they need neither a GPU nor
+the interpreter and check exactly which sequences each kernel receives. The end-to-end
+tests run the real kernels (interpreter on the CPU) on batches that mix decode rows,
+chunked-prefill rows and prefix hits, and compare every output row with
+ref_paged_attention.
+"""
+
+import math
+
+import pytest
+import torch
+
+from tests.kernels.conftest import (
+    DEVICE,
+    TOLERANCES,
+    assert_close,
+    make_paged_batch,
+)
+from vllm.attention.ops import paged_attention as dispatch
+from vllm.attention.ops.reference import ref_paged_attention
+from vllm.attention.ops.triton_paged_decode_attention_2d import (
+    WORKSPACE_DTYPE,
+    decode_workspace_shape,
+)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        dispatch, "paged_decode_attention", lambda **kw: calls.append(("decode", kw))
+    )
+    monkeypatch.setattr(
+        dispatch, "prefix_prefill_attention", lambda **kw: calls.append(("prefill", kw))
+    )
+    return calls
+
+
+def _dispatch_args(num_seqs, num_decodes, max_query_len=5):
+    t = torch.empty(0)
+    return {
+        "query": t,
+        "key_cache": t,
+        "value_cache": t,
+        "output": t,
+        "block_table": t,
+        "query_start_loc": t,
+        "seq_lens": torch.empty(num_seqs),
+        "num_decodes": num_decodes,
+        "num_decode_tokens": num_decodes * dispatch.DECODE_QUERY_LEN,
+        "max_query_len": max_query_len,
+        "softmax_scale": 0.1,
+        "decode_num_splits": 4,
+        "sliding_window": 9,
+    }
+
+
+@pytest.mark.parametrize(
+    "num_seqs, num_decodes, expected",
+    [
+        (5, 2, [("decode", 0, 2), ("prefill", 2, 3)]),  # mixed
+        (4, 4, [("decode", 0, 4)]),  # decode only: no prefill launch
+        (3, 0, [("prefill", 0, 3)]),  # prefill only: no decode launch
+        (0, 0, []),  # empty batch: nothing
+    ],
+    ids=["mixed", "decode_only", "prefill_only", "empty"],
+)
+def test_routing(recorded, num_seqs, num_decodes, expected):
+    dispatch.paged_attention(**_dispatch_args(num_seqs, num_decodes))
+    got = [(name, kw["seq_start"], kw["num_seqs"]) for name, kw in recorded]
+    assert got == expected
+    for name, kw in recorded:
+        assert kw["sliding_window"] == 9, "features must reach both kernels"
+        if name == "decode":
+            assert kw["num_splits"] == 4
+        else:
+            assert kw["max_query_len"] == 5
+
+
+def test_explicit_num_seqs_overrides_shape(recorded):
+    # A padded seq_lens (CUDA graphs) with fewer real sequences.
+    dispatch.paged_attention(**_dispatch_args(8, 2), num_seqs=3)
+    assert [(n, kw["seq_start"], kw["num_seqs"]) for n, kw in recorded] == [
+        ("decode", 0, 2),
+        ("prefill", 2, 1),
+    ]
+
+
+@pytest.mark.parametrize(
+    "over, match",
+    [
+        ({"num_decode_tokens": 3}, "num_decode_tokens"),
+        ({"num_decodes": 9, "num_decode_tokens": 9}, "num_decodes"),
+    ],
+)
+def test_inconsistent_counts_raise(recorded, over, match):
+    with pytest.raises(ValueError, match=match):
+        dispatch.paged_attention(**{**_dispatch_args(4, 2), **over})
+    assert recorded == [], "nothing may launch on bad counts"
+
+
+def test_dispatch_is_cheap_on_the_host(recorded):
+    # Runs every step for every layer: pure int arithmetic, no tensor work.
+    import time
+
+    args = _dispatch_args(64, 48)
+    start = time.perf_counter()
+    for _ in range(2000):
+        dispatch.paged_attention(**args)
+    per_call = (time.perf_counter() - start) / 2000
+    assert per_call < 50e-6, f"dispatch took {per_call * 1e6:.1f} us per call"
+
+
+# (query_len, kv_len): decodes first (incl. a single-key one), then a chunked-prefill
+# row (query in the middle of its context), a pure prefill, and a prefix hit.
+MIXED_BATCH = [(1, 40), (1, 1), (1, 17), (6, 30), (5, 5), (3, 35)]
+
+
+@pytest.mark.parametrize(
+    "features, num_splits",
+    [({}, 1), ({"sliding_window": 12, "logits_soft_cap": 4.0}, 2)],
+    ids=["plain", "window_softcap_split"],
+)
+def test_mixed_batch_against_reference(features, num_splits):
+    num_kv_heads, group, head_size, block_size = 2, 2, 64, 16
+    batch = make_paged_batch(
+        seqs=MIXED_BATCH,
+        num_q_heads=num_kv_heads * group,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        block_size=block_size,
+        q_dtype=torch.bfloat16,
+    )
+    num_decodes = sum(1 for q, _ in MIXED_BATCH if q == dispatch.DECODE_QUERY_LEN)
+    workspace = torch.full(
+        decode_workspace_shape(
+            max_num_seqs=num_decodes,
+            num_q_heads=num_kv_heads * group,
+            head_size=head_size,
+            num_splits=num_splits,
+        ),
+        float("nan"),
+        dtype=WORKSPACE_DTYPE,
+        device=DEVICE,
+    )
+    output = torch.full_like(batch.query, float("nan"))
+    scale = 1.0 / math.sqrt(head_size)
+    dispatch.paged_attention(
+        query=batch.query,
+        key_cache=batch.key_cache,
+        value_cache=batch.value_cache,
+        output=output,
+        block_table=batch.block_table,
+        query_start_loc=batch.query_start_loc,
+        seq_lens=batch.seq_lens,
+        num_decodes=num_decodes,
+        num_decode_tokens=num_decodes,
+        max_query_len=batch.max_query_len,
+        softmax_scale=scale,
+        decode_num_splits=num_splits,
+        decode_workspace=workspace,
+        **features,
+    )
+    ref = ref_paged_attention(**batch.ref_kwargs(), softmax_scale=scale, **features)
+    _, atol, rtol = TOLERANCES[torch.bfloat16]
+    # Output starts as NaN: a row that neither kernel wrote fails here.
+    assert_close(
+        output, ref, dtype=torch.bfloat16, atol=atol, rtol=rtol, what="dispatch"
+    )

@@ -1,0 +1,558 @@
+# SPDX-License-Identifier: Apache-2.0
+"""paged_decode_attention against ref_paged_attention.
+
+CPU (TRITON_INTERPRET=1, set by conftest): ``CASES`` samples the feature matrix on
+tiny shapes, each head size, GQA ratio, block size, dtype and feature at least once,
+each with and without split-KV. GPU with GPU_FULL=1: the cross product
+(``test_decode_full_matrix``), int64 offsets and CUDA-graph replay.
+"""
+
+import itertools
+import json
+import math
+
+import pytest
+import torch
+
+from tests.kernels.conftest import (
+    BLOCK_SIZES,
+    DEVICE,
+    GQA_GROUPS,
+    HEAD_SIZES,
+    ON_GPU,
+    TOLERANCES,
+    assert_close,
+    fp8_skip_reason,
+    make_paged_batch,
+)
+from vllm.attention.ops.reference import ref_paged_attention
+from vllm.attention.ops.triton_paged_decode_attention_2d import (
+    MAX_NUM_SPLITS,
+    SPLIT_TARGET_WAVES,
+    WORKSPACE_DTYPE,
+    choose_num_splits,
+    decode_workspace_shape,
+    paged_decode_attention,
+)
+from vllm.attention.ops.tuning import decode_configs as dc
+
+# Context lengths of one CPU batch: 1 (a single key), a partial page, several pages
+# with a partial last tile, and 0 (a CUDA-graph padding row: output must be 0).
+CPU_SEQ_LENS = (1, 13, 70, 0)
+
+
+def _features(
+    batch, num_q_heads, *, window=None, alibi=False, softcap=None, sinks=False, seed=1
+):
+    gen = torch.Generator().manual_seed(seed)
+    kw = {}
+    if window is not None:
+        kw["sliding_window"] = window
+    if alibi:
+        # Slopes of a real ALiBi model are 2**-(8 i / H); any positive values do.
+        kw["alibi_slopes"] = (torch.rand(num_q_heads, generator=gen) * 0.5).to(DEVICE)
+    if softcap is not None:
+        kw["logits_soft_cap"] = softcap
+    if sinks:
+        kw["sinks"] = (torch.randn(num_q_heads, generator=gen) * 2).to(DEVICE)
+    return kw
+
+
+def _run_and_compare(
+    *,
+    seq_lens,
+    num_kv_heads,
+    group,
+    head_size,
+    block_size,
+    q_dtype,
+    cache_dtype,
+    num_splits,
+    features,
+    seq_start=0,
+    workspace=False,
+    seed=0,
+):
+    num_q_heads = num_kv_heads * group
+    batch = make_paged_batch(
+        seqs=[(1, s) for s in seq_lens],
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        block_size=block_size,
+        q_dtype=q_dtype,
+        cache_dtype=cache_dtype,
+        seed=seed,
+    )
+    kw = _features(batch, num_q_heads, **features)
+    scale = 1.0 / math.sqrt(head_size)
+    # Sentinel: rows the launch must not touch keep it; rows it writes lose it.
+    output = torch.full_like(batch.query, 7.0)
+    num_seqs = len(seq_lens) - seq_start
+    ws = None
+    if workspace and num_splits > 1:
+        shape = decode_workspace_shape(
+            max_num_seqs=num_seqs + 2,
+            num_q_heads=num_q_heads,
+            head_size=head_size,
+            num_splits=num_splits,
+        )
+        ws = torch.full(shape, float("nan"), dtype=WORKSPACE_DTYPE, device=DEVICE)
+    paged_decode_attention(
+        query=batch.query,
+        key_cache=batch.key_cache,
+        value_cache=batch.value_cache,
+        output=output,
+        block_table=batch.block_table,
+        seq_lens=batch.seq_lens,
+        softmax_scale=scale,
+        seq_start=seq_start,
+        num_seqs=num_seqs,
+        k_scale=batch.k_scale,
+        v_scale=batch.v_scale,
+        num_splits=num_splits,
+        workspace=ws,
+        **kw,
+    )
+    ref = ref_paged_attention(**batch.ref_kwargs(), softmax_scale=scale, **kw)
+    _, atol, rtol = TOLERANCES[q_dtype]
+    what = (
+        f"decode out (splits={num_splits}, d={head_size}, group={group}, "
+        f"bs={block_size}, kv={cache_dtype}, {sorted(features)})"
+    )
+    assert_close(
+        output[seq_start:],
+        ref[seq_start:],
+        dtype=q_dtype,
+        atol=atol,
+        rtol=rtol,
+        what=what,
+    )
+    assert (output[:seq_start] == 7.0).all(), "rows before seq_start were written"
+
+
+# One CPU case per feature/shape value; each runs unsplit and split. Fields:
+# (head_size, group, num_kv_heads, block_size, q_dtype, cache_dtype, features).
+BF16, FP16 = torch.bfloat16, torch.float16
+E4M3 = torch.float8_e4m3fn
+CASES = {
+    "d128_gqa4_bs16": (128, 4, 2, 16, BF16, BF16, {}),
+    "d64_mha_bs32_fp16": (64, 1, 2, 32, FP16, FP16, {}),
+    "d80_gqa2_bs64": (80, 2, 1, 64, BF16, BF16, {}),
+    "d96_gqa7_bs16": (96, 7, 1, 16, FP16, FP16, {}),
+    "d112_gqa8_bs128": (112, 8, 1, 128, BF16, BF16, {}),
+    "d192_gqa16_bs16": (192, 16, 1, 16, BF16, BF16, {}),
+    "d256_gqa2_bs32": (256, 2, 1, 32, FP16, FP16, {}),
+    "fp8_e4m3fn_bf16": (128, 4, 1, 16, BF16, E4M3, {}),
+    "fp8_e4m3fn_fp16": (64, 2, 1, 32, FP16, E4M3, {}),
+    "fp8_e4m3fnuz": (64, 2, 1, 16, BF16, torch.float8_e4m3fnuz, {}),
+    "window": (64, 4, 1, 16, BF16, BF16, {"window": 20}),
+    "window_1": (64, 2, 1, 16, FP16, FP16, {"window": 1}),
+    "alibi": (64, 4, 1, 16, FP16, FP16, {"alibi": True}),
+    "softcap": (64, 2, 1, 32, BF16, BF16, {"softcap": 2.0}),
+    "sinks": (64, 4, 1, 16, BF16, BF16, {"sinks": True}),
+    "all_features_fp8": (
+        80,
+        7,
+        1,
+        16,
+        BF16,
+        E4M3,
+        {"window": 33, "alibi": True, "softcap": 3.0, "sinks": True},
+    ),
+}
+
+
+@pytest.mark.parametrize("num_splits", [1, 4], ids=["2d", "split4"])
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_decode_features(case, num_splits):
+    head_size, group, kv_heads, block_size, q_dtype, cache_dtype, feats = CASES[case]
+    if reason := fp8_skip_reason(cache_dtype):
+        pytest.skip(reason)
+    _run_and_compare(
+        seq_lens=CPU_SEQ_LENS,
+        num_kv_heads=kv_heads,
+        group=group,
+        head_size=head_size,
+        block_size=block_size,
+        q_dtype=q_dtype,
+        cache_dtype=cache_dtype,
+        num_splits=num_splits,
+        features=feats,
+        workspace=True,
+    )
+
+
+@pytest.mark.parametrize("num_splits", [2, 3, MAX_NUM_SPLITS])
+def test_split_counts_and_empty_splits(num_splits):
+    # 3 splits: uneven shares; 16 splits over <= 5 tiles: most splits are empty and
+    # must contribute nothing. The workspace starts as NaN (no stale reads).
+    _run_and_compare(
+        seq_lens=(300, 5, 64),
+        num_kv_heads=2,
+        group=2,
+        head_size=64,
+        block_size=16,
+        q_dtype=torch.float16,
+        cache_dtype=torch.float16,
+        num_splits=num_splits,
+        features={"sinks": True},
+        workspace=True,
+    )
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_seq_start_subrange(num_splits):
+    # A launch over sequences [2, 4) must leave rows 0 and 1 alone.
+    _run_and_compare(
+        seq_lens=(9, 40, 17, 3),
+        num_kv_heads=1,
+        group=4,
+        head_size=64,
+        block_size=16,
+        q_dtype=torch.bfloat16,
+        cache_dtype=torch.bfloat16,
+        num_splits=num_splits,
+        features={},
+        seq_start=2,
+        workspace=True,
+    )
+
+
+def test_split_without_workspace_allocates():
+    # The non-graph convenience path: no workspace given, num_splits > 1.
+    _run_and_compare(
+        seq_lens=(50,),
+        num_kv_heads=1,
+        group=2,
+        head_size=64,
+        block_size=16,
+        q_dtype=torch.bfloat16,
+        cache_dtype=torch.bfloat16,
+        num_splits=2,
+        features={},
+        workspace=False,
+    )
+
+
+def test_choose_num_splits():
+    for num_kv_heads, num_sms in [(8, 132), (4, 132), (1, 304), (8, 1)]:
+        target = SPLIT_TARGET_WAVES * num_sms
+        prev = MAX_NUM_SPLITS
+        for num_seqs in range(1, 600):
+            n = choose_num_splits(
+                num_seqs=num_seqs, num_kv_heads=num_kv_heads, num_sms=num_sms
+            )
+            work = num_seqs * num_kv_heads
+            assert 1 <= n <= MAX_NUM_SPLITS and n & (n - 1) == 0, n
+            assert n <= prev, "more sequences must never mean more splits"
+            prev = n
+            # The smallest power of two that reaches the target grid, or the cap.
+            assert n == MAX_NUM_SPLITS or n * work >= target, (num_seqs, n)
+            assert n == 1 or (n // 2) * work < target, (num_seqs, n)
+    # Llama-3.1-8B (8 KV heads) on an H200 (132 SMs).
+    splits = {
+        b: choose_num_splits(num_seqs=b, num_kv_heads=8, num_sms=132)
+        for b in (1, 8, 16, 34, 50)
+    }
+    assert splits == {1: 16, 8: 8, 16: 4, 34: 2, 50: 1}
+    assert choose_num_splits(num_seqs=0, num_kv_heads=8, num_sms=132) == 16
+
+
+def test_decode_tuning_tables_load(tmp_path, monkeypatch):
+    # Every committed table parses into valid configs; a table entry wins over the
+    # heuristic for its key only; an unknown GPU falls back to the heuristic.
+    for path in dc.TUNING_DIR.glob("paged_decode_*.json"):
+        gpu = json.loads(path.read_text())["provenance"]["gpu"]
+        table = dc.load_decode_table(gpu)
+        assert table, f"{path.name}: no entries"
+        for key, config in table.items():
+            assert dc.is_valid_config(config, head_size=key[0], kv_dtype=key[2]), key
+    special = dc.DecodeConfig(block_n=128, num_warps=8, num_stages=3)
+    key = {
+        "head_size": 96,
+        "q_dtype": torch.float16,
+        "kv_dtype": torch.float16,
+        "group": 7,
+        "block_size": 32,
+        "split": True,
+    }
+    entry = dc.table_entry(dc.problem_key(**key), special)
+    (tmp_path / "paged_decode_Test_GPU.json").write_text(
+        json.dumps({"provenance": {"gpu": "Test GPU"}, "configs": [entry]})
+    )
+    monkeypatch.setattr(dc, "TUNING_DIR", tmp_path)
+    dc.load_decode_table.cache_clear()
+    dc.get_decode_config.cache_clear()
+    try:
+        assert dc.get_decode_config(gpu_name="Test GPU", **key) == special
+        other = {**key, "split": False}
+        assert dc.get_decode_config(gpu_name="Test GPU", **other) != special
+        assert dc.get_decode_config(gpu_name="Other GPU", **key) == (
+            dc.heuristic_decode_config(head_size=96, kv_dtype=torch.float16)
+        )
+    finally:
+        dc.load_decode_table.cache_clear()
+        dc.get_decode_config.cache_clear()
+
+
+def _small_batch(**over):
+    args = {
+        "seqs": [(1, 20)],
+        "num_q_heads": 4,
+        "num_kv_heads": 2,
+        "head_size": 64,
+        "block_size": 16,
+    }
+    args.update(over)
+    return make_paged_batch(**args)
+
+
+def _call(batch, **over):
+    kw = {
+        "query": batch.query,
+        "key_cache": batch.key_cache,
+        "value_cache": batch.value_cache,
+        "output": torch.empty_like(batch.query),
+        "block_table": batch.block_table,
+        "seq_lens": batch.seq_lens,
+        "softmax_scale": 0.125,
+        "k_scale": batch.k_scale,
+        "v_scale": batch.v_scale,
+    }
+    kw.update(over)
+    paged_decode_attention(**kw)
+
+
+@pytest.mark.parametrize(
+    "build, call, match",
+    [
+        ({"head_size": 72}, {}, "head size 72"),
+        ({"head_size": 288}, {}, "head size 288"),
+        ({"block_size": 8}, {}, "block size 8"),
+        ({"q_dtype": torch.float16, "cache_dtype": torch.bfloat16}, {}, "cache dtype"),
+        ({"cache_dtype": torch.float8_e4m3fn}, {"k_scale": None}, "k_scale"),
+        ({}, {"num_splits": 17}, "num_splits"),
+        ({}, {"num_splits": 2, "workspace": torch.empty(1, 4, 2, 64)}, "workspace"),
+        ({}, {"sliding_window": 0}, "sliding_window"),
+        ({}, {"logits_soft_cap": -1.0}, "logits_soft_cap"),
+        (
+            {},
+            {
+                "query": torch.empty(1, 5, 64, dtype=torch.bfloat16),
+                "output": torch.empty(1, 5, 64, dtype=torch.bfloat16),
+            },
+            "multiple of num_kv_heads",
+        ),
+        ({}, {"query": torch.empty(1, 4, 64, dtype=torch.float32)}, "query dtype"),
+    ],
+    ids=[
+        "head72",
+        "head288",
+        "bs8",
+        "dtype_mix",
+        "fp8_no_scale",
+        "splits17",
+        "bad_workspace",
+        "window0",
+        "softcap_neg",
+        "heads",
+        "q_fp32",
+    ],
+)
+def test_unsupported_inputs_raise(build, call, match):
+    batch = _small_batch(**build)
+    with pytest.raises(ValueError, match=match):
+        _call(batch, **call)
+
+
+# ---------------------------------------------------------------- GPU only
+
+
+# (q dtype, cache dtype, splits) variants; each (head size, group, block size) point
+# takes the next one in turn, so the 168 points cover every variant ~28 times without
+# a 6x larger product (each point compiles its own kernel specialisation).
+_FULL_VARIANTS = [
+    (torch.bfloat16, None, 1),
+    (torch.float16, None, 8),
+    (torch.bfloat16, torch.float8_e4m3fn, 8),
+    (torch.float16, torch.float8_e4m3fn, 1),
+    (torch.bfloat16, None, 8),
+    (torch.float16, None, 1),
+]
+_FULL_POINTS = [
+    (hs, g, bs, *_FULL_VARIANTS[i % len(_FULL_VARIANTS)])
+    for i, (hs, g, bs) in enumerate(
+        itertools.product(HEAD_SIZES, GQA_GROUPS, BLOCK_SIZES)
+    )
+]
+
+
+@pytest.mark.full_matrix
+@pytest.mark.parametrize(
+    "head_size, group, block_size, q_dtype, cache_dtype, num_splits", _FULL_POINTS
+)
+def test_decode_full_matrix(
+    head_size, group, block_size, q_dtype, cache_dtype, num_splits
+):
+    cache_dtype = cache_dtype or q_dtype
+    if reason := fp8_skip_reason(cache_dtype):
+        pytest.skip(reason)
+    # Long and short contexts in one batch, incl. a 0-length padding row.
+    _run_and_compare(
+        seq_lens=(1, 17, 1000, 4099, 0),
+        num_kv_heads=2,
+        group=group,
+        head_size=head_size,
+        block_size=block_size,
+        q_dtype=q_dtype,
+        cache_dtype=cache_dtype,
+        num_splits=num_splits,
+        features={"window": 700, "alibi": True, "softcap": 30.0, "sinks": True}
+        if head_size == 128
+        else {},
+        workspace=True,
+    )
+
+
+@pytest.mark.full_matrix
+@pytest.mark.parametrize("num_splits", [1, 16])
+def test_decode_long_context(num_splits):
+    # 128k keys: the longest context the brief asks for.
+    _run_and_compare(
+        seq_lens=(131072, 3),
+        num_kv_heads=8,
+        group=4,
+        head_size=128,
+        block_size=64,
+        q_dtype=torch.bfloat16,
+        cache_dtype=torch.bfloat16,
+        num_splits=num_splits,
+        features={},
+        workspace=True,
+    )
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs > 4 GB of cache: GPU only")
+def test_int64_block_offsets():
+    # Pages past element 2**31 of the cache: 32-bit offsets would wrap around.
+    num_kv_heads, block_size, head_size = 8, 64, 128
+    stride_block = 2 * num_kv_heads * block_size * head_size
+    num_blocks = (2**31) // stride_block + 64
+    kv = torch.zeros(
+        num_blocks,
+        2,
+        num_kv_heads,
+        block_size,
+        head_size,
+        dtype=torch.bfloat16,
+        device=DEVICE,
+    )
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    pages = torch.arange(num_blocks - 8, num_blocks, device=DEVICE)[
+        torch.randperm(8, device=DEVICE, generator=gen)
+    ]
+    kv[pages] = torch.randn(
+        8, 2, num_kv_heads, block_size, head_size, device=DEVICE, generator=gen
+    ).to(torch.bfloat16)
+    block_table = pages.to(torch.int32).view(1, 8)
+    seq_lens = torch.tensor([8 * block_size - 5], dtype=torch.int32, device=DEVICE)
+    query = torch.randn(
+        1, 4 * num_kv_heads, head_size, device=DEVICE, generator=gen
+    ).to(torch.bfloat16)
+    for num_splits in (1, 4):
+        out = torch.empty_like(query)
+        paged_decode_attention(
+            query=query,
+            key_cache=kv[:, 0],
+            value_cache=kv[:, 1],
+            output=out,
+            block_table=block_table,
+            seq_lens=seq_lens,
+            softmax_scale=0.088,
+            num_splits=num_splits,
+        )
+        ref = ref_paged_attention(
+            query=query,
+            key_cache=kv[:, 0],
+            value_cache=kv[:, 1],
+            block_table=block_table,
+            query_start_loc=torch.tensor([0, 1], device=DEVICE),
+            seq_lens=seq_lens,
+            softmax_scale=0.088,
+        )
+        _, atol, rtol = TOLERANCES[torch.bfloat16]
+        assert_close(
+            out,
+            ref,
+            dtype=torch.bfloat16,
+            atol=atol,
+            rtol=rtol,
+            what=f"int64 offsets, splits={num_splits}",
+        )
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_cuda_graph_replay_with_growing_contexts():
+    # Capture once with a fixed batch size and split count, then replay after the
+    # contexts grew: the grid and workspace must not depend on seq_lens.
+    num_kv_heads, group, head_size, block_size = 2, 4, 128, 16
+    batch = make_paged_batch(
+        seqs=[(1, 700), (1, 30), (1, 2000)],
+        num_q_heads=num_kv_heads * group,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        block_size=block_size,
+    )
+    num_splits = choose_num_splits(num_seqs=3, num_kv_heads=num_kv_heads, num_sms=132)
+    ws = torch.empty(
+        decode_workspace_shape(
+            max_num_seqs=3,
+            num_q_heads=num_kv_heads * group,
+            head_size=head_size,
+            num_splits=num_splits,
+        ),
+        dtype=WORKSPACE_DTYPE,
+        device=DEVICE,
+    )
+    seq_lens = torch.tensor([5, 1, 100], dtype=torch.int32, device=DEVICE)
+    out = torch.empty_like(batch.query)
+    kw = {
+        "query": batch.query,
+        "key_cache": batch.key_cache,
+        "value_cache": batch.value_cache,
+        "output": out,
+        "block_table": batch.block_table,
+        "seq_lens": seq_lens,
+        "softmax_scale": 0.088,
+        "num_splits": num_splits,
+        "workspace": ws,
+    }
+    paged_decode_attention(**kw)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_decode_attention(**kw)
+    for lens in ([5, 1, 100], [700, 30, 2000], [1, 29, 1999]):
+        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = ref_paged_attention(
+            query=batch.query,
+            key_cache=batch.key_cache,
+            value_cache=batch.value_cache,
+            block_table=batch.block_table,
+            query_start_loc=batch.query_start_loc,
+            seq_lens=seq_lens,
+            softmax_scale=0.088,
+        )
+        _, atol, rtol = TOLERANCES[torch.bfloat16]
+        assert_close(
+            out,
+            ref,
+            dtype=torch.bfloat16,
+            atol=atol,
+            rtol=rtol,
+            what=f"graph replay, seq_lens={lens}",
+        )

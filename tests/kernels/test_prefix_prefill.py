@@ -1,0 +1,583 @@
+# SPDX-License-Identifier: Apache-2.0
+"""prefix_prefill_attention against ref_paged_attention.
+
+CPU (Triton interpreter): ``CASES`` samples the feature matrix, each head size,
+GQA ratio, page size, dtype and feature at least once, on batches that mix
+single-token rows, pure prefills (empty context), prefix hits and chunked-prefill
+rows. GPU with ``GPU_FULL=1``: the ``full_matrix`` tests add the cross product,
+128k contexts and a cache whose block offsets pass 2**31 elements.
+"""
+
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from tests.kernels.conftest import (
+    BLOCK_SIZES,
+    DEVICE,
+    GQA_GROUPS,
+    HEAD_SIZES,
+    INTERPRET,
+    ON_GPU,
+    TOLERANCES,
+    assert_close,
+    fp8_skip_reason,
+    make_paged_batch,
+)
+from vllm.attention.ops.paged_cache_write import write_to_paged_cache
+from vllm.attention.ops.prefix_prefill import prefix_prefill_attention
+from vllm.attention.ops.reference import ref_paged_attention
+from vllm.attention.ops.triton_attention_common import paged_row_offsets
+from vllm.attention.ops.tuning.prefill_configs import PrefillConfig
+
+# (query_len, kv_len) rows of one batch: a single-token row with context, a pure
+# prefill (empty context), a prefix hit, and a chunked-prefill row whose query spans
+# several query blocks of the small CPU tiles.
+MIXED_SEQS = [(1, 9), (4, 4), (3, 21), (19, 37)]
+# Small tiles for the interpreter (its cost grows with the number of programs and
+# tiles, not with tile size); the GPU uses the tuning table unless a case sets one.
+SMALL = PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
+
+
+def _case(name, **overrides):
+    base = {
+        "seqs": MIXED_SEQS,
+        "num_q_heads": 2,
+        "num_kv_heads": 2,
+        "head_size": 64,
+        "block_size": 16,
+        "q_dtype": torch.bfloat16,
+        "cache_dtype": None,
+        "config": SMALL,
+        "sliding_window": None,
+        "alibi": False,
+        "soft_cap": None,
+        "sinks": False,
+    }
+    base.update(overrides)
+    return pytest.param(base, id=name)
+
+
+CASES = [
+    _case("base-bf16-d64-mha-bs16"),
+    _case(
+        "fp16-d128-g2-bs32",
+        q_dtype=torch.float16,
+        head_size=128,
+        num_q_heads=4,
+        block_size=32,
+    ),
+    # BLOCK_N < page: a tile is part of one page.
+    _case(
+        "d80-g4-bs64-tile-in-page",
+        head_size=80,
+        num_q_heads=4,
+        num_kv_heads=1,
+        block_size=64,
+    ),
+    # GQA 7 pads the group to 8 rows (masked padding head).
+    _case(
+        "d96-g7-bs128",
+        head_size=96,
+        num_q_heads=14,
+        num_kv_heads=2,
+        block_size=128,
+        config=PrefillConfig(32, 32, 4, 1),
+    ),
+    # BLOCK_N = 4 pages: a tile spans pages.
+    _case(
+        "d112-g8-bs16-tile-spans-pages",
+        head_size=112,
+        num_q_heads=8,
+        num_kv_heads=1,
+        config=PrefillConfig(32, 64, 4, 1),
+    ),
+    # Group 16 > BLOCK_M 16 / ... : one token per program.
+    _case(
+        "d192-g16-one-token-per-block", head_size=192, num_q_heads=16, num_kv_heads=1
+    ),
+    _case("d256-g2-fp16", head_size=256, num_q_heads=4, q_dtype=torch.float16),
+    # Window smaller than the queries and the tile: left edge, skipped tiles.
+    _case("window-5", sliding_window=5, seqs=[(3, 40), (20, 20), (1, 33)]),
+    _case("window-1", sliding_window=1, seqs=[(6, 30), (2, 2)]),
+    # BLOCK_Q (64 tokens) > BLOCK_N: late rows meet whole tiles outside their
+    # window before their first visible key (the softmax must not produce NaN).
+    _case(
+        "window-4-qblock-wider-than-tile",
+        sliding_window=4,
+        seqs=[(50, 50), (45, 70)],
+        num_kv_heads=1,
+        num_q_heads=1,
+        config=PrefillConfig(64, 16, 4, 1),
+    ),
+    _case("window-larger-than-seq", sliding_window=64),
+    _case("alibi-g2", alibi=True, num_q_heads=4),
+    _case("softcap", soft_cap=1.5),
+    _case("sinks-g2", sinks=True, num_q_heads=4),
+    _case("fp8-e4m3fn-fp16", cache_dtype=torch.float8_e4m3fn, q_dtype=torch.float16),
+    _case("fp8-e4m3fnuz", cache_dtype=torch.float8_e4m3fnuz),
+    _case(
+        "all-features-fp8-g4",
+        cache_dtype=torch.float8_e4m3fn,
+        num_q_heads=8,
+        sliding_window=7,
+        alibi=True,
+        soft_cap=2.0,
+        sinks=True,
+        seqs=[(5, 29), (1, 1), (12, 12)],
+    ),
+    # Pure prefills; a sequence with no query tokens this step (its programs exit).
+    _case("empty-context-and-empty-query", seqs=[(5, 5), (0, 9), (17, 17), (1, 1)]),
+    _case("single-token-rows-only", seqs=[(1, 1), (1, 35), (1, 16)]),
+    # The table/heuristic config (64-row tiles) as used in production.
+    _case("default-config-g4", num_q_heads=8, config=None),
+]
+
+
+def _run(
+    case,
+    batch,
+    output,
+    *,
+    seq_start=0,
+    num_seqs=None,
+    alibi_slopes=None,
+    sinks=None,
+    softmax_scale,
+):
+    prefix_prefill_attention(
+        query=batch.query,
+        key_cache=batch.key_cache,
+        value_cache=batch.value_cache,
+        output=output,
+        block_table=batch.block_table,
+        query_start_loc=batch.query_start_loc,
+        seq_lens=batch.seq_lens,
+        max_query_len=batch.max_query_len,
+        softmax_scale=softmax_scale,
+        seq_start=seq_start,
+        num_seqs=num_seqs,
+        k_scale=batch.k_scale,
+        v_scale=batch.v_scale,
+        sliding_window=case["sliding_window"],
+        alibi_slopes=alibi_slopes,
+        logits_soft_cap=case["soft_cap"],
+        sinks=sinks,
+        config=case["config"],
+    )
+
+
+def _check_case(case, seed=0):
+    if case["cache_dtype"] is not None:
+        reason = fp8_skip_reason(case["cache_dtype"])
+        if reason:
+            pytest.skip(reason)
+    batch = make_paged_batch(
+        seqs=case["seqs"],
+        num_q_heads=case["num_q_heads"],
+        num_kv_heads=case["num_kv_heads"],
+        head_size=case["head_size"],
+        block_size=case["block_size"],
+        q_dtype=case["q_dtype"],
+        cache_dtype=case["cache_dtype"],
+        seed=seed,
+    )
+    gen = torch.Generator().manual_seed(seed + 1)
+    heads = case["num_q_heads"]
+    alibi_slopes = sinks = None
+    if case["alibi"]:
+        # Strong enough to change the result visibly over tens of keys.
+        alibi_slopes = (torch.rand(heads, generator=gen) * 0.5).to(DEVICE)
+    if case["sinks"]:
+        sinks = (torch.randn(heads, generator=gen) * 2).to(DEVICE)
+    scale = 1.0 / math.sqrt(case["head_size"])
+    output = torch.full_like(batch.query, float("nan"))
+    _run(
+        case, batch, output, alibi_slopes=alibi_slopes, sinks=sinks, softmax_scale=scale
+    )
+    expected = ref_paged_attention(
+        softmax_scale=scale,
+        sliding_window=case["sliding_window"],
+        alibi_slopes=alibi_slopes,
+        logits_soft_cap=case["soft_cap"],
+        sinks=sinks,
+        **batch.ref_kwargs(),
+    )
+    dtype, atol, rtol = TOLERANCES[case["q_dtype"]]
+    assert_close(output, expected, dtype=dtype, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_prefix_prefill_matches_reference(case):
+    _check_case(case)
+
+
+def _random_case(seed):
+    """A reproducible random draw over shapes, tiles, lengths and features: covers
+    tile-boundary combinations (window edges, diagonal tiles, short rows) that the
+    hand-written cases do not enumerate."""
+    rng = random.Random(seed)
+    group = rng.choice(GQA_GROUPS)
+    head_size = rng.choice(HEAD_SIZES)
+    seqs = []
+    for _ in range(rng.randint(1, 4)):
+        q_len = rng.choice([1, rng.randint(2, 12), rng.randint(13, 40)])
+        seqs.append((q_len, q_len + rng.choice([0, rng.randint(1, 70)])))
+    return {
+        "seqs": seqs,
+        "num_q_heads": group,
+        "num_kv_heads": 1,
+        "head_size": head_size,
+        "block_size": rng.choice(BLOCK_SIZES[:2]),
+        "q_dtype": rng.choice([torch.bfloat16, torch.float16]),
+        "cache_dtype": rng.choice([None, None, torch.float8_e4m3fn]),
+        "config": PrefillConfig(rng.choice([16, 32, 64]), rng.choice([16, 32]), 4, 1),
+        "sliding_window": rng.choice([None, rng.randint(1, 30)]),
+        "alibi": rng.random() < 0.3,
+        "soft_cap": rng.choice([None, 5.0]),
+        "sinks": rng.random() < 0.3,
+    }
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_batches(seed):
+    _check_case(_random_case(seed), seed=seed)
+
+
+def test_sequence_range_leaves_other_rows_untouched():
+    """Decodes first, then prefills: a launch over [seq_start, seq_start + n) writes
+    exactly those sequences' rows."""
+    seqs = [(1, 12), (1, 3), (6, 20), (4, 4), (9, 9)]
+    batch = make_paged_batch(
+        seqs=seqs, num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16
+    )
+    case = CASES[0].values[0]
+    sentinel = 7.0
+    output = torch.full_like(batch.query, sentinel)
+    _run(case, batch, output, seq_start=2, num_seqs=2, softmax_scale=0.125)
+    expected = ref_paged_attention(softmax_scale=0.125, **batch.ref_kwargs())
+    starts = batch.query_start_loc.tolist()
+    done = slice(starts[2], starts[4])
+    assert_close(
+        output[done],
+        expected[done],
+        dtype=torch.bfloat16,
+        atol=TOLERANCES[torch.bfloat16][1],
+        rtol=TOLERANCES[torch.bfloat16][2],
+    )
+    untouched = torch.ones(output.shape[0], dtype=torch.bool)
+    untouched[done] = False
+    assert (output[untouched] == sentinel).all(), "rows outside the range were written"
+
+
+def test_write_then_attend():
+    """The production order: write the new tokens with write_to_paged_cache, then
+    run prefix_prefill over the cache (context pages were written earlier)."""
+    seqs = [(5, 21), (3, 3)]
+    batch = make_paged_batch(
+        seqs=seqs, num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16
+    )
+    gen = torch.Generator().manual_seed(3)
+    new_k = torch.randn((8, 2, 64), generator=gen).to(torch.bfloat16).to(DEVICE)
+    new_v = torch.randn((8, 2, 64), generator=gen).to(torch.bfloat16).to(DEVICE)
+    slots = []
+    for s, (q_len, kv_len) in enumerate(seqs):
+        for pos in range(kv_len - q_len, kv_len):
+            slots.append(int(batch.block_table[s, pos // 16]) * 16 + pos % 16)
+    slot_mapping = torch.tensor(slots, dtype=torch.int64, device=DEVICE)
+    write_to_paged_cache(
+        key=new_k,
+        value=new_v,
+        key_cache=batch.key_cache,
+        value_cache=batch.value_cache,
+        slot_mapping=slot_mapping,
+    )
+    case = CASES[0].values[0]
+    output = torch.empty_like(batch.query)
+    _run(case, batch, output, softmax_scale=0.125)
+    expected = ref_paged_attention(softmax_scale=0.125, **batch.ref_kwargs())
+    # The reference reads the same cache: check the write landed where it reads.
+    flat_k = batch.key_cache.permute(0, 2, 1, 3).reshape(-1, 2, 64)
+    assert torch.equal(flat_k[slot_mapping], new_k)
+    assert_close(
+        output,
+        expected,
+        dtype=torch.bfloat16,
+        atol=TOLERANCES[torch.bfloat16][1],
+        rtol=TOLERANCES[torch.bfloat16][2],
+    )
+
+
+@triton.jit
+def _row_offsets_kernel(
+    block_table_ptr,
+    key_pos_ptr,
+    out_ptr,
+    stride_block,
+    stride_slot,
+    N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    idx = tl.arange(0, N)
+    key_pos = tl.load(key_pos_ptr + idx)
+    offsets = paged_row_offsets(
+        block_table_ptr,
+        key_pos,
+        key_pos >= 0,
+        stride_block,
+        stride_slot,
+        BLOCK_SIZE=BLOCK_SIZE,
+        MASK_KEYS=True,
+    )
+    tl.store(out_ptr + idx, offsets)
+
+
+def test_page_offsets_are_int64():
+    """Block offsets past 2**31 elements (a 128k-context cache with many blocks)
+    must not wrap; checked on the address helper alone, so no 4 GiB cache is
+    needed on the CPU (the GPU test below reads such a cache for real)."""
+    block_size, stride_slot = 16, 128
+    stride_block = 2 * 8 * block_size * stride_slot  # 2 * kv_heads * bs * d
+    block_table = torch.tensor(
+        [3, 70_000, 1_000_000, 0], dtype=torch.int32, device=DEVICE
+    )
+    key_pos = torch.tensor(
+        [0, 17, 40, 63, 5, 31, 47, 50, 1, 2, 3, 4, 6, 7, 8, 9],
+        dtype=torch.int32,
+        device=DEVICE,
+    )
+    out = torch.empty(16, dtype=torch.int64, device=DEVICE)
+    _row_offsets_kernel[(1,)](
+        block_table,
+        key_pos,
+        out,
+        stride_block,
+        stride_slot,
+        N=16,
+        BLOCK_SIZE=block_size,
+    )
+    pages = block_table.long()[key_pos.long() // block_size]
+    expected = pages * stride_block + (key_pos.long() % block_size) * stride_slot
+    assert expected.max() > 2**31
+    assert torch.equal(out, expected)
+
+
+def test_compiles_for_hopper_with_wgmma():
+    """The interpreter accepts code the GPU compiler rejects and says nothing about
+    the generated code: compile production configs for sm_90 ahead of time (no GPU
+    needed) and require wgmma (tl.dot on 64-row tiles, 4-warp multiples) and
+    cp.async pipelining of the paged K/V loads."""
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.kernels.hopper_compile"],
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+
+
+def _args(batch, **overrides):
+    args = {
+        "query": batch.query,
+        "key_cache": batch.key_cache,
+        "value_cache": batch.value_cache,
+        "output": torch.empty_like(batch.query),
+        "block_table": batch.block_table,
+        "query_start_loc": batch.query_start_loc,
+        "seq_lens": batch.seq_lens,
+        "max_query_len": batch.max_query_len,
+        "softmax_scale": 0.1,
+        "k_scale": batch.k_scale,
+        "v_scale": batch.v_scale,
+    }
+    args.update(overrides)
+    return args
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (
+            lambda b: {"query": b.query.float(), "output": b.query.float()},
+            "query dtype",
+        ),
+        (
+            lambda b: {
+                "key_cache": b.key_cache.half(),
+                "value_cache": b.value_cache.half(),
+            },
+            "must equal the query dtype",
+        ),
+        (
+            lambda b: {
+                "key_cache": b.key_cache.to(torch.float8_e4m3fn),
+                "value_cache": b.value_cache.to(torch.float8_e4m3fn),
+            },
+            "needs k_scale",
+        ),
+        (lambda b: {"sliding_window": 0}, "sliding_window"),
+        (lambda b: {"seq_lens": b.seq_lens.long()}, "seq_lens"),
+        (lambda b: {"alibi_slopes": torch.ones(3, device=DEVICE)}, "alibi_slopes"),
+        (lambda b: {"num_seqs": 9}, "sequence range"),
+    ],
+    ids=[
+        "fp32-query",
+        "cache-dtype-mismatch",
+        "fp8-without-scale",
+        "window-0",
+        "int64-seq-lens",
+        "alibi-shape",
+        "seq-range",
+    ],
+)
+def test_rejects_unsupported_inputs(overrides, match):
+    batch = make_paged_batch(
+        seqs=[(2, 5)], num_q_heads=2, num_kv_heads=1, head_size=64, block_size=16
+    )
+    with pytest.raises(ValueError, match=match):
+        prefix_prefill_attention(**_args(batch, **overrides(batch)))
+
+
+def test_rejects_head_size_above_256():
+    query = torch.zeros((2, 1, 512), dtype=torch.bfloat16, device=DEVICE)
+    cache = torch.zeros((2, 1, 16, 512), dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="head size 512"):
+        prefix_prefill_attention(
+            query=query,
+            key_cache=cache,
+            value_cache=cache,
+            output=torch.empty_like(query),
+            block_table=torch.zeros((1, 1), dtype=torch.int32, device=DEVICE),
+            query_start_loc=torch.tensor([0, 2], dtype=torch.int32, device=DEVICE),
+            seq_lens=torch.tensor([2], dtype=torch.int32, device=DEVICE),
+            max_query_len=2,
+            softmax_scale=0.1,
+        )
+
+
+# ---------------------------------------------------------------------------------
+# GPU cross product (GPU_FULL=1)
+# ---------------------------------------------------------------------------------
+
+GPU_SEQS = [(1, 700), (128, 128), (37, 1000), (300, 2100), (1, 1), (64, 64 + 513)]
+
+
+@pytest.mark.full_matrix
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("group", GQA_GROUPS)
+@pytest.mark.parametrize("head_size", HEAD_SIZES)
+def test_full_shapes(head_size, group, block_size):
+    _check_case(
+        CASES[0].values[0]
+        | {
+            "seqs": GPU_SEQS,
+            "head_size": head_size,
+            "num_q_heads": 2 * group,
+            "num_kv_heads": 2,
+            "block_size": block_size,
+            "config": None,
+        }
+    )
+
+
+@pytest.mark.full_matrix
+@pytest.mark.parametrize(
+    "feature", ["none", "window", "alibi", "softcap", "sinks", "all"]
+)
+@pytest.mark.parametrize(
+    "cache_dtype", [None, torch.float8_e4m3fn, torch.float8_e4m3fnuz]
+)
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+def test_full_features(q_dtype, cache_dtype, feature):
+    on = {
+        "window": {"sliding_window": 256},
+        "alibi": {"alibi": True},
+        "softcap": {"soft_cap": 2.0},
+        "sinks": {"sinks": True},
+        "all": {"sliding_window": 200, "alibi": True, "soft_cap": 3.0, "sinks": True},
+    }.get(feature, {})
+    _check_case(
+        CASES[0].values[0]
+        | {
+            "seqs": GPU_SEQS,
+            "head_size": 128,
+            "num_q_heads": 16,
+            "num_kv_heads": 4,
+            "block_size": 64,
+            "q_dtype": q_dtype,
+            "cache_dtype": cache_dtype,
+            "config": None,
+        }
+        | on
+    )
+
+
+@pytest.mark.full_matrix
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"sliding_window": 4096}, {"cache_dtype": torch.float8_e4m3fn}],
+    ids=["full", "window", "fp8"],
+)
+def test_long_context_128k(extra):
+    """Chunked prefill of a 128k context (one KV head keeps the reference's
+    [heads, q, k] score matrix at a few GiB)."""
+    _check_case(
+        CASES[0].values[0]
+        | {
+            "seqs": [(512, 131072), (1, 65536), (300, 300)],
+            "head_size": 128,
+            "num_q_heads": 8,
+            "num_kv_heads": 1,
+            "block_size": 64,
+            "config": None,
+        }
+        | extra
+    )
+
+
+@pytest.mark.full_matrix
+def test_block_offsets_past_int32():
+    """Pages at block ids whose element offset exceeds 2**31 (a ~4.3 GiB cache)."""
+    assert ON_GPU and not INTERPRET
+    batch = make_paged_batch(
+        seqs=[(40, 300), (7, 7)],
+        num_q_heads=4,
+        num_kv_heads=1,
+        head_size=128,
+        block_size=16,
+    )
+    stride = batch.kv_cache.stride(0)
+    shift = 2**31 // stride + 1
+    big = torch.empty(
+        (shift + batch.kv_cache.shape[0],) + batch.kv_cache.shape[1:],
+        dtype=batch.kv_cache.dtype,
+        device=DEVICE,
+    )
+    big[shift:] = batch.kv_cache
+    batch.kv_cache = big
+    batch.key_cache, batch.value_cache = big[:, 0], big[:, 1]
+    batch.block_table = batch.block_table + shift
+    case = CASES[0].values[0] | {"config": None}
+    output = torch.empty_like(batch.query)
+    _run(case, batch, output, softmax_scale=0.1)
+    expected = ref_paged_attention(softmax_scale=0.1, **batch.ref_kwargs())
+    assert_close(
+        output,
+        expected,
+        dtype=torch.bfloat16,
+        atol=TOLERANCES[torch.bfloat16][1],
+        rtol=TOLERANCES[torch.bfloat16][2],
+    )

@@ -1,0 +1,669 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Paged attention for sequences with more than one query token (prefix prefill).
+
+Covers prefill, chunked prefill, prefix-cache hits and spec-decode verification
+(it is also correct for query length 1). Every key and value is read from the paged
+cache: the new tokens' K/V were written there before the call (see
+``paged_cache_write.py``), so the cached context and the new tokens are one range
+of keys ``[0, seq_len)`` and one loop.
+
+Layouts (docs/design.md):
+    query, output        [num_tokens, num_q_heads, head_size]      bf16 / fp16
+    key/value_cache      [num_blocks, num_kv_heads, block_size, head_size]
+                         bf16 / fp16 / fp8 (per-tensor k_scale, v_scale)
+    block_table          [num_seqs_total, max_blocks_per_seq]       int32
+    query_start_loc      [num_seqs_total + 1]                       int32
+    seq_lens             [num_seqs_total]  KV length incl. new tokens, int32
+Query token ``i`` of a sequence with ``q_len`` new tokens sits at position
+``seq_len - q_len + i`` and sees key ``j`` iff ``j <= pos`` (and ``pos - j < W``
+with a sliding window ``W``).
+
+Algorithm. FlashAttention-2's online softmax (Dao, arXiv 2307.08691) with the
+"Q-block" GQA packing of the Triton attention paper (Ringlein et al., "The Anatomy
+of a Triton Attention Kernel", arXiv 2511.11581):
+
+* One program handles ``BLOCK_Q`` query tokens x all query heads of one KV head,
+  flattened into a ``[BLOCK_M = BLOCK_Q * GROUP_PAD, HEAD_PAD]`` tile (row ``r`` is
+  token ``r // GROUP_PAD``, head ``r % GROUP_PAD`` of the group). Each K/V tile is
+  loaded once for the whole group, and ``BLOCK_M`` is a multiple of 64 so that the
+  two ``tl.dot`` per tile lower to Hopper wgmma.
+* Grid ``(q_blocks, num_seqs, num_kv_heads)``; programs past the end of a shorter
+  sequence's query exit at once. The q-block index runs backwards so that the
+  longest programs (last query blocks, most keys) start first.
+* KV tiles of ``BLOCK_N`` keys are addressed through the block table key by key
+  (``paged_row_offsets``), so a tile may span several pages or part of one, and
+  ``BLOCK_N`` is tuned independently of the page size. Offsets are int64.
+* The key range a program visits is ``[first, pos_hi]``: ``first`` skips whole
+  tiles left of every row's sliding window. It is cut into tiles that need a mask
+  (window edge, causal diagonal) and tiles fully visible to every row; the inner
+  step ``_attend_kv_range`` is written once and called with a constexpr ``MASKED``
+  stage for each part.
+* Scores are fp32 in log2 units (log2(e) folded into the scale) so the softmax
+  uses exp2; soft-cap, ALiBi, sinks and fp8 scales are constexpr-gated.
+* Launch tiles come from a table keyed on (head size, dtypes, group, page size,
+  bucketed max query length), with a heuristic fallback: see ``tuning/``. There is
+  no autotuning and no host sync at launch (``max_query_len`` is a host int).
+"""
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm.attention.ops.triton_attention_common import (
+    finalize_output,
+    init_softmax_state,
+    load_kv_tile,
+    online_softmax_step,
+    paged_row_offsets,
+    to_dot_dtype,
+    transform_scores,
+)
+from vllm.attention.ops.tuning.prefill_configs import (
+    PrefillConfig,
+    get_prefill_config,
+    next_power_of_2,
+)
+
+MAX_HEAD_SIZE = 256
+_QUERY_DTYPES = (torch.bfloat16, torch.float16)
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+# Triton's limit on the 2nd and 3rd grid dimensions.
+_MAX_GRID_YZ = 65535
+
+
+@triton.jit
+def _attend_kv_range(
+    acc,  # [BLOCK_M, HEAD_PAD] fp32
+    m_i,  # [BLOCK_M] fp32
+    l_i,  # [BLOCK_M] fp32
+    q,  # [BLOCK_M, HEAD_PAD] query dtype
+    q_pos,  # [BLOCK_M] int32: absolute positions of the rows' tokens
+    alibi_slope,  # [BLOCK_M] fp32 (USE_ALIBI)
+    kv_start,  # first key of the range (multiple of BLOCK_N)
+    kv_stop,  # one past the last key of the range
+    kv_len,  # keys >= kv_len do not exist
+    k_head_ptr,  # key cache at (block 0, this KV head)
+    v_head_ptr,  # value cache at (block 0, this KV head)
+    block_table_row_ptr,  # [max_blocks_per_seq] int32
+    stride_cache_block,
+    stride_cache_slot,
+    qk_scale,  # softmax_scale * k_scale
+    soft_cap,
+    sliding_window,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every key of every tile is visible to every row
+    USE_SOFT_CAP: tl.constexpr,
+    USE_ALIBI: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+):
+    """Online softmax over the KV tiles starting at kv_start, kv_start + BLOCK_N, ...
+    below kv_stop. With MASKED=False the tiles skip key-validity and visibility
+    masks (the caller guarantees they are fully visible)."""
+    for tile_start in tl.range(kv_start, kv_stop, BLOCK_N):
+        k_pos = tile_start + tl.arange(0, BLOCK_N)
+        key_valid = k_pos < kv_len
+        rows = paged_row_offsets(
+            block_table_row_ptr,
+            k_pos,
+            key_valid,
+            stride_cache_block,
+            stride_cache_slot,
+            BLOCK_SIZE=BLOCK_SIZE,
+            MASK_KEYS=MASKED,
+        )
+        k = load_kv_tile(
+            k_head_ptr,
+            rows,
+            key_valid,
+            HEAD_SIZE=HEAD_SIZE,
+            HEAD_PAD=HEAD_PAD,
+            MASK_KEYS=MASKED,
+        )
+        qk = tl.dot(q, tl.trans(to_dot_dtype(k, DOT_DTYPE=q.dtype)))
+        scores = transform_scores(
+            qk,
+            q_pos,
+            k_pos,
+            kv_len,
+            qk_scale,
+            soft_cap,
+            alibi_slope,
+            sliding_window,
+            USE_SOFT_CAP=USE_SOFT_CAP,
+            USE_ALIBI=USE_ALIBI,
+            APPLY_MASK=MASKED,
+            USE_WINDOW=USE_WINDOW,
+        )
+        v = load_kv_tile(
+            v_head_ptr,
+            rows,
+            key_valid,
+            HEAD_SIZE=HEAD_SIZE,
+            HEAD_PAD=HEAD_PAD,
+            MASK_KEYS=MASKED,
+        )
+        acc, m_i, l_i = online_softmax_step(
+            acc, m_i, l_i, scores, to_dot_dtype(v, DOT_DTYPE=q.dtype)
+        )
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _prefix_prefill_kernel(
+    query_ptr,  # [num_tokens, num_q_heads, head_size]
+    key_cache_ptr,  # [num_blocks, num_kv_heads, block_size, head_size]
+    value_cache_ptr,  # [num_blocks, num_kv_heads, block_size, head_size]
+    output_ptr,  # [num_tokens, num_q_heads, head_size]
+    block_table_ptr,  # [num_seqs_total, max_blocks_per_seq] int32
+    query_start_loc_ptr,  # [num_seqs_total + 1] int32
+    seq_lens_ptr,  # [num_seqs_total] int32
+    k_scale_ptr,  # [1] fp32 (IS_FP8)
+    v_scale_ptr,  # [1] fp32 (IS_FP8)
+    alibi_slopes_ptr,  # [num_q_heads] float (USE_ALIBI)
+    sinks_ptr,  # [num_q_heads] float (USE_SINKS)
+    softmax_scale,  # fp32
+    soft_cap,  # fp32 (USE_SOFT_CAP)
+    sliding_window,  # int32 (USE_WINDOW)
+    seq_start,  # first sequence of this launch
+    stride_q_token,
+    stride_q_head,
+    stride_o_token,
+    stride_o_head,
+    stride_cache_block,  # same for K and V (two views of one tensor)
+    stride_cache_head,
+    stride_cache_slot,
+    stride_bt_seq,
+    GROUP: tl.constexpr,  # query heads per KV head
+    GROUP_PAD: tl.constexpr,  # next power of two >= GROUP
+    BLOCK_Q: tl.constexpr,  # query tokens per program
+    BLOCK_M: tl.constexpr,  # BLOCK_Q * GROUP_PAD
+    BLOCK_N: tl.constexpr,  # keys per KV tile
+    BLOCK_SIZE: tl.constexpr,  # keys per page
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    USE_SOFT_CAP: tl.constexpr,
+    USE_ALIBI: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SINKS: tl.constexpr,
+):
+    q_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    seq = seq_start + tl.program_id(1)
+    kv_head = tl.program_id(2)
+
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    first_token = q_block * BLOCK_Q
+    if first_token >= q_len:
+        return
+    kv_len = tl.load(seq_lens_ptr + seq)
+    context_len = kv_len - q_len
+
+    # Rows of the packed tile: token-major, the group's heads inside.
+    rows = tl.arange(0, BLOCK_M)
+    token = first_token + rows // GROUP_PAD
+    head_in_group = rows % GROUP_PAD
+    q_head = kv_head * GROUP + head_in_group
+    row_valid = (token < q_len) & (head_in_group < GROUP)
+    q_pos = context_len + token
+    dims = tl.arange(0, HEAD_PAD)
+    dim_ok = dims < HEAD_SIZE
+
+    token_row = (q_start + token).to(tl.int64)
+    q_offsets = token_row * stride_q_token + q_head * stride_q_head
+    q = tl.load(
+        query_ptr + q_offsets[:, None] + dims[None, :],
+        mask=row_valid[:, None] & dim_ok[None, :],
+        other=0.0,
+    )
+
+    qk_scale = softmax_scale
+    v_scale = 1.0
+    if IS_FP8:
+        qk_scale = softmax_scale * tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
+    alibi_slope = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if USE_ALIBI:
+        alibi_slope = tl.load(alibi_slopes_ptr + q_head, mask=row_valid, other=0.0)
+        alibi_slope = alibi_slope.to(tl.float32)
+    sink = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if USE_SINKS:
+        sink = tl.load(sinks_ptr + q_head, mask=row_valid, other=0.0).to(tl.float32)
+    m_i, l_i = init_softmax_state(sink, BLOCK_M=BLOCK_M, USE_SINKS=USE_SINKS)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+
+    # Key range of this program: rows sit at positions [pos_lo, pos_hi].
+    pos_lo = context_len + first_token
+    pos_hi = context_len + tl.minimum(first_token + BLOCK_Q, q_len) - 1
+    kv_stop = pos_hi + 1
+    # Tiles left of diag_start hold only keys <= pos_lo: causally visible to all.
+    diag_start = ((pos_lo + 1) // BLOCK_N) * BLOCK_N
+    if USE_WINDOW:
+        # First tile with a key inside some row's window, and first tile whose keys
+        # are inside every row's window.
+        first = (tl.maximum(pos_lo - sliding_window + 1, 0) // BLOCK_N) * BLOCK_N
+        full_start = tl.cdiv(tl.maximum(pos_hi - sliding_window + 1, 0), BLOCK_N)
+        full_start = full_start * BLOCK_N
+    else:
+        first = 0
+        full_start = 0
+    full_stop = tl.maximum(diag_start, full_start)
+
+    k_head_ptr = key_cache_ptr + kv_head.to(tl.int64) * stride_cache_head
+    v_head_ptr = value_cache_ptr + kv_head.to(tl.int64) * stride_cache_head
+    block_table_row_ptr = block_table_ptr + seq.to(tl.int64) * stride_bt_seq
+
+    # [first, full_start): left edge of the sliding window (masked).
+    if USE_WINDOW:
+        acc, m_i, l_i = _attend_kv_range(
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_pos,
+            alibi_slope,
+            first,
+            full_start,
+            kv_len,
+            k_head_ptr,
+            v_head_ptr,
+            block_table_row_ptr,
+            stride_cache_block,
+            stride_cache_slot,
+            qk_scale,
+            soft_cap,
+            sliding_window,
+            BLOCK_N=BLOCK_N,
+            BLOCK_SIZE=BLOCK_SIZE,
+            HEAD_SIZE=HEAD_SIZE,
+            HEAD_PAD=HEAD_PAD,
+            MASKED=True,
+            USE_SOFT_CAP=USE_SOFT_CAP,
+            USE_ALIBI=USE_ALIBI,
+            USE_WINDOW=USE_WINDOW,
+        )
+    # [full_start, full_stop): visible to every row, no masks.
+    acc, m_i, l_i = _attend_kv_range(
+        acc,
+        m_i,
+        l_i,
+        q,
+        q_pos,
+        alibi_slope,
+        full_start,
+        full_stop,
+        kv_len,
+        k_head_ptr,
+        v_head_ptr,
+        block_table_row_ptr,
+        stride_cache_block,
+        stride_cache_slot,
+        qk_scale,
+        soft_cap,
+        sliding_window,
+        BLOCK_N=BLOCK_N,
+        BLOCK_SIZE=BLOCK_SIZE,
+        HEAD_SIZE=HEAD_SIZE,
+        HEAD_PAD=HEAD_PAD,
+        MASKED=False,
+        USE_SOFT_CAP=USE_SOFT_CAP,
+        USE_ALIBI=USE_ALIBI,
+        USE_WINDOW=USE_WINDOW,
+    )
+    # [full_stop, kv_stop): the causal diagonal (masked).
+    acc, m_i, l_i = _attend_kv_range(
+        acc,
+        m_i,
+        l_i,
+        q,
+        q_pos,
+        alibi_slope,
+        full_stop,
+        kv_stop,
+        kv_len,
+        k_head_ptr,
+        v_head_ptr,
+        block_table_row_ptr,
+        stride_cache_block,
+        stride_cache_slot,
+        qk_scale,
+        soft_cap,
+        sliding_window,
+        BLOCK_N=BLOCK_N,
+        BLOCK_SIZE=BLOCK_SIZE,
+        HEAD_SIZE=HEAD_SIZE,
+        HEAD_PAD=HEAD_PAD,
+        MASKED=True,
+        USE_SOFT_CAP=USE_SOFT_CAP,
+        USE_ALIBI=USE_ALIBI,
+        USE_WINDOW=USE_WINDOW,
+    )
+
+    out = finalize_output(acc, l_i, v_scale)
+    o_offsets = token_row * stride_o_token + q_head * stride_o_head
+    tl.store(
+        output_ptr + o_offsets[:, None] + dims[None, :],
+        out.to(output_ptr.dtype.element_ty),
+        mask=row_valid[:, None] & dim_ok[None, :],
+    )
+
+
+@functools.cache
+def _gpu_name(device: torch.device) -> str:
+    """Name used to pick a tuning table; looked up once per device (host call)."""
+    if device.type != "cuda":
+        return device.type
+    return torch.cuda.get_device_name(device)
+
+
+def _launch_arguments(
+    *,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    output: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    softmax_scale: float,
+    seq_start: int,
+    num_seqs: int,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    sliding_window: int | None,
+    alibi_slopes: torch.Tensor | None,
+    logits_soft_cap: float | None,
+    sinks: torch.Tensor | None,
+    config: PrefillConfig,
+) -> tuple[tuple[int, int, int], dict]:
+    """Grid and keyword arguments of ``_prefix_prefill_kernel`` for one launch:
+    tiles from ``config``, strides from the tensors (no checks, no launch)."""
+    num_q_heads, head_size = query.shape[1], query.shape[2]
+    num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    group_pad = next_power_of_2(group)
+    block_q = max(1, config.block_m // group_pad)
+    block_m = block_q * group_pad
+    is_fp8 = key_cache.dtype in _FP8_DTYPES
+    grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
+    return grid, {
+        "query_ptr": query,
+        "key_cache_ptr": key_cache,
+        "value_cache_ptr": value_cache,
+        "output_ptr": output,
+        "block_table_ptr": block_table,
+        "query_start_loc_ptr": query_start_loc,
+        "seq_lens_ptr": seq_lens,
+        "k_scale_ptr": k_scale if is_fp8 else None,
+        "v_scale_ptr": v_scale if is_fp8 else None,
+        "alibi_slopes_ptr": alibi_slopes,
+        "sinks_ptr": sinks,
+        "softmax_scale": float(softmax_scale),
+        "soft_cap": float(logits_soft_cap or 0.0),
+        "sliding_window": int(sliding_window or 0),
+        "seq_start": seq_start,
+        "stride_q_token": query.stride(0),
+        "stride_q_head": query.stride(1),
+        "stride_o_token": output.stride(0),
+        "stride_o_head": output.stride(1),
+        "stride_cache_block": key_cache.stride(0),
+        "stride_cache_head": key_cache.stride(1),
+        "stride_cache_slot": key_cache.stride(2),
+        "stride_bt_seq": block_table.stride(0),
+        "GROUP": group,
+        "GROUP_PAD": group_pad,
+        "BLOCK_Q": block_q,
+        "BLOCK_M": block_m,
+        "BLOCK_N": config.block_n,
+        "BLOCK_SIZE": block_size,
+        "HEAD_SIZE": head_size,
+        "HEAD_PAD": max(16, next_power_of_2(head_size)),
+        "IS_FP8": is_fp8,
+        "USE_SOFT_CAP": bool(logits_soft_cap),
+        "USE_ALIBI": alibi_slopes is not None,
+        "USE_WINDOW": sliding_window is not None,
+        "USE_SINKS": sinks is not None,
+        "num_warps": config.num_warps,
+        "num_stages": config.num_stages,
+    }
+
+
+def _launch(**kwargs) -> None:
+    """Launch the kernel; arguments as ``_launch_arguments``."""
+    grid, kernel_kwargs = _launch_arguments(**kwargs)
+    _prefix_prefill_kernel[grid](**kernel_kwargs)
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(f"prefix_prefill_attention: {message}")
+
+
+def _check_per_head(
+    name: str, tensor: torch.Tensor | None, num_q_heads: int, device: torch.device
+) -> None:
+    if tensor is None:
+        return
+    _check(
+        tensor.shape == (num_q_heads,)
+        and tensor.is_floating_point()
+        and tensor.is_contiguous()
+        and tensor.device == device,
+        f"{name} must be a contiguous float tensor of shape ({num_q_heads},) on "
+        f"{device}, got {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}",
+    )
+
+
+def prefix_prefill_attention(
+    *,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    output: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    softmax_scale: float,
+    seq_start: int = 0,
+    num_seqs: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    config: PrefillConfig | None = None,
+) -> None:
+    """Causal attention of sequences ``[seq_start, seq_start + num_seqs)`` over the
+    paged KV cache, written into ``output``.
+
+    Args (semantics in docs/design.md):
+        query: [num_tokens, num_q_heads, head_size] bf16/fp16, last dim contiguous.
+        key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_size],
+            same strides, last two dims contiguous; the query's dtype, or fp8
+            (e4m3fn / e4m3fnuz) with ``k_scale``/``v_scale``. The new tokens' K/V
+            must already be in the cache.
+        output: like ``query``; only the rows of the launched sequences are written.
+        block_table: [num_seqs_total, max_blocks_per_seq] int32.
+        query_start_loc: [num_seqs_total + 1] int32; seq_lens: [num_seqs_total]
+            int32, KV length including the new tokens.
+        max_query_len: host int >= the longest query of the launched sequences
+            (sizes the grid; never read from the device).
+        softmax_scale: multiplies q.k.
+        seq_start, num_seqs: range of sequences handled (default: all from
+            seq_start).
+        k_scale, v_scale: 1-element fp32 tensors, required for an fp8 cache.
+        sliding_window: W > 0, or None for full attention.
+        alibi_slopes: [num_q_heads] float, or None.
+        logits_soft_cap: c > 0 (s = c * tanh(s / c)), or None / 0 for none.
+        sinks: [num_q_heads] float, one extra logit per head, or None.
+        config: launch configuration; None picks it from the tuning table.
+
+    Raises ValueError for unsupported inputs (nothing is launched then).
+    """
+    _check(query.dim() == 3, f"query must be 3D, got shape {tuple(query.shape)}")
+    num_tokens, num_q_heads, head_size = query.shape
+    device = query.device
+    _check(
+        query.dtype in _QUERY_DTYPES,
+        f"query dtype must be bfloat16 or float16, got {query.dtype}",
+    )
+    _check(
+        output.shape == query.shape
+        and output.dtype == query.dtype
+        and output.device == device,
+        f"output must match query ({tuple(query.shape)} {query.dtype}), got "
+        f"{tuple(output.shape)} {output.dtype} on {output.device}",
+    )
+    _check(
+        query.stride(2) == 1 and output.stride(2) == 1,
+        "query and output need a contiguous last dim",
+    )
+    _check(
+        16 <= head_size <= MAX_HEAD_SIZE,
+        f"head size {head_size} is not supported (16..{MAX_HEAD_SIZE}); use "
+        "another attention backend for this model",
+    )
+    _check(
+        key_cache.dim() == 4 and key_cache.shape == value_cache.shape,
+        f"key_cache and value_cache must both be [num_blocks, num_kv_heads, "
+        f"block_size, head_size], got {tuple(key_cache.shape)} and "
+        f"{tuple(value_cache.shape)}",
+    )
+    _, num_kv_heads, block_size, cache_head_size = key_cache.shape
+    _check(
+        cache_head_size == head_size,
+        f"cache head size {cache_head_size} != query head size {head_size}",
+    )
+    _check(
+        num_kv_heads > 0 and num_q_heads % num_kv_heads == 0,
+        f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}",
+    )
+    _check(
+        block_size > 0 and block_size & (block_size - 1) == 0,
+        f"block_size must be a power of two, got {block_size}",
+    )
+    _check(
+        key_cache.stride() == value_cache.stride(),
+        "key_cache and value_cache must have the same strides (two views of "
+        "one kv_cache tensor)",
+    )
+    _check(
+        key_cache.stride(3) == 1 and key_cache.stride(2) == head_size,
+        "each cache page must be a contiguous [block_size, head_size] matrix",
+    )
+    _check(
+        key_cache.dtype == value_cache.dtype,
+        f"key/value cache dtypes differ: {key_cache.dtype} vs {value_cache.dtype}",
+    )
+    _check(
+        key_cache.device == device and value_cache.device == device,
+        "query and caches must be on one device",
+    )
+    is_fp8 = key_cache.dtype in _FP8_DTYPES
+    if is_fp8:
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            _check(
+                scale is not None
+                and scale.numel() == 1
+                and scale.dtype == torch.float32
+                and scale.device == device,
+                f"an fp8 cache needs {name} as a 1-element float32 tensor on {device}",
+            )
+    else:
+        _check(
+            key_cache.dtype == query.dtype,
+            f"cache dtype {key_cache.dtype} must equal the query dtype "
+            f"{query.dtype} (or be fp8 e4m3fn/e4m3fnuz with scales)",
+        )
+    num_seqs_total = seq_lens.shape[0]
+    if num_seqs is None:
+        num_seqs = num_seqs_total - seq_start
+    _check(
+        0 <= seq_start and 0 <= num_seqs and seq_start + num_seqs <= num_seqs_total,
+        f"sequence range [{seq_start}, {seq_start + num_seqs}) is outside the "
+        f"{num_seqs_total} sequences",
+    )
+    _check(
+        num_seqs <= _MAX_GRID_YZ,
+        f"at most {_MAX_GRID_YZ} sequences per launch, got {num_seqs}",
+    )
+    _check(num_kv_heads <= _MAX_GRID_YZ, f"too many KV heads: {num_kv_heads}")
+    for name, tensor, rows in (
+        ("seq_lens", seq_lens, num_seqs_total),
+        ("query_start_loc", query_start_loc, num_seqs_total + 1),
+    ):
+        _check(
+            tensor.dtype == torch.int32
+            and tensor.shape == (rows,)
+            and tensor.is_contiguous()
+            and tensor.device == device,
+            f"{name} must be a contiguous int32 tensor of shape ({rows},) on "
+            f"{device}, got {tuple(tensor.shape)} {tensor.dtype}",
+        )
+    _check(
+        block_table.dtype == torch.int32
+        and block_table.dim() == 2
+        and block_table.shape[0] >= num_seqs_total
+        and block_table.stride(1) == 1
+        and block_table.device == device,
+        f"block_table must be int32 [num_seqs, max_blocks] with contiguous rows "
+        f"on {device}, got {tuple(block_table.shape)} {block_table.dtype}",
+    )
+    _check(
+        sliding_window is None or sliding_window > 0,
+        f"sliding_window must be None or > 0, got {sliding_window}",
+    )
+    _check(
+        logits_soft_cap is None or logits_soft_cap >= 0,
+        f"logits_soft_cap must be None, 0 (off) or > 0, got {logits_soft_cap}",
+    )
+    _check_per_head("alibi_slopes", alibi_slopes, num_q_heads, device)
+    _check_per_head("sinks", sinks, num_q_heads, device)
+    if num_seqs == 0 or max_query_len <= 0 or num_tokens == 0:
+        return
+    if config is None:
+        config = get_prefill_config(
+            gpu_name=_gpu_name(device),
+            head_size=head_size,
+            q_dtype=query.dtype,
+            kv_dtype=key_cache.dtype,
+            group=num_q_heads // num_kv_heads,
+            block_size=block_size,
+            max_query_len=max_query_len,
+            is_hip=torch.version.hip is not None,
+        )
+    _check(
+        config.block_m >= 16
+        and config.block_n >= 16
+        and config.block_n & (config.block_n - 1) == 0
+        and config.block_m & (config.block_m - 1) == 0,
+        f"config tiles must be powers of two >= 16, got {config}",
+    )
+    _launch(
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        output=output,
+        block_table=block_table,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
+        max_query_len=max_query_len,
+        softmax_scale=softmax_scale,
+        seq_start=seq_start,
+        num_seqs=num_seqs,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        sliding_window=sliding_window,
+        alibi_slopes=alibi_slopes,
+        logits_soft_cap=logits_soft_cap,
+        sinks=sinks,
+        config=config,
+    )

@@ -1,0 +1,288 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shared ``@triton.jit`` building blocks of the paged-attention kernels.
+
+The prefill kernel (``prefix_prefill.py``) and the decode kernel
+(``triton_paged_decode_attention_2d.py``) are built from the same small pieces, so
+that both read the cache, transform scores and run the softmax the same way:
+
+1. Page addressing: ``paged_row_offsets`` turns key positions of one sequence into
+   int64 element offsets of their rows in the paged cache, going through the
+   sequence's block-table row. A tile of ``BLOCK_N`` keys may span several pages
+   (``BLOCK_N > BLOCK_SIZE``) or be part of one page (``BLOCK_N <= BLOCK_SIZE``);
+   ``load_kv_tile`` then loads the ``[BLOCK_N, HEAD_PAD]`` tile.
+2. fp8: ``to_dot_dtype`` upcasts a cache tile to the dtype of the query so that
+   ``tl.dot`` runs on 16-bit operands; the per-tensor scales are not applied to
+   tiles: ``k_scale`` folds into the score scale and ``v_scale`` into the final
+   normalisation (``finalize_output``). ``quantize_fp8`` is the inverse used by the
+   cache write.
+3. Scores: ``scale_scores_log2`` (softmax scale, optional soft-cap, result in log2
+   units so that the softmax uses ``exp2``), ``add_alibi_log2``, ``visibility_mask``
+   (causal + sliding window + key validity) and ``transform_scores`` which chains
+   the three.
+4. Online softmax (FlashAttention-2): ``init_softmax_state`` (with optional sinks),
+   ``online_softmax_step`` (one KV tile) and ``finalize_output``.
+
+Conventions. Row vectors have length ``BLOCK_M`` (one row = one (query token, query
+head) pair), column vectors length ``BLOCK_N`` (one column = one key). Positions are
+absolute key positions inside the sequence. Scores handed between helpers are fp32
+and in log2 units (natural-log score times log2(e)); masked scores are ``-inf``.
+The softmax state ``(m_i, l_i)`` is kept in log2 units as well.
+
+Every helper takes its flags as keyword constexprs; callers pass them by name.
+These signatures are shared by several kernels: add helpers or trailing keyword
+arguments with defaults, never change existing ones.
+"""
+
+import triton
+import triton.language as tl
+
+# log2(e): scores are multiplied by it once so that exp(x) == exp2(x * LOG2E).
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+# --------------------------------------------------------------------------------------
+# Page addressing
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def paged_row_offsets(
+    block_table_row_ptr,  # [max_blocks_per_seq] int32: page ids of one sequence
+    key_pos,  # [BLOCK_N] int: absolute key positions in the sequence
+    key_valid,  # [BLOCK_N] bool: False for positions past the sequence end
+    stride_block,  # elements between pages of the cache
+    stride_slot,  # elements between two key rows of one page
+    BLOCK_SIZE: tl.constexpr,  # keys per page (power of two)
+    MASK_KEYS: tl.constexpr,  # False when every key_pos is known to be valid
+):
+    """int64 offsets ``[BLOCK_N]`` of the key rows ``key_pos`` in the cache.
+
+    Row ``i`` starts at ``page(key_pos[i]) * stride_block + (key_pos[i] % BLOCK_SIZE)
+    * stride_slot`` elements from the head's base pointer. The page id is read per
+    key, so a tile may span any number of pages. Offsets are int64 because
+    ``num_blocks * stride_block`` can pass 2**31. Invalid keys get offset 0 (the
+    block table is not read for them); mask their loads.
+    """
+    page_idx = key_pos // BLOCK_SIZE
+    if MASK_KEYS:
+        page = tl.load(block_table_row_ptr + page_idx, mask=key_valid, other=0)
+    else:
+        page = tl.load(block_table_row_ptr + page_idx)
+    slot = (key_pos % BLOCK_SIZE).to(tl.int64)
+    return page.to(tl.int64) * stride_block + slot * stride_slot
+
+
+@triton.jit
+def load_kv_tile(
+    head_ptr,  # cache pointer already offset to one KV head (block 0)
+    row_offsets,  # [BLOCK_N] int64 from paged_row_offsets
+    key_valid,  # [BLOCK_N] bool
+    HEAD_SIZE: tl.constexpr,  # real head size
+    HEAD_PAD: tl.constexpr,  # next power of two >= HEAD_SIZE
+    MASK_KEYS: tl.constexpr,  # False when every key is valid
+):
+    """Load a ``[BLOCK_N, HEAD_PAD]`` K or V tile in the cache dtype.
+
+    The last dim of a page is contiguous (stride 1). Padded head dims and invalid
+    keys read as 0, so they add nothing to q.k or p.v.
+    """
+    dims = tl.arange(0, HEAD_PAD)
+    ptrs = head_ptr + row_offsets[:, None] + dims[None, :]
+    if HEAD_PAD != HEAD_SIZE:
+        dim_ok = dims < HEAD_SIZE
+        if MASK_KEYS:
+            tile = tl.load(ptrs, mask=key_valid[:, None] & dim_ok[None, :], other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=dim_ok[None, :], other=0.0)
+    else:
+        if MASK_KEYS:
+            tile = tl.load(ptrs, mask=key_valid[:, None], other=0.0)
+        else:
+            tile = tl.load(ptrs)
+    return tile
+
+
+# --------------------------------------------------------------------------------------
+# fp8
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def to_dot_dtype(tile, DOT_DTYPE: tl.constexpr):
+    """Upcast a cache tile (bf16/fp16/fp8) to the 16-bit dtype of the query.
+
+    Every e4m3 value is exactly representable in bf16 and fp16, so this is exact;
+    the fp8 scale is applied outside (score scale for K, output for V).
+    """
+    return tile.to(DOT_DTYPE)
+
+
+@triton.jit
+def dequantize(tile, scale):
+    """fp32 value of a cache tile: ``tile * scale`` (``scale`` 1.0 for 16-bit caches)."""
+    return tile.to(tl.float32) * scale
+
+
+@triton.jit
+def quantize_fp8(x, scale, FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr):
+    """fp8 value stored for ``x``: ``clamp(x / scale, -FP8_MAX, FP8_MAX)`` cast to
+    ``FP8_DTYPE`` (round to nearest even on GPUs)."""
+    y = x.to(tl.float32) / scale
+    y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
+    return y.to(FP8_DTYPE)
+
+
+# --------------------------------------------------------------------------------------
+# Score transforms
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def scale_scores_log2(
+    qk,  # [BLOCK_M, BLOCK_N] fp32: raw q.k
+    qk_scale,  # fp32 scalar: softmax_scale * k_scale
+    soft_cap,  # fp32 scalar, used only if USE_SOFT_CAP
+    USE_SOFT_CAP: tl.constexpr,
+):
+    """Scaled scores in log2 units: ``qk * qk_scale * log2(e)``; with a soft-cap c,
+    ``c * tanh(qk * qk_scale / c) * log2(e)``.
+
+    tanh is written with exp2 (``1 - 2 / (exp(2x) + 1)``), which is exact enough
+    in fp32, saturates correctly at +-1 and needs no libdevice (runs on AMD and in
+    the interpreter).
+    """
+    if USE_SOFT_CAP:
+        x = qk * (qk_scale / soft_cap)
+        tanh_x = 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E)) + 1.0)
+        scores = tanh_x * (soft_cap * LOG2E)
+    else:
+        scores = qk * (qk_scale * LOG2E)
+    return scores
+
+
+@triton.jit
+def add_alibi_log2(
+    scores,  # [BLOCK_M, BLOCK_N] fp32, log2 units
+    alibi_slope,  # [BLOCK_M] fp32: slope of each row's query head (natural units)
+    q_pos,  # [BLOCK_M] int: absolute query positions
+    k_pos,  # [BLOCK_N] int: absolute key positions
+):
+    """ALiBi bias ``slope * (k_pos - q_pos)``, added in log2 units."""
+    dist = (k_pos[None, :] - q_pos[:, None]).to(tl.float32)
+    return scores + (alibi_slope * LOG2E)[:, None] * dist
+
+
+@triton.jit
+def visibility_mask(
+    q_pos,  # [BLOCK_M] int: absolute query positions
+    k_pos,  # [BLOCK_N] int: absolute key positions
+    kv_len,  # int scalar: keys at positions >= kv_len do not exist
+    sliding_window,  # int scalar, used only if USE_WINDOW
+    USE_WINDOW: tl.constexpr,
+):
+    """``[BLOCK_M, BLOCK_N]`` bool: key ``j`` is visible to query at ``pos`` iff
+    ``j < kv_len``, ``j <= pos`` and (with a window W) ``pos - j < W``."""
+    visible = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < kv_len)
+    if USE_WINDOW:
+        visible = visible & (q_pos[:, None] - k_pos[None, :] < sliding_window)
+    return visible
+
+
+@triton.jit
+def transform_scores(
+    qk,  # [BLOCK_M, BLOCK_N] fp32: raw q.k
+    q_pos,  # [BLOCK_M] int
+    k_pos,  # [BLOCK_N] int
+    kv_len,  # int scalar
+    qk_scale,  # fp32 scalar: softmax_scale * k_scale
+    soft_cap,  # fp32 scalar (USE_SOFT_CAP)
+    alibi_slope,  # [BLOCK_M] fp32 (USE_ALIBI)
+    sliding_window,  # int scalar (USE_WINDOW)
+    USE_SOFT_CAP: tl.constexpr,
+    USE_ALIBI: tl.constexpr,
+    APPLY_MASK: tl.constexpr,  # False for tiles known to be fully visible
+    USE_WINDOW: tl.constexpr,
+):
+    """Raw q.k -> masked scores in log2 units, in the order of the contract:
+    scale, soft-cap, ALiBi, then causal/window/length mask (masked = -inf)."""
+    scores = scale_scores_log2(qk, qk_scale, soft_cap, USE_SOFT_CAP=USE_SOFT_CAP)
+    if USE_ALIBI:
+        scores = add_alibi_log2(scores, alibi_slope, q_pos, k_pos)
+    if APPLY_MASK:
+        visible = visibility_mask(
+            q_pos, k_pos, kv_len, sliding_window, USE_WINDOW=USE_WINDOW
+        )
+        scores = tl.where(visible, scores, float("-inf"))
+    return scores
+
+
+# --------------------------------------------------------------------------------------
+# Online softmax
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def init_softmax_state(
+    sink,  # [BLOCK_M] fp32: sink logit of each row's head (natural units), if USE_SINKS
+    BLOCK_M: tl.constexpr,
+    USE_SINKS: tl.constexpr,
+):
+    """Initial running max ``m_i`` and denominator ``l_i`` (both ``[BLOCK_M]`` fp32,
+    log2 units). A sink is a logit with no value: it starts the state at
+    ``m = sink * log2(e)``, ``l = 1``. Without sinks ``m = -inf``, ``l = 0``."""
+    if USE_SINKS:
+        m_i = sink.to(tl.float32) * LOG2E
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    return m_i, l_i
+
+
+@triton.jit
+def softmax_rescale(
+    m_i,  # [BLOCK_M] fp32: running max (log2 units), may be -inf
+    l_i,  # [BLOCK_M] fp32: running denominator
+    scores,  # [BLOCK_M, BLOCK_N] fp32: log2 units, masked = -inf
+):
+    """One online-softmax update without the value product.
+
+    Returns ``(p, alpha, m_new, l_new)``: ``p = exp2(scores - m_new)``, the factor
+    ``alpha`` that rescales the old accumulator, the new max and denominator. Rows
+    with no visible key so far (max still -inf) use 0 as the reference, giving
+    ``p = 0`` and ``alpha = 0`` instead of NaN from ``-inf - -inf``.
+    """
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(scores - m_ref[:, None])
+    alpha = tl.math.exp2(m_i - m_ref)
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
+def online_softmax_step(
+    acc,  # [BLOCK_M, HEAD_PAD] fp32: unnormalised output
+    m_i,  # [BLOCK_M] fp32
+    l_i,  # [BLOCK_M] fp32
+    scores,  # [BLOCK_M, BLOCK_N] fp32, log2 units, masked = -inf
+    v,  # [BLOCK_N, HEAD_PAD] in the dot dtype (bf16/fp16)
+):
+    """FlashAttention-2 step over one KV tile: rescale ``acc`` and add ``p @ v``
+    (``tl.dot``, fp32 accumulation). Returns ``(acc, m_i, l_i)``."""
+    p, alpha, m_i, l_i = softmax_rescale(m_i, l_i, scores)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def finalize_output(
+    acc,  # [BLOCK_M, HEAD_PAD] fp32
+    l_i,  # [BLOCK_M] fp32
+    v_scale,  # fp32 scalar (1.0 for 16-bit caches)
+):
+    """Normalised output ``acc * v_scale / l_i`` (fp32). Rows that saw no key and no
+    sink (``l_i == 0``, only padding rows) give 0 rather than NaN."""
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    return acc * (v_scale / l_safe)[:, None]

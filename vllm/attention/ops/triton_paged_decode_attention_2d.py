@@ -1,0 +1,606 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Paged attention for query length 1 (decode), with an optional split-KV pass.
+
+Algorithm
+---------
+One program per (sequence, KV head, split). The program owns *all* query heads that
+share its KV head (the GQA group), stacked as the rows of one ``[BLOCK_M, HEAD_PAD]``
+query tile, ``BLOCK_M = max(16, next_pow2(group))`` so the two matrix products are
+``tl.dot`` calls (tensor cores) and every K/V tile is read from memory once for the
+whole group. The keys of the sequence are walked in tiles of ``BLOCK_N``; a tile may
+lie inside one page (``BLOCK_N <= BLOCK_SIZE``: one block-table read per tile) or span
+several pages (one block-table read per key, a gather). Softmax is the usual online
+(flash) softmax in fp32, in base 2 (``exp2``) with ``log2(e)`` folded into the scores.
+
+Split-KV (flash-decoding): with ``NUM_SPLITS > 1`` the grid gets a third axis and
+program ``split`` covers the ``split``-th contiguous share of the sequence's KV tiles.
+The share is computed *inside* the kernel from ``seq_len`` and ``NUM_SPLITS``, so the
+grid depends only on the batch size and stays fixed across CUDA-graph replays while
+context lengths grow. Each program writes its normalised partial output and its
+log-sum-exp (base 2) to a workspace; ``_merge_splits_kernel`` then combines the splits
+(and the attention sink, if any) into the output. With ``NUM_SPLITS == 1`` the same
+kernel writes the output directly: one kernel, a constexpr flag, no copied variant.
+
+Layouts (docs/design.md)
+------------------------
+query, output: ``[num_tokens, num_q_heads, head_size]``; row ``s`` holds the one query
+token of sequence ``s`` (decodes come first in the batch, one token each).
+key_cache, value_cache: ``[num_blocks, num_kv_heads, block_size, head_size]``, last two
+dims contiguous, same strides (two views of one ``[num_blocks, 2, ...]`` tensor).
+workspace (split-KV only): fp32 ``[max_num_seqs, num_q_heads, num_splits, head_size + 1]``,
+the partial output in ``[..., :head_size]`` and its log-sum-exp in ``[..., head_size]``.
+
+Strides and shapes that are fixed for a model (head size, block size, KV-head and
+block strides, query/output strides) are ``tl.constexpr``: specialising on them removes
+integer arithmetic from the address computation, which is a large share of the work of
+a decode step at small batch.
+"""
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm.attention.ops.triton_attention_common import (
+    LOG2E,
+    finalize_output,
+    init_softmax_state,
+    load_kv_tile,
+    online_softmax_step,
+    paged_row_offsets,
+    to_dot_dtype,
+    transform_scores,
+)
+from vllm.attention.ops.tuning.decode_configs import DecodeConfig, get_decode_config
+
+# Cap on splits per sequence (vLLM's FlashAttention backend uses the same cap under
+# CUDA graphs): 16 shares of a 128k context are still 8k keys each, while the
+# workspace and merge cost grow with the count.
+MAX_NUM_SPLITS = 16
+# choose_num_splits makes the grid cover the SMs at least this many times. A decode
+# program streams K/V with a few tiles in flight; several resident programs per SM
+# are needed to keep enough bytes in flight to saturate HBM.
+SPLIT_TARGET_WAVES = 3
+
+WORKSPACE_DTYPE = torch.float32
+
+_FP16_DTYPES = (torch.float16, torch.bfloat16)
+_FP8_DTYPES = tuple(
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e4m3fnuz")
+    if hasattr(torch, name)
+)
+
+
+# ----------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _paged_decode_kernel(
+    output_ptr,  # [num_tokens, num_q_heads, HEAD_SIZE], written when NUM_SPLITS == 1
+    workspace_ptr,  # [max_num_seqs, num_q_heads, NUM_SPLITS, HEAD_SIZE + 1] fp32
+    query_ptr,  # [num_tokens, num_q_heads, HEAD_SIZE]
+    key_cache_ptr,  # [num_blocks, num_kv_heads, BLOCK_SIZE, HEAD_SIZE]
+    value_cache_ptr,  # [num_blocks, num_kv_heads, BLOCK_SIZE, HEAD_SIZE]
+    block_table_ptr,  # [num_seqs_total, max_blocks_per_seq] int32
+    seq_lens_ptr,  # [num_seqs_total] int32
+    alibi_slopes_ptr,  # [num_q_heads] fp32 (USE_ALIBI)
+    sinks_ptr,  # [num_q_heads] fp32 (USE_SINKS and NUM_SPLITS == 1)
+    k_scale_ptr,  # [1] fp32 (IS_FP8)
+    v_scale_ptr,  # [1] fp32 (IS_FP8)
+    softmax_scale,  # float
+    logits_soft_cap,  # float (USE_SOFTCAP)
+    sliding_window,  # int (USE_WINDOW)
+    block_table_stride,  # int: row stride of block_table
+    seq_start,  # int: first sequence of this launch
+    STRIDE_Q_TOKEN: tl.constexpr,
+    STRIDE_Q_HEAD: tl.constexpr,
+    STRIDE_O_TOKEN: tl.constexpr,
+    STRIDE_O_HEAD: tl.constexpr,
+    STRIDE_KV_BLOCK: tl.constexpr,
+    STRIDE_KV_HEAD: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,  # query heads per KV head
+    BLOCK_M: tl.constexpr,  # rows of the query tile, >= 16 and >= GROUP_SIZE
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,  # next power of two of HEAD_SIZE
+    BLOCK_SIZE: tl.constexpr,  # keys per page
+    BLOCK_N: tl.constexpr,  # keys per tile
+    NUM_SPLITS: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_ALIBI: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    USE_SINKS: tl.constexpr,
+):
+    seq_local = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq = seq_start + seq_local
+
+    seq_len = tl.load(seq_lens_ptr + seq)
+    # Visible keys: [lo, seq_len).
+    lo = 0
+    if USE_WINDOW:
+        lo = tl.maximum(seq_len - sliding_window, 0)
+
+    # Tiles [tile_begin, tile_end) of this split; every tile holds >= 1 visible key.
+    first_tile = lo // BLOCK_N
+    num_tiles = tl.cdiv(seq_len, BLOCK_N) - first_tile
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tile_begin = first_tile + split * tiles_per_split
+    tile_end = tl.minimum(tile_begin + tiles_per_split, first_tile + num_tiles)
+
+    rows = tl.arange(0, BLOCK_M)
+    row_valid = rows < GROUP_SIZE
+    q_heads = kv_head * GROUP_SIZE + rows
+    q_pos = tl.full([BLOCK_M], 0, tl.int32) + (seq_len - 1)  # the one query token
+    offs_d = tl.arange(0, HEAD_PAD)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    q = tl.load(
+        query_ptr
+        + seq.to(tl.int64) * STRIDE_Q_TOKEN
+        + q_heads[:, None] * STRIDE_Q_HEAD
+        + offs_d[None, :],
+        mask=row_valid[:, None] & (offs_d < HEAD_SIZE)[None, :],
+        other=0.0,
+    )  # [BLOCK_M, HEAD_PAD]
+
+    # fp8: k_scale folds into the score scale, v_scale into the final normalisation.
+    qk_scale = softmax_scale
+    v_scale = 1.0
+    if IS_FP8:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
+    alibi_slope = None
+    if USE_ALIBI:
+        alibi_slope = tl.load(alibi_slopes_ptr + q_heads, mask=row_valid, other=0.0)
+    sink = None
+    if USE_SINKS and NUM_SPLITS == 1:
+        # Split-KV adds the sink once, in the merge.
+        sink = tl.load(sinks_ptr + q_heads, mask=row_valid, other=0.0)
+    m_i, l_i = init_softmax_state(
+        sink, BLOCK_M=BLOCK_M, USE_SINKS=USE_SINKS and NUM_SPLITS == 1
+    )
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+
+    k_head_ptr = key_cache_ptr + kv_head.to(tl.int64) * STRIDE_KV_HEAD
+    v_head_ptr = value_cache_ptr + kv_head.to(tl.int64) * STRIDE_KV_HEAD
+    block_table_row_ptr = block_table_ptr + seq.to(tl.int64) * block_table_stride
+    for tile in range(tile_begin, tile_end):
+        k_pos = tile * BLOCK_N + offs_n  # absolute key positions [BLOCK_N]
+        # Keys outside [lo, seq_len) read as 0, never stale memory: a NaN left in a
+        # freed page would otherwise survive 0 * NaN in p @ V.
+        key_valid = (k_pos < seq_len) & (k_pos >= lo)
+        rows_off = paged_row_offsets(
+            block_table_row_ptr,
+            k_pos,
+            key_valid,
+            STRIDE_KV_BLOCK,
+            HEAD_SIZE,
+            BLOCK_SIZE=BLOCK_SIZE,
+            MASK_KEYS=True,
+        )
+        k = load_kv_tile(
+            k_head_ptr,
+            rows_off,
+            key_valid,
+            HEAD_SIZE=HEAD_SIZE,
+            HEAD_PAD=HEAD_PAD,
+            MASK_KEYS=True,
+        )
+        v = load_kv_tile(
+            v_head_ptr,
+            rows_off,
+            key_valid,
+            HEAD_SIZE=HEAD_SIZE,
+            HEAD_PAD=HEAD_PAD,
+            MASK_KEYS=True,
+        )
+        k = to_dot_dtype(k, DOT_DTYPE=q.dtype)
+        v = to_dot_dtype(v, DOT_DTYPE=q.dtype)
+        scores = transform_scores(
+            tl.dot(q, tl.trans(k)),  # [BLOCK_M, BLOCK_N] fp32
+            q_pos,
+            k_pos,
+            seq_len,
+            qk_scale,
+            logits_soft_cap,
+            alibi_slope,
+            sliding_window,
+            USE_SOFT_CAP=USE_SOFTCAP,
+            USE_ALIBI=USE_ALIBI,
+            APPLY_MASK=True,
+            USE_WINDOW=USE_WINDOW,
+        )
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, scores, v)
+
+    out = finalize_output(acc, l_i, v_scale)  # 0 where no key was seen
+    if NUM_SPLITS == 1:
+        tl.store(
+            output_ptr
+            + seq.to(tl.int64) * STRIDE_O_TOKEN
+            + q_heads[:, None] * STRIDE_O_HEAD
+            + offs_d[None, :],
+            out.to(output_ptr.dtype.element_ty),
+            mask=row_valid[:, None] & (offs_d < HEAD_SIZE)[None, :],
+        )
+    else:
+        # Log-sum-exp (base 2) of this split's scores; -inf for an empty split.
+        lse = tl.where(
+            l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf")
+        )
+        ws_row = (
+            (seq_local.to(tl.int64) * NUM_Q_HEADS + q_heads) * NUM_SPLITS + split
+        ) * (HEAD_SIZE + 1)  # [BLOCK_M]
+        tl.store(
+            workspace_ptr + ws_row[:, None] + offs_d[None, :],
+            out,
+            mask=row_valid[:, None] & (offs_d < HEAD_SIZE)[None, :],
+        )
+        tl.store(workspace_ptr + ws_row + HEAD_SIZE, lse, mask=row_valid)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    output_ptr,  # [num_tokens, num_q_heads, HEAD_SIZE]
+    workspace_ptr,  # [max_num_seqs, num_q_heads, NUM_SPLITS, HEAD_SIZE + 1] fp32
+    sinks_ptr,  # [num_q_heads] fp32 (USE_SINKS)
+    seq_start,  # int
+    STRIDE_O_TOKEN: tl.constexpr,
+    STRIDE_O_HEAD: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,  # next power of two of NUM_SPLITS
+    USE_SINKS: tl.constexpr,
+):
+    """out = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) [+ 2^(sink - M)])."""
+    seq_local = tl.program_id(0)
+    q_head = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_PAD)
+    split_valid = offs_s < NUM_SPLITS
+    d_valid = offs_d < HEAD_SIZE
+
+    ws_rows = (
+        (seq_local.to(tl.int64) * NUM_Q_HEADS + q_head) * NUM_SPLITS + offs_s
+    ) * (HEAD_SIZE + 1)  # [SPLITS_PAD]
+    lse = tl.load(workspace_ptr + ws_rows + HEAD_SIZE, mask=split_valid, other=0.0)
+    lse = tl.where(split_valid, lse, float("-inf"))
+    m = tl.max(lse, axis=0)
+    if USE_SINKS:
+        sink = tl.load(sinks_ptr + q_head) * LOG2E
+        m = tl.maximum(m, sink)
+    # m == -inf: no split saw a key (seq_len 0) and no sink: the output is 0.
+    m_safe = tl.where(m > float("-inf"), m, 0.0)
+    weights = tl.exp2(lse - m_safe)  # [SPLITS_PAD], 0 for empty splits
+    denom = tl.sum(weights, axis=0)
+    if USE_SINKS:
+        denom += tl.exp2(sink - m_safe)
+    partial = tl.load(
+        workspace_ptr + ws_rows[:, None] + offs_d[None, :],
+        mask=(split_valid & (weights > 0.0))[:, None] & d_valid[None, :],
+        other=0.0,
+    )  # [SPLITS_PAD, HEAD_PAD]
+    out = tl.sum(partial * weights[:, None], axis=0) / tl.where(denom > 0, denom, 1.0)
+    seq = seq_start + seq_local
+    tl.store(
+        output_ptr
+        + seq.to(tl.int64) * STRIDE_O_TOKEN
+        + q_head * STRIDE_O_HEAD
+        + offs_d,
+        out.to(output_ptr.dtype.element_ty),
+        mask=d_valid,
+    )
+
+
+# ----------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------
+
+
+@functools.cache
+def _gpu_name(device: torch.device) -> str:
+    """Name that picks the tuning table; looked up once per device."""
+    if device.type != "cuda":
+        return device.type
+    return torch.cuda.get_device_name(device)
+
+
+def choose_num_splits(*, num_seqs: int, num_kv_heads: int, num_sms: int) -> int:
+    """Number of KV splits for a decode batch; a power of two in [1, MAX_NUM_SPLITS].
+
+    Depends only on the batch shape, never on context lengths (they change between
+    CUDA-graph replays of one captured batch size; the grid must not). The 2D grid
+    has ``num_seqs * num_kv_heads`` programs; the smallest power of two that brings
+    the grid to ``SPLIT_TARGET_WAVES * num_sms`` programs is chosen (so the grid ends
+    up between 3 and 6 waves), capped at ``MAX_NUM_SPLITS``; batches that reach the
+    target alone get 1 (no workspace traffic, no merge). Short contexts lose little
+    to splitting: shares past the end of a context are empty and exit at once.
+    """
+    work = max(1, num_seqs * num_kv_heads)
+    target = SPLIT_TARGET_WAVES * max(1, num_sms)
+    if work >= target:
+        return 1
+    want = -(-target // work)  # ceil
+    return min(MAX_NUM_SPLITS, 1 << (want - 1).bit_length())
+
+
+def decode_workspace_shape(
+    *, max_num_seqs: int, num_q_heads: int, head_size: int, num_splits: int
+) -> tuple[int, int, int, int]:
+    """Shape of the split-KV workspace (dtype ``WORKSPACE_DTYPE``, fp32).
+
+    Allocate it once (e.g. in the backend's builder) and pass it to every
+    ``paged_decode_attention`` call with ``num_splits > 1``: the launch then
+    allocates nothing and is CUDA-graph safe. A call uses the first
+    ``num_seqs * num_q_heads * num_splits * (head_size + 1)`` elements as this shape,
+    so one buffer of ``decode_workspace_shape(max_num_seqs=max_decodes,
+    num_splits=MAX_NUM_SPLITS, ...)`` serves every batch size and split count.
+    Bytes: ``max_num_seqs * num_q_heads * num_splits * (head_size + 1) * 4``.
+    """
+    return (max_num_seqs, num_q_heads, num_splits, head_size + 1)
+
+
+def _check_inputs(
+    query, key_cache, value_cache, output, block_table, seq_lens, k_scale, v_scale
+):
+    if query.dtype not in _FP16_DTYPES:
+        raise ValueError(
+            f"paged_decode_attention: query dtype {query.dtype} is not supported; "
+            "use torch.float16 or torch.bfloat16."
+        )
+    if output.dtype not in _FP16_DTYPES or output.shape != query.shape:
+        raise ValueError(
+            f"paged_decode_attention: output must be fp16/bf16 with the query's shape "
+            f"{tuple(query.shape)}; got {output.dtype} {tuple(output.shape)}."
+        )
+    if key_cache.dtype != value_cache.dtype or key_cache.shape != value_cache.shape:
+        raise ValueError(
+            "paged_decode_attention: key_cache and value_cache must have the same "
+            f"dtype and shape; got {key_cache.dtype} {tuple(key_cache.shape)} and "
+            f"{value_cache.dtype} {tuple(value_cache.shape)}."
+        )
+    if key_cache.stride() != value_cache.stride():
+        raise ValueError(
+            "paged_decode_attention: key_cache and value_cache must have the same "
+            "strides (pass kv_cache[:, 0] and kv_cache[:, 1] of one tensor)."
+        )
+    is_fp8 = key_cache.dtype in _FP8_DTYPES
+    if not is_fp8 and key_cache.dtype != query.dtype:
+        raise ValueError(
+            f"paged_decode_attention: cache dtype {key_cache.dtype} must equal the "
+            f"query dtype {query.dtype} or be fp8 (float8_e4m3fn / float8_e4m3fnuz)."
+        )
+    if is_fp8 and (k_scale is None or v_scale is None):
+        raise ValueError(
+            "paged_decode_attention: an fp8 cache needs k_scale and v_scale "
+            "(1-element fp32 tensors, stored = x / scale)."
+        )
+    if key_cache.dim() != 4 or query.dim() != 3:
+        raise ValueError(
+            "paged_decode_attention: expected query [num_tokens, num_q_heads, "
+            "head_size] and caches [num_blocks, num_kv_heads, block_size, head_size]."
+        )
+    _, num_kv_heads, block_size, head_size = key_cache.shape
+    if query.shape[2] != head_size:
+        raise ValueError(
+            f"paged_decode_attention: query head size {query.shape[2]} != cache head "
+            f"size {head_size}."
+        )
+    if head_size % 16 or not 32 <= head_size <= 256:
+        raise ValueError(
+            f"paged_decode_attention: head size {head_size} is not supported; use a "
+            "multiple of 16 in [32, 256] (e.g. 64, 80, 96, 112, 128, 192, 256)."
+        )
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(
+            f"paged_decode_attention: block size {block_size} is not supported; use a "
+            "power of two >= 16 (16, 32, 64, 128)."
+        )
+    if key_cache.stride(3) != 1 or key_cache.stride(2) != head_size:
+        raise ValueError(
+            "paged_decode_attention: the last two cache dims [block_size, head_size] "
+            "must be contiguous."
+        )
+    if query.stride(2) != 1 or output.stride(2) != 1:
+        raise ValueError(
+            "paged_decode_attention: query and output must be contiguous in head_size."
+        )
+    if query.shape[1] % num_kv_heads:
+        raise ValueError(
+            f"paged_decode_attention: num_q_heads {query.shape[1]} is not a multiple "
+            f"of num_kv_heads {num_kv_heads}."
+        )
+    if block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32:
+        raise ValueError(
+            "paged_decode_attention: block_table and seq_lens must be int32; got "
+            f"{block_table.dtype} and {seq_lens.dtype}."
+        )
+    if block_table.stride(1) != 1:
+        raise ValueError("paged_decode_attention: block_table rows must be contiguous.")
+    return is_fp8
+
+
+def paged_decode_attention(
+    *,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    output: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    softmax_scale: float,
+    seq_start: int = 0,
+    num_seqs: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    num_splits: int = 1,
+    workspace: torch.Tensor | None = None,
+    config: DecodeConfig | None = None,
+) -> None:
+    """Decode attention (one query token per sequence) over the paged KV cache.
+
+    Handles sequences ``[seq_start, seq_start + num_seqs)`` (default: all sequences
+    of ``seq_lens`` from ``seq_start``); query/output row ``s`` belongs to sequence
+    ``s``. Writes ``output`` in place.
+
+    Args:
+        query, output: ``[num_tokens, num_q_heads, head_size]``, fp16 or bf16.
+        key_cache, value_cache: ``[num_blocks, num_kv_heads, block_size, head_size]``,
+            the query's dtype or fp8 (e4m3fn / e4m3fnuz) with ``k_scale``/``v_scale``.
+        block_table: ``[num_seqs_total, max_blocks_per_seq]`` int32.
+        seq_lens: ``[num_seqs_total]`` int32, KV length including the new token.
+        softmax_scale: multiplies q.k.
+        k_scale, v_scale: ``[1]`` fp32, fp8 only (stored = x / scale).
+        sliding_window: key ``j`` is visible iff ``pos - j < sliding_window``.
+        alibi_slopes: ``[num_q_heads]`` fp32; adds ``slope * (j - pos)``.
+        logits_soft_cap: ``c * tanh(s / c)`` after the scale.
+        sinks: ``[num_q_heads]`` fp32 extra logit per head (no value).
+        num_splits: KV splits per sequence (see ``choose_num_splits``); 1 = no split.
+        workspace: contiguous fp32 buffer with at least as many elements as
+            ``decode_workspace_shape(max_num_seqs=num_seqs, ..., num_splits)``;
+            with it a ``num_splits > 1`` call allocates nothing (CUDA-graph safe);
+            allocated here if ``None``.
+        config: launch configuration (tile, warps, stages); None picks it from
+            the tuning table (tuning/decode_configs.py). For tuning sweeps.
+    """
+    is_fp8 = _check_inputs(
+        query, key_cache, value_cache, output, block_table, seq_lens, k_scale, v_scale
+    )
+    if num_seqs is None:
+        num_seqs = seq_lens.shape[0] - seq_start
+    if num_seqs <= 0:
+        return
+    if seq_start < 0 or seq_start + num_seqs > min(seq_lens.shape[0], query.shape[0]):
+        raise ValueError(
+            f"paged_decode_attention: sequences [{seq_start}, {seq_start + num_seqs}) "
+            f"exceed seq_lens ({seq_lens.shape[0]}) or query rows ({query.shape[0]})."
+        )
+    if not 1 <= num_splits <= MAX_NUM_SPLITS:
+        raise ValueError(
+            f"paged_decode_attention: num_splits {num_splits} must be in "
+            f"[1, {MAX_NUM_SPLITS}]; use choose_num_splits(...)."
+        )
+    if sliding_window is not None and sliding_window <= 0:
+        raise ValueError(
+            f"paged_decode_attention: sliding_window must be positive or None, got "
+            f"{sliding_window}."
+        )
+    if logits_soft_cap is not None and logits_soft_cap <= 0:
+        raise ValueError(
+            "paged_decode_attention: logits_soft_cap must be positive or None, got "
+            f"{logits_soft_cap}."
+        )
+
+    num_q_heads, head_size = query.shape[1], query.shape[2]
+    num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    if num_splits > 1:
+        shape = decode_workspace_shape(
+            max_num_seqs=num_seqs,
+            num_q_heads=num_q_heads,
+            head_size=head_size,
+            num_splits=num_splits,
+        )
+        if workspace is None:
+            workspace = torch.empty(shape, dtype=WORKSPACE_DTYPE, device=query.device)
+        elif (
+            workspace.dtype != WORKSPACE_DTYPE
+            or not workspace.is_contiguous()
+            or workspace.numel() < math.prod(shape)
+        ):
+            raise ValueError(
+                "paged_decode_attention: workspace must be a contiguous fp32 tensor "
+                f"with >= {math.prod(shape)} elements (decode_workspace_shape"
+                f"{shape}); got {workspace.dtype} {tuple(workspace.shape)}."
+            )
+
+    if config is None:
+        config = get_decode_config(
+            gpu_name=_gpu_name(query.device),
+            head_size=head_size,
+            q_dtype=query.dtype,
+            kv_dtype=key_cache.dtype,
+            group=group,
+            block_size=block_size,
+            split=num_splits > 1,
+            is_hip=torch.version.hip is not None,
+        )
+    head_pad = triton.next_power_of_2(head_size)
+    use_sinks = sinks is not None
+    _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        output_ptr=output,
+        workspace_ptr=workspace,
+        query_ptr=query,
+        key_cache_ptr=key_cache,
+        value_cache_ptr=value_cache,
+        block_table_ptr=block_table,
+        seq_lens_ptr=seq_lens,
+        alibi_slopes_ptr=alibi_slopes,
+        sinks_ptr=sinks,
+        k_scale_ptr=k_scale if is_fp8 else None,
+        v_scale_ptr=v_scale if is_fp8 else None,
+        softmax_scale=float(softmax_scale),
+        logits_soft_cap=float(logits_soft_cap or 0.0),
+        sliding_window=int(sliding_window or 0),
+        block_table_stride=block_table.stride(0),
+        seq_start=seq_start,
+        STRIDE_Q_TOKEN=query.stride(0),
+        STRIDE_Q_HEAD=query.stride(1),
+        STRIDE_O_TOKEN=output.stride(0),
+        STRIDE_O_HEAD=output.stride(1),
+        STRIDE_KV_BLOCK=key_cache.stride(0),
+        STRIDE_KV_HEAD=key_cache.stride(1),
+        NUM_Q_HEADS=num_q_heads,
+        GROUP_SIZE=group,
+        BLOCK_M=max(16, triton.next_power_of_2(group)),
+        HEAD_SIZE=head_size,
+        HEAD_PAD=head_pad,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=config.block_n,
+        NUM_SPLITS=num_splits,
+        IS_FP8=is_fp8,
+        USE_WINDOW=sliding_window is not None,
+        USE_ALIBI=alibi_slopes is not None,
+        USE_SOFTCAP=logits_soft_cap is not None,
+        USE_SINKS=use_sinks,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(num_seqs, num_q_heads)](
+            output_ptr=output,
+            workspace_ptr=workspace,
+            sinks_ptr=sinks,
+            seq_start=seq_start,
+            STRIDE_O_TOKEN=output.stride(0),
+            STRIDE_O_HEAD=output.stride(1),
+            NUM_Q_HEADS=num_q_heads,
+            HEAD_SIZE=head_size,
+            HEAD_PAD=head_pad,
+            NUM_SPLITS=num_splits,
+            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            USE_SINKS=use_sinks,
+            num_warps=4,
+        )
+
+
+__all__ = [
+    "MAX_NUM_SPLITS",
+    "WORKSPACE_DTYPE",
+    "choose_num_splits",
+    "decode_workspace_shape",
+    "paged_decode_attention",
+]

@@ -1,0 +1,206 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Launch configurations of the prefix-prefill kernel: table lookup + heuristic.
+
+A configuration is ``(block_m, block_n, num_warps, num_stages)``. It is chosen per
+*problem key*, the properties that change which tiles are fast:
+
+    head_size, q_dtype, kv_dtype, group (q heads per KV head), block_size,
+    max_query_len bucket (QUERY_LEN_BUCKETS)
+
+and never by strides or batch composition, so one launch shape is used for all
+batches of a model (good for CUDA graphs). Tables are JSON files in this folder,
+one per GPU name (``prefix_prefill_<gpu>.json``, see README.md); a key missing from
+the table falls back to ``heuristic_prefill_config``. ``PREFILL_CONFIG_SPACE`` is
+the sweep a tuning script searches. Nothing is read at import time: the first
+lookup for a GPU loads its file once.
+"""
+
+import functools
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+TUNING_DIR = Path(__file__).resolve().parent
+
+# Upper bounds of the max_query_len buckets; longer queries use the last bucket.
+# Short buckets separate spec-decode verification (a few tokens) from chunked
+# prefill (hundreds to thousands of tokens), which want different tiles.
+QUERY_LEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384)
+
+# The sweep of a tuning run (candidates violating `is_valid_config` are skipped).
+PREFILL_CONFIG_SPACE = {
+    "block_m": (64, 128),
+    "block_n": (32, 64, 128),
+    "num_warps": (4, 8),
+    "num_stages": (1, 2, 3, 4),
+}
+
+# Shared memory of one Hopper SM as Triton sees it (232,448 bytes per program).
+_SMEM_BYTES = 232_448
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Tiles and launch knobs of one prefix-prefill launch.
+
+    block_m: rows of the packed query tile (query tokens x padded GQA group);
+        rounded up to the padded group when the group is larger.
+    block_n: keys per KV tile (independent of the page size).
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def query_len_bucket(max_query_len: int) -> int:
+    """The bucket (upper bound) a host-side max query length falls in."""
+    for bound in QUERY_LEN_BUCKETS:
+        if max_query_len <= bound:
+            return bound
+    return QUERY_LEN_BUCKETS[-1]
+
+
+def dtype_name(dtype) -> str:
+    """Table name of a torch dtype; both fp8 e4m3 flavours are 'fp8'."""
+    name = str(dtype).removeprefix("torch.")
+    return "fp8" if name.startswith("float8") else name
+
+
+def problem_key(
+    *,
+    head_size: int,
+    q_dtype,
+    kv_dtype,
+    group: int,
+    block_size: int,
+    max_query_len: int,
+) -> tuple:
+    return (
+        int(head_size),
+        dtype_name(q_dtype),
+        dtype_name(kv_dtype),
+        int(group),
+        int(block_size),
+        query_len_bucket(max_query_len),
+    )
+
+
+def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
+    """Cheap filter for a sweep: wgmma-friendly shapes that fit shared memory."""
+    head_pad = next_power_of_2(head_size)
+    kv_bytes = 1 if dtype_name(kv_dtype) == "fp8" else 2
+    # q tile + (K tile + V tile) per pipeline stage (upcast copies not counted).
+    smem = config.block_m * head_pad * 2 + config.num_stages * (
+        2 * config.block_n * head_pad * kv_bytes
+    )
+    return (
+        config.block_m % 64 == 0
+        and config.num_warps % 4 == 0
+        and config.block_n >= 16
+        and smem <= _SMEM_BYTES
+        and not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 64)
+    )
+
+
+def heuristic_prefill_config(
+    *, head_size: int, group: int, max_query_len: int, is_hip: bool = False
+) -> PrefillConfig:
+    """Fallback when the table has no entry.
+
+    NVIDIA (Hopper): block_m a multiple of 64 and num_warps a multiple of 4, so
+    ``tl.dot`` lowers to wgmma; 128 rows when the query is long enough to fill
+    them, 64 otherwise; 64 keys per tile (32 for head size 256 to stay within
+    registers/shared memory); 3 pipeline stages (2 for head size 256).
+    AMD: 64x32 tiles, 4 warps, 1 stage (the stream pipeliner's best default).
+    """
+    head_pad = next_power_of_2(head_size)
+    group_pad = next_power_of_2(group)
+    rows = query_len_bucket(max_query_len) * group_pad
+    if is_hip:
+        return PrefillConfig(
+            block_m=max(64, group_pad), block_n=32, num_warps=4, num_stages=1
+        )
+    block_m = 128 if (rows >= 256 and head_pad <= 128) else 64
+    block_m = max(block_m, group_pad)
+    block_n = 64 if head_pad <= 128 else 32
+    num_warps = 8 if block_m >= 128 else 4
+    num_stages = 3 if head_pad <= 128 else 2
+    return PrefillConfig(
+        block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages
+    )
+
+
+def table_path(gpu_name: str) -> Path:
+    """``prefix_prefill_<gpu>.json`` with every non-alphanumeric run as '_'."""
+    slug = re.sub(r"[^0-9A-Za-z]+", "_", gpu_name).strip("_")
+    return TUNING_DIR / f"prefix_prefill_{slug}.json"
+
+
+@functools.cache
+def load_prefill_table(gpu_name: str) -> dict[tuple, PrefillConfig]:
+    """The table of one GPU as {problem key: config}; empty if there is no file."""
+    path = table_path(gpu_name)
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    table = {}
+    for entry in data["configs"]:
+        key = problem_key(
+            head_size=entry["head_size"],
+            q_dtype=entry["q_dtype"],
+            kv_dtype=entry["kv_dtype"],
+            group=entry["group"],
+            block_size=entry["block_size"],
+            max_query_len=entry["max_query_len"],
+        )
+        table[key] = PrefillConfig(**entry["config"])
+    return table
+
+
+def get_prefill_config(
+    *,
+    gpu_name: str,
+    head_size: int,
+    q_dtype,
+    kv_dtype,
+    group: int,
+    block_size: int,
+    max_query_len: int,
+    is_hip: bool = False,
+) -> PrefillConfig:
+    """Config for one launch: the GPU's table entry, else the heuristic."""
+    key = problem_key(
+        head_size=head_size,
+        q_dtype=q_dtype,
+        kv_dtype=kv_dtype,
+        group=group,
+        block_size=block_size,
+        max_query_len=max_query_len,
+    )
+    config = load_prefill_table(gpu_name).get(key)
+    if config is None:
+        config = heuristic_prefill_config(
+            head_size=head_size, group=group, max_query_len=max_query_len, is_hip=is_hip
+        )
+    return config
+
+
+def table_entry(key: tuple, config: PrefillConfig) -> dict:
+    """One JSON entry (the inverse of the parsing in load_prefill_table)."""
+    head_size, q_dtype, kv_dtype, group, block_size, max_query_len = key
+    return {
+        "head_size": head_size,
+        "q_dtype": q_dtype,
+        "kv_dtype": kv_dtype,
+        "group": group,
+        "block_size": block_size,
+        "max_query_len": max_query_len,
+        "config": asdict(config),
+    }

@@ -1,0 +1,245 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Sweep prefix-prefill launch configs on this GPU and write its tuning table.
+
+For each problem key (head size, dtypes, group, page size, max-query-length bucket)
+it times every valid candidate of ``PREFILL_CONFIG_SPACE`` on a batch typical of
+the bucket, after checking the candidate against ``ref_paged_attention`` on a small
+batch, and stores the fastest in ``prefix_prefill_<gpu>.json`` (merged into the
+existing file). ``--untuned`` writes the heuristic's choice instead (no GPU timing).
+
+    python -m vllm.attention.ops.tuning.tune_prefix_prefill \\
+        --head-sizes 128 --groups 4 8 --block-sizes 64 --budget-minutes 8
+
+Candidates that share (head size, group, page size, dtypes) share compiled kernels
+across query-length buckets, so sweep all buckets of a shape in one run.
+"""
+
+import argparse
+import datetime
+import itertools
+import json
+import math
+import time
+
+import torch
+import triton
+
+from vllm.attention.ops.prefix_prefill import prefix_prefill_attention
+from vllm.attention.ops.reference import ref_paged_attention
+from vllm.attention.ops.tuning.prefill_configs import (
+    PREFILL_CONFIG_SPACE,
+    QUERY_LEN_BUCKETS,
+    PrefillConfig,
+    heuristic_prefill_config,
+    is_valid_config,
+    problem_key,
+    table_entry,
+    table_path,
+)
+
+NUM_KV_HEADS = 8
+# (num_seqs, context_len) of the timed batch per query-length bucket: about 16k new
+# tokens (fewer for the short buckets) over realistic contexts.
+BATCH_FOR_BUCKET = {
+    16: (64, 2000),
+    64: (64, 2000),
+    256: (32, 2048),
+    1024: (12, 1024),
+    4096: (4, 4096),
+    16384: (1, 16384),
+}
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"fp8": torch.float8_e4m3fn}.get(name) or getattr(torch, name)
+
+
+def _make_batch(
+    *, seqs, head_size, group, block_size, q_dtype, kv_dtype, gen, device="cuda"
+):
+    """Random paged batch (shuffled pages), sized for ``seqs``."""
+    pages = [math.ceil(kv / block_size) for _, kv in seqs]
+    num_blocks = sum(pages)
+    perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    table = torch.zeros((len(seqs), max(pages)), dtype=torch.int32)
+    start = 0
+    for s, n in enumerate(pages):
+        table[s, :n] = perm[start : start + n]
+        start += n
+    shape = (num_blocks, 2, NUM_KV_HEADS, block_size, head_size)
+    is_fp8 = kv_dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+    scale = torch.tensor([0.05], device=device) if is_fp8 else None
+    kv = torch.randn(shape, device=device)
+    kv = (kv / scale if is_fp8 else kv).to(kv_dtype)
+    q_lens = [q for q, _ in seqs]
+    starts = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    query = torch.randn(
+        (sum(q_lens), NUM_KV_HEADS * group, head_size), device=device, dtype=q_dtype
+    )
+    return {
+        "query": query,
+        "key_cache": kv[:, 0],
+        "value_cache": kv[:, 1],
+        "block_table": table.to(device),
+        "query_start_loc": starts.to(device),
+        "seq_lens": torch.tensor(
+            [kv for _, kv in seqs], dtype=torch.int32, device=device
+        ),
+        "max_query_len": max(q_lens),
+        "k_scale": scale,
+        "v_scale": scale,
+    }
+
+
+def _run(batch, config, head_size):
+    output = torch.empty_like(batch["query"])
+    prefix_prefill_attention(
+        output=output, softmax_scale=head_size**-0.5, config=config, **batch
+    )
+    return output
+
+
+def _is_correct(config, small, head_size) -> bool:
+    out = _run(small, config, head_size).float()
+    ref = ref_paged_attention(
+        query=small["query"],
+        key_cache=small["key_cache"],
+        value_cache=small["value_cache"],
+        block_table=small["block_table"],
+        query_start_loc=small["query_start_loc"],
+        seq_lens=small["seq_lens"],
+        softmax_scale=head_size**-0.5,
+        k_scale=None if small["k_scale"] is None else small["k_scale"].item(),
+        v_scale=None if small["v_scale"] is None else small["v_scale"].item(),
+    )
+    return bool(torch.allclose(out, ref, atol=2e-2, rtol=2e-2))
+
+
+def _candidates(head_size, kv_dtype, group):
+    group_pad = triton.next_power_of_2(group)
+    for block_m in PREFILL_CONFIG_SPACE["block_m"]:
+        for block_n in PREFILL_CONFIG_SPACE["block_n"]:
+            for num_warps in PREFILL_CONFIG_SPACE["num_warps"]:
+                for num_stages in PREFILL_CONFIG_SPACE["num_stages"]:
+                    config = PrefillConfig(block_m, block_n, num_warps, num_stages)
+                    if block_m >= group_pad and is_valid_config(
+                        config, head_size=head_size, kv_dtype=kv_dtype
+                    ):
+                        yield config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--head-sizes", type=int, nargs="+", default=[128])
+    parser.add_argument("--groups", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--block-sizes", type=int, nargs="+", default=[64])
+    parser.add_argument("--q-dtypes", nargs="+", default=["bfloat16"])
+    parser.add_argument("--kv-dtypes", nargs="+", default=["same"])
+    parser.add_argument(
+        "--query-lens", type=int, nargs="+", default=list(QUERY_LEN_BUCKETS)
+    )
+    parser.add_argument("--budget-minutes", type=float, default=8.0)
+    parser.add_argument(
+        "--untuned", action="store_true", help="write heuristic values, no timing"
+    )
+    parser.add_argument("--gpu-name", default=None, help="default: this GPU's name")
+    parser.add_argument("--out", default=None, help="default: the table for the GPU")
+    args = parser.parse_args()
+
+    gpu_name = args.gpu_name or torch.cuda.get_device_name()
+    path = args.out or table_path(gpu_name)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        data = {"configs": []}
+    entries = {
+        problem_key(**{k: v for k, v in e.items() if k != "config"}): e
+        for e in data["configs"]
+    }
+    deadline = time.monotonic() + 60 * args.budget_minutes
+    gen = torch.Generator().manual_seed(0)
+    tuned = 0
+    shapes = itertools.product(
+        args.head_sizes, args.groups, args.block_sizes, args.q_dtypes, args.kv_dtypes
+    )
+    for head_size, group, block_size, q_name, kv_name in shapes:
+        q_dtype = _dtype(q_name)
+        shape = {
+            "head_size": head_size,
+            "group": group,
+            "block_size": block_size,
+            "q_dtype": q_dtype,
+            "kv_dtype": q_dtype if kv_name == "same" else _dtype(kv_name),
+        }
+        for bucket in args.query_lens:
+            if not args.untuned and time.monotonic() > deadline:
+                print("budget spent; the remaining keys keep their old entries")
+                break
+            key = problem_key(max_query_len=bucket, **shape)
+            if args.untuned:
+                best = heuristic_prefill_config(
+                    head_size=head_size, group=group, max_query_len=bucket
+                )
+            else:
+                best = _tune_one(shape, bucket, gen)
+                tuned += 1
+            entries[key] = table_entry(key, best)
+            print(key, "->", best, flush=True)
+
+    provenance = {
+        "gpu": gpu_name,
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+        "method": "untuned: heuristic_prefill_config values"
+        if args.untuned
+        else "triton.testing.do_bench median (ms), fastest correct candidate",
+        "date": datetime.date.today().isoformat(),
+    }
+    with open(path, "w") as f:
+        f.write(_table_text(provenance, [entries[k] for k in sorted(entries)]))
+    print(f"wrote {path} ({len(entries)} entries, {tuned} tuned now)")
+
+
+def _table_text(provenance: dict, configs: list[dict]) -> str:
+    """JSON with the provenance first and one entry per line (diffs stay small)."""
+    lines = ",\n".join("  " + json.dumps(entry) for entry in configs)
+    return (
+        '{\n "provenance": '
+        + json.dumps(provenance)
+        + ',\n "configs": [\n'
+        + lines
+        + "\n ]\n}\n"
+    )
+
+
+def _tune_one(shape, bucket, gen) -> PrefillConfig:
+    num_seqs, context = BATCH_FOR_BUCKET[bucket]
+    seqs = [(bucket, context + bucket)] * num_seqs
+    batch = _make_batch(seqs=seqs, gen=gen, **shape)
+    small = _make_batch(seqs=[(min(bucket, 100), 300), (1, 77)], gen=gen, **shape)
+    best, best_ms = None, math.inf
+    for config in _candidates(shape["head_size"], shape["kv_dtype"], shape["group"]):
+        try:
+            if not _is_correct(config, small, shape["head_size"]):
+                print("  wrong result, skipped:", config)
+                continue
+            ms = triton.testing.do_bench(
+                lambda c=config: _run(batch, c, shape["head_size"]),
+                warmup=10,
+                rep=50,
+                return_mode="median",
+            )
+        except triton.runtime.errors.OutOfResources as exc:
+            print("  out of resources, skipped:", config, exc)
+            continue
+        print(f"  {config}: {ms:.3f} ms")
+        if ms < best_ms:
+            best, best_ms = config, ms
+    if best is None:
+        raise RuntimeError(f"no valid config for {shape} bucket {bucket}")
+    return best
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,990 @@
+# SPDX-License-Identifier: Apache-2.0
+"""TRITON_ATTN: vLLM's attention backend on this fork's Triton kernels.
+
+This file replaces stock vLLM's ``triton_attn.py``. It keeps the four names other
+vLLM modules import from it (``TritonAttentionBackend``, ``TritonAttentionImpl``,
+``TritonAttentionMetadata``, ``TritonAttentionMetadataBuilder``) and adds
+``RocmAttentionBackend``, the deprecated alias behind the old ROCM_ATTN name.
+
+It only turns vLLM's metadata into kernel arguments; the kernels live in
+``vllm/attention/ops`` and are reached through two calls:
+
+* ``write_to_paged_cache`` stores the step's new K/V (vLLM calls
+  ``do_kv_cache_update`` before ``forward``: ``forward_includes_kv_cache_update`` is
+  False, so the write is captured in piecewise CUDA graphs);
+* ``paged_attention`` is the one dispatch function: requests with query length
+  ``DECODE_QUERY_LEN`` (1) go to the paged decode kernel, all others to
+  prefix_prefill.
+
+KV cache, one tensor per layer (docs/design.md)::
+
+    [num_blocks, 2, num_kv_heads, block_size, head_size]     kv_cache[:, 0] = K
+
+so a page of one KV head is a dense ``[block_size, head_size]`` matrix. fp8 caches
+(``--kv-cache-dtype fp8``) hold ``x / scale`` with the layer's per-tensor
+``_k_scale`` / ``_v_scale``, as ``float8_e4m3fn`` (``e4m3fnuz`` on MI300).
+
+Work split (FlashInfer's plan/run): ``TritonAttentionMetadataBuilder.build`` does all
+host work once per batch (decode/prefill boundary, split-KV count; the workspace is
+allocated once in ``__init__``); ``TritonAttentionImpl.forward`` only launches, so it
+is cheap in eager and piecewise mode and safe inside a full CUDA graph.
+
+CUDA graphs: full graphs for uniform single-token decode batches
+(``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE``); with the default
+FULL_AND_PIECEWISE mode mixed batches run attention eagerly between piecewise
+graphs. The split-KV count depends only on the (padded) number of decodes, and the
+kernel derives each split's key range from ``seq_lens`` on the device, so a graph
+captured for a batch size stays valid while contexts grow.
+
+What is refused at startup, with the reason (see ``validate_configuration``):
+encoder / encoder-only / cross attention and non-causal attention (the kernels are
+causal only), MLA, sparse attention, head sizes outside ``SUPPORTED_HEAD_SIZES``,
+fp32 models, KV-cache dtypes other than auto/float16/bfloat16/fp8/fp8_e4m3, a 16-bit
+cache dtype that differs from the model dtype, fp8 below SM 8.9, CUDA below SM 8.0,
+KV connectors (they expect stock's packed layout), batch invariance, ALiBi-sqrt,
+multimodal prefix-LM attention, per-head quant scales, decode/prefill context
+parallelism, and stock subclasses built on stock internals (TRITON_ATTN_DIFFKV).
+"""
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+import torch
+from vllm.logger import init_logger
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionLayer,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+from vllm.v1.kv_cache_interface import AttentionSpec
+
+from vllm.attention.ops.paged_attention import DECODE_QUERY_LEN, paged_attention
+from vllm.attention.ops.paged_cache_write import write_to_paged_cache
+from vllm.attention.ops.triton_paged_decode_attention_2d import (
+    WORKSPACE_DTYPE,
+    choose_num_splits,
+    decode_workspace_shape,
+)
+from vllm.attention.ops.tuning.prefill_configs import (
+    QUERY_LEN_BUCKETS,
+    query_len_bucket,
+)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.config.cache import CacheDType
+    from vllm.platforms.interface import DeviceCapability
+
+logger = init_logger(__name__)
+
+# ----------------------------------------------------------------------------------
+# What the backend offers, as data (docs/backend.md explains each choice).
+# ----------------------------------------------------------------------------------
+
+# Head sizes of the models we test; the kernels pad non-powers of two (80, 96, 112,
+# 192) to the next power of two and mask.
+SUPPORTED_HEAD_SIZES: tuple[int, ...] = (64, 80, 96, 112, 128, 192, 256)
+# Page sizes (tokens per block). Larger vLLM block sizes (hybrid models) are split
+# into kernel blocks of the largest of these that divides them.
+SUPPORTED_BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
+# 64 keys per page: a decode KV tile of 64 keys stays inside one page (one
+# block-table read per tile) and prefix caching still shares at a fine grain.
+PREFERRED_BLOCK_SIZE = 64
+# "fp8" is e4m3 on every platform this fork supports (fp8_e5m2 is not supported).
+FP8_CACHE_DTYPES: tuple[str, ...] = ("fp8", "fp8_e4m3")
+_SIXTEEN_BIT_CACHE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+# CUDA: bf16 tensor-core dots need SM 8.0; Triton's fp8 e4m3 conversions need 8.9.
+MIN_CUDA_CAPABILITY = (8, 0)
+MIN_CUDA_FP8_CAPABILITY = (8, 9)
+# CPU runs (tests under TRITON_INTERPRET=1) have no SM count; they pretend to be an
+# H200 (132 SMs) so that the split-KV choices match the GPU's.
+_CPU_STAND_IN_NUM_SMS = 132
+
+# Stock modules whose subclasses of our classes reach into stock internals that this
+# file does not have (softmax segment buffers, packed K|V layout): refused.
+_INCOMPATIBLE_SUBCLASS_MODULES = {
+    "vllm.v1.attention.backends.triton_attn_diffkv": (
+        "TRITON_ATTN_DIFFKV (K and V of different head sizes) is built on stock "
+        "vLLM's Triton backend, which this fork replaces; use "
+        "--attention-backend FLASH_ATTN_DIFFKV for models with different K/V head "
+        "sizes"
+    ),
+}
+
+
+def _incompatible_subclass_reason(cls: type) -> str | None:
+    return _INCOMPATIBLE_SUBCLASS_MODULES.get(cls.__module__)
+
+
+# ----------------------------------------------------------------------------------
+# Metadata
+# ----------------------------------------------------------------------------------
+
+
+@dataclass
+class TritonAttentionMetadata:
+    """Kernel inputs of one batch, shared by all layers of a KV-cache group.
+
+    Lengths of one request in this step::
+
+        |<-------------------------- seq_len -------------------------->|
+        |<------------- context_len ------------->|<--- query_len ---->|
+        | keys cached by earlier steps (or a      | this step's tokens |
+        | prefix-cache hit)                       | (K/V written first)|
+
+        context_len = seq_len - query_len
+
+    The kernels read all ``seq_len`` keys from the paged cache. A decode has
+    ``query_len == 1``; a prefill chunk or a spec-decode verification has
+    ``query_len > 1``.
+
+    Order of the batch (the builder asks vLLM to put decodes first)::
+
+        requests: | 0 ... num_decodes-1         | num_decodes ... num_reqs-1     |
+        tokens:   | 0 ... num_decode_tokens-1   | query_start_loc[num_decodes]...|
+                  | paged decode kernel         | prefix_prefill kernel          |
+
+    Requests with query length 0 (CUDA-graph padding) at the end of a decode-only
+    batch count as decodes: they have ``seq_len == 0`` and produce zeros.
+    """
+
+    num_actual_tokens: int  # tokens of the step, incl. CUDA-graph padding
+    num_reqs: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor  # [num_reqs + 1] int32
+    seq_lens: torch.Tensor  # [num_reqs] int32, context_len + query_len
+    block_table: torch.Tensor  # [num_reqs, max_blocks_per_req] int32
+    slot_mapping: torch.Tensor  # [num_tokens] int64, negative = padding
+    num_decodes: int  # requests [0, num_decodes) have query_len <= 1
+    num_decode_tokens: int  # their tokens: rows [0, num_decode_tokens)
+    decode_num_splits: int  # split-KV count of the decode launch
+    decode_workspace: torch.Tensor | None  # fp32 scratch when decode_num_splits > 1
+    causal: bool = True
+
+    @property
+    def num_prefills(self) -> int:
+        """Requests handled by prefix_prefill (query length > 1)."""
+        return self.num_reqs - self.num_decodes
+
+
+def split_decodes(
+    query_start_loc_cpu: torch.Tensor, num_reqs: int, max_query_len: int
+) -> tuple[int, int]:
+    """``(num_decodes, num_decode_tokens)``: the leading run of requests whose query
+    length is ``DECODE_QUERY_LEN``, and their token count.
+
+    vLLM orders decodes first (``reorder_batch_threshold``); everything after the
+    first other query length goes to prefix_prefill, which is correct for any
+    query length, so a batch out of order is slower, never wrong. In a decode-only
+    batch, trailing requests of query length 0 are CUDA-graph padding: they count
+    as decodes with one (padding) token row each and ``seq_len`` 0, which the
+    decode kernel turns into zeros.
+    """
+    if max_query_len <= DECODE_QUERY_LEN:
+        return num_reqs, num_reqs * DECODE_QUERY_LEN
+    starts = query_start_loc_cpu[: num_reqs + 1].numpy()
+    others = np.flatnonzero(np.diff(starts) != DECODE_QUERY_LEN)
+    num_decodes = int(others[0]) if others.size else num_reqs
+    return num_decodes, num_decodes * DECODE_QUERY_LEN
+
+
+# ----------------------------------------------------------------------------------
+# Builder
+# ----------------------------------------------------------------------------------
+
+
+# Kernel configurations warmed up in this process (builders of several KV-cache
+# groups or micro-batches share them).
+_WARMED_UP: set[tuple] = set()
+# How queries reach forward(): vLLM passes a view of the fused QKV output, or a
+# contiguous tensor after some compiler passes; the decode kernel specialises on it.
+_QUERY_LAYOUTS = ("qkv_view", "contiguous")
+
+
+@dataclass
+class _WarmUpBatch:
+    """A batch of the warm-up: query lengths (decodes first) and the host
+    ``max_query_len`` to launch with (an upper bound, default the longest)."""
+
+    name: str
+    query_lens: list[int]
+    max_query_len: int | None = None
+
+
+def _stride_class(stride: int) -> tuple[bool, bool]:
+    """What Triton specialises an integer argument on: == 1, multiple of 16."""
+    return stride == 1, stride % 16 == 0
+
+
+def _guess_block_table_stride(vllm_config: "VllmConfig", spec: AttentionSpec) -> int:
+    """Row stride of vLLM's block table (max blocks per request), as the model
+    runners size it: ``cdiv(max_model_len, block_size)``, rounded up to a multiple
+    of ``128 // block_size`` (V2 runner). Only its class matters (_stride_class);
+    build() re-checks the real one."""
+    blocks = -(-vllm_config.model_config.max_model_len // spec.block_size)
+    align = max(1, 128 // spec.block_size)
+    return -(-blocks // align) * align
+
+
+def _device_num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _CPU_STAND_IN_NUM_SMS
+    from vllm.platforms import current_platform
+
+    return current_platform.num_compute_units(device.index or 0)
+
+
+class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMetadata]):
+    """Builds ``TritonAttentionMetadata``; owns the split-KV decode workspace."""
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = (
+        AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    )
+
+    def __init__(
+        self,
+        kv_cache_spec: AttentionSpec,
+        layer_names: list[str],
+        vllm_config: "VllmConfig",
+        device: torch.device,
+    ):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # Decodes first, so each kernel sees one contiguous range of requests.
+        self._init_reorder_batch_threshold(DECODE_QUERY_LEN)
+
+        self.num_kv_heads = kv_cache_spec.num_kv_heads
+        self.head_size = kv_cache_spec.head_size
+        self.num_q_heads = self._num_q_heads(vllm_config, layer_names)
+        self.num_sms = _device_num_sms(torch.device(device))
+
+        # Split counts for every decode batch size up to the largest one vLLM can
+        # form (max_num_seqs; CUDA-graph capture sizes never exceed it for decodes).
+        self.max_decode_seqs = vllm_config.scheduler_config.max_num_seqs
+        self._splits_for_batch = [1] + [
+            choose_num_splits(
+                num_seqs=n, num_kv_heads=self.num_kv_heads, num_sms=self.num_sms
+            )
+            for n in range(1, self.max_decode_seqs + 1)
+        ]
+        self._workspaces = self._allocate_workspaces(torch.device(device))
+
+        # Compile every kernel specialisation now, at startup (see warm_up).
+        self._warmed_stride_classes: set[tuple[bool, bool]] = set()
+        self._max_query_len = min(
+            vllm_config.scheduler_config.max_num_batched_tokens,
+            vllm_config.model_config.max_model_len,
+        )
+        self._warm_up_enabled = self.device.type == "cuda"
+        if self._warm_up_enabled:
+            self.warm_up(_guess_block_table_stride(vllm_config, kv_cache_spec))
+
+    @staticmethod
+    def _num_q_heads(vllm_config: "VllmConfig", layer_names: list[str]) -> int:
+        from vllm.v1.attention.backends.utils import (
+            get_num_attention_heads_from_layers,
+        )
+
+        heads = get_num_attention_heads_from_layers(vllm_config, layer_names)
+        if heads is None:
+            heads = vllm_config.model_config.get_num_attention_heads(
+                vllm_config.parallel_config
+            )
+        return heads
+
+    def _allocate_workspaces(self, device: torch.device) -> dict[int, torch.Tensor]:
+        """One fp32 buffer, viewed once per split count.
+
+        The view for ``s`` splits has as many rows as the largest decode batch that
+        gets ``s`` splits; all views share the buffer (only one decode launch runs at
+        a time per layer and layers run in order).
+        """
+        rows_for_splits: dict[int, int] = {}
+        for num_seqs in range(1, self.max_decode_seqs + 1):
+            splits = self._splits_for_batch[num_seqs]
+            if splits > 1:
+                rows_for_splits[splits] = num_seqs
+        if not rows_for_splits:
+            return {}
+        shapes = {
+            splits: decode_workspace_shape(
+                max_num_seqs=rows,
+                num_q_heads=self.num_q_heads,
+                head_size=self.head_size,
+                num_splits=splits,
+            )
+            for splits, rows in rows_for_splits.items()
+        }
+        numel = max(int(np.prod(shape)) for shape in shapes.values())
+        buffer = torch.empty(numel, dtype=WORKSPACE_DTYPE, device=device)
+        return {
+            splits: buffer[: int(np.prod(shape))].view(shape)
+            for splits, shape in shapes.items()
+        }
+
+    def decode_plan(self, num_decodes: int) -> tuple[int, torch.Tensor | None]:
+        """``(num_splits, workspace)`` for a decode launch over ``num_decodes``."""
+        if num_decodes > self.max_decode_seqs:
+            # Cannot come from vLLM's scheduler; such a batch fills the GPU anyway.
+            return 1, None
+        splits = self._splits_for_batch[num_decodes]
+        return splits, self._workspaces.get(splits)
+
+    def warm_up_plan(self, block_table_stride: int) -> list["_WarmUpBatch"]:
+        """The batches whose launches cover every specialisation (docs/backend.md).
+
+        Specialisations: constexprs (tile configs, split count, features, dtypes,
+        strides of query/output/cache in the decode kernel) and the integer
+        arguments Triton specialises by value (== 1, multiple of 16): the
+        block-table row stride and prefix_prefill's ``seq_start`` (= num_decodes).
+        """
+        batches = []
+        # Decode: the smallest batch of each split count (the grid's third axis and
+        # the merge kernel depend on it).
+        first_batch_of_splits: dict[int, int] = {}
+        for num_seqs in range(1, self.max_decode_seqs + 1):
+            first_batch_of_splits.setdefault(self._splits_for_batch[num_seqs], num_seqs)
+        for splits, num_seqs in sorted(first_batch_of_splits.items()):
+            batches.append(
+                _WarmUpBatch(f"decode x{num_seqs} ({splits} splits)", [1] * num_seqs)
+            )
+        # prefix_prefill: one launch per query-length bucket the scheduler can
+        # reach (tile configs are chosen per bucket), with seq_start 0, 1 and 3
+        # (the three classes Triton tells apart). max_query_len is an upper bound
+        # for the kernel, so a 2-token query stands in for a long one.
+        top = query_len_bucket(self._max_query_len)
+        for bound in (b for b in QUERY_LEN_BUCKETS if b <= top):
+            for num_decodes in (0, 1, 3):
+                batches.append(
+                    _WarmUpBatch(
+                        f"prefill bucket {bound}, seq_start {num_decodes}",
+                        [1] * num_decodes + [2],
+                        max_query_len=bound,
+                    )
+                )
+        return batches
+
+    def warm_up(self, block_table_stride: int) -> None:
+        """Launch every kernel specialisation this group's layers can use, on a
+        scratch cache, so that no Triton compilation happens while serving."""
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return  # never launch scratch work into a CUDA graph
+        self._warmed_stride_classes.add(_stride_class(block_table_stride))
+        from vllm.config import get_layers_from_vllm_config
+        from vllm.model_executor.layers.attention_layer_base import (
+            AttentionLayerBase,
+        )
+
+        layers = get_layers_from_vllm_config(
+            self.vllm_config,
+            AttentionLayerBase,  # type: ignore[type-abstract]
+            self.layer_names,
+        )
+        plan = self.warm_up_plan(block_table_stride)
+        # One representative layer per distinct set of kernel features.
+        variants = {}
+        for layer in layers.values():
+            impl = layer.impl
+            if isinstance(impl, TritonAttentionImpl):
+                variants.setdefault(impl.kernel_variant(), layer)
+        key_base = (
+            str(self.device),
+            self.kv_cache_spec.block_size,
+            self.kv_cache_spec.dtype,
+            self.num_q_heads,
+            self.num_kv_heads,
+            self.head_size,
+            _stride_class(block_table_stride),
+            len(plan),
+        )
+        start = time.perf_counter()
+        launched = 0
+        for variant, layer in variants.items():
+            if (key_base, variant) in _WARMED_UP:
+                continue
+            _WARMED_UP.add((key_base, variant))
+            for batch in plan:
+                for query_layout in _QUERY_LAYOUTS:
+                    self._run_warm_up_batch(
+                        layer, batch, block_table_stride, query_layout
+                    )
+                    launched += 1
+        if launched:
+            torch.cuda.synchronize(self.device)
+            logger.info(
+                "TRITON_ATTN warm-up: %d batches (%d kernel variants of the layers) "
+                "in %.1f s.",
+                launched,
+                len(variants),
+                time.perf_counter() - start,
+            )
+
+    def _run_warm_up_batch(
+        self,
+        layer: AttentionLayer,
+        batch: "_WarmUpBatch",
+        block_table_stride: int,
+        query_layout: str,
+    ) -> None:
+        impl: TritonAttentionImpl = layer.impl  # type: ignore[attr-defined]
+        device = self.device
+        block_size = self.kv_cache_spec.block_size
+        num_reqs = len(batch.query_lens)
+        num_tokens = sum(batch.query_lens)
+        dtype = self.vllm_config.model_config.dtype
+        kv_cache = torch.zeros(
+            TritonAttentionBackend.get_kv_cache_shape(
+                2, block_size, self.num_kv_heads, self.head_size
+            ),
+            dtype=self.kv_cache_spec.dtype,
+            device=device,
+        )
+        # Queries as vLLM hands them over: contiguous, or a view of the fused
+        # QKV projection output (row stride (num_q + 2 * num_kv) * head_size).
+        q_width = self.num_q_heads * self.head_size
+        kv_width = self.num_kv_heads * self.head_size
+        qkv = torch.zeros(
+            (num_tokens, q_width + 2 * kv_width), dtype=dtype, device=device
+        )
+        if query_layout == "contiguous":
+            query = qkv[:, :q_width].contiguous()
+        else:
+            query = qkv[:, :q_width]
+        query = query.view(num_tokens, self.num_q_heads, self.head_size)
+        key = qkv[:, q_width : q_width + kv_width].view(
+            num_tokens, self.num_kv_heads, self.head_size
+        )
+        value = qkv[:, q_width + kv_width :].view(
+            num_tokens, self.num_kv_heads, self.head_size
+        )
+        output = torch.empty_like(query, memory_format=torch.contiguous_format)
+        slot_mapping = torch.arange(num_tokens, dtype=torch.int64, device=device)
+        impl.do_kv_cache_update(layer, key, value, kv_cache, slot_mapping % block_size)
+        starts = [0]
+        for q in batch.query_lens:
+            starts.append(starts[-1] + q)
+        query_start_loc_cpu = torch.tensor(starts, dtype=torch.int32)
+        # Every request reads page 1 (1 or 2 keys); rows have the real row stride.
+        block_table = torch.ones(
+            (num_reqs, block_table_stride), dtype=torch.int32, device=device
+        )
+        num_decodes, num_decode_tokens = split_decodes(
+            query_start_loc_cpu, num_reqs, max(batch.query_lens)
+        )
+        num_splits, workspace = self.decode_plan(num_decodes)
+        md = TritonAttentionMetadata(
+            num_actual_tokens=num_tokens,
+            num_reqs=num_reqs,
+            max_query_len=batch.max_query_len or max(batch.query_lens),
+            max_seq_len=max(batch.query_lens),
+            query_start_loc=query_start_loc_cpu.to(device),
+            seq_lens=torch.tensor(batch.query_lens, dtype=torch.int32, device=device),
+            block_table=block_table,
+            slot_mapping=slot_mapping,
+            num_decodes=num_decodes,
+            num_decode_tokens=num_decode_tokens,
+            decode_num_splits=num_splits,
+            decode_workspace=workspace,
+        )
+        impl.forward(layer, query, key, value, kv_cache, md, output)
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> TritonAttentionMetadata:
+        cm = common_attn_metadata
+        if self._warm_up_enabled and (
+            _stride_class(cm.block_table_tensor.stride(0))
+            not in self._warmed_stride_classes
+        ):
+            # The block-table row stride is a kernel argument that Triton
+            # specialises on and the startup guess missed its class. This is the
+            # first batch, still before serving: vLLM's warm-up and CUDA-graph
+            # capture build metadata first.
+            self.warm_up(cm.block_table_tensor.stride(0))
+        if cm.causal is not True:
+            raise NotImplementedError(
+                "TRITON_ATTN runs causal attention only; this batch asks for "
+                "non-causal attention (e.g. DFlash drafting). Use "
+                "--attention-backend FLASH_ATTN or FLEX_ATTENTION."
+            )
+        num_decodes, num_decode_tokens = split_decodes(
+            cm.query_start_loc_cpu, cm.num_reqs, cm.max_query_len
+        )
+        num_splits, workspace = self.decode_plan(num_decodes)
+        return TritonAttentionMetadata(
+            num_actual_tokens=cm.num_actual_tokens,
+            num_reqs=cm.num_reqs,
+            max_query_len=cm.max_query_len,
+            max_seq_len=cm.max_seq_len,
+            query_start_loc=cm.query_start_loc,
+            seq_lens=cm.seq_lens,
+            block_table=cm.block_table_tensor,
+            slot_mapping=cm.slot_mapping,
+            num_decodes=num_decodes,
+            num_decode_tokens=num_decode_tokens,
+            decode_num_splits=num_splits,
+            decode_workspace=workspace,
+        )
+
+
+# ----------------------------------------------------------------------------------
+# Backend (capabilities)
+# ----------------------------------------------------------------------------------
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """Capabilities and KV-cache layout of TRITON_ATTN."""
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list["CacheDType"]] = [
+        "auto",
+        "float16",
+        "bfloat16",
+        *FP8_CACHE_DTYPES,
+    ]
+    # vLLM writes the cache through do_kv_cache_update before forward().
+    forward_includes_kv_cache_update: bool = False
+
+    @staticmethod
+    def get_name() -> str:
+        return "TRITON_ATTN"
+
+    @staticmethod
+    def get_impl_cls() -> type["TritonAttentionImpl"]:
+        return TritonAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[TritonAttentionMetadataBuilder]:
+        return TritonAttentionMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+        return list(SUPPORTED_BLOCK_SIZES)
+
+    @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        return PREFERRED_BLOCK_SIZE
+
+    @classmethod
+    def supports_block_size(cls, block_size: int | None) -> bool:
+        # A vLLM block size that is a multiple of a kernel block size is split
+        # into kernel blocks by the model runner.
+        return block_size is None or any(
+            block_size % size == 0 for size in SUPPORTED_BLOCK_SIZES
+        )
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        cache_dtype_str: str = "auto",
+    ) -> tuple[int, ...]:
+        # The kernels take any power of two >= 16 (models that stretch blocks, like
+        # Whisper's block pooling, pass larger ones); vLLM picks from
+        # SUPPORTED_BLOCK_SIZES.
+        if block_size < 16 or block_size & (block_size - 1):
+            raise ValueError(
+                f"TRITON_ATTN kernel block size {block_size} is not supported; "
+                f"use one of {SUPPORTED_BLOCK_SIZES} (--block-size)."
+            )
+        if cache_dtype_str not in (
+            "auto",
+            *_SIXTEEN_BIT_CACHE_DTYPES,
+            *FP8_CACHE_DTYPES,
+        ):
+            raise ValueError(
+                f"TRITON_ATTN has no KV-cache layout for --kv-cache-dtype "
+                f"{cache_dtype_str}; use auto, float16, bfloat16 or fp8."
+            )
+        return (num_blocks, 2, num_kv_heads, block_size, head_size)
+
+    @staticmethod
+    def get_kv_cache_stride_order(
+        include_num_layers_dimension: bool = False,
+    ) -> tuple[int, ...]:
+        # The logical shape is the physical layout. With a layers dimension
+        # (cross-layer caches) the blocks stay outermost: the kernels address pages
+        # by the runtime block stride, so a layer's view may have any block stride.
+        if include_num_layers_dimension:
+            return (1, 0, 2, 3, 4, 5)
+        return (0, 1, 2, 3, 4)
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(SUPPORTED_HEAD_SIZES)
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_kv_connector(cls) -> bool:
+        # Connectors (NIXL, ...) assume stock's [num_blocks, num_kv_heads,
+        # block_size, 2 * head_size] layout.
+        return False
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_compute_capability(cls, capability: "DeviceCapability") -> bool:
+        from vllm.platforms import current_platform
+
+        if current_platform.is_rocm():
+            return True
+        return (capability.major, capability.minor) >= MIN_CUDA_CAPABILITY
+
+    @classmethod
+    def supports_combination(
+        cls,
+        head_size: int,
+        dtype: torch.dtype,
+        kv_cache_dtype: "CacheDType | None",
+        block_size: int | None,
+        use_mla: bool,
+        has_sink: bool,
+        use_sparse: bool,
+        use_mm_prefix: bool,
+        device_capability: "DeviceCapability",
+    ) -> str | None:
+        reasons = []
+        foreign = _incompatible_subclass_reason(cls)
+        if foreign is not None:
+            reasons.append(foreign)
+        cache_dtype = _SIXTEEN_BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
+        if cache_dtype is not None and cache_dtype != dtype:
+            reasons.append(
+                f"kv_cache_dtype {kv_cache_dtype} with model dtype {dtype} is not "
+                "supported: the kernels read a 16-bit cache in the model's dtype; "
+                "use --kv-cache-dtype auto"
+            )
+        if kv_cache_dtype in FP8_CACHE_DTYPES and not _platform_supports_fp8(
+            device_capability
+        ):
+            reasons.append(
+                f"kv_cache_dtype {kv_cache_dtype} needs fp8 e4m3 support (CUDA "
+                f"SM {MIN_CUDA_FP8_CAPABILITY[0]}.{MIN_CUDA_FP8_CAPABILITY[1]}+ or "
+                f"an fp8-capable ROCm GPU), this GPU is SM "
+                f"{device_capability.major}.{device_capability.minor}; use "
+                "--kv-cache-dtype auto"
+            )
+        return "; ".join(reasons) if reasons else None
+
+    @classmethod
+    def validate_configuration(
+        cls,
+        head_size: int,
+        dtype: torch.dtype,
+        kv_cache_dtype: "CacheDType | None",
+        block_size: int | None,
+        use_mla: bool,
+        has_sink: bool,
+        use_sparse: bool,
+        use_mm_prefix: bool,
+        use_per_head_quant_scales: bool,
+        device_capability: "DeviceCapability",
+        attn_type: str,
+        has_sliding_window: bool = False,
+        use_non_causal: bool = False,
+        use_batch_invariant: bool = False,
+        use_kv_connector: bool = False,
+        use_pcp: bool = False,
+    ) -> list[str]:
+        """vLLM's checks, with each reason saying what is supported instead."""
+        reasons = super().validate_configuration(
+            head_size=head_size,
+            dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype,
+            block_size=block_size,
+            use_mla=use_mla,
+            has_sink=has_sink,
+            use_sparse=use_sparse,
+            use_mm_prefix=use_mm_prefix,
+            use_per_head_quant_scales=use_per_head_quant_scales,
+            device_capability=device_capability,
+            attn_type=attn_type,
+            has_sliding_window=has_sliding_window,
+            use_non_causal=use_non_causal,
+            use_batch_invariant=use_batch_invariant,
+            use_kv_connector=use_kv_connector,
+            use_pcp=use_pcp,
+        )
+        explain = {
+            "head_size not supported": f"head_size {head_size} not supported "
+            f"(supported: {', '.join(map(str, SUPPORTED_HEAD_SIZES))})",
+            "dtype not supported": f"dtype {dtype} not supported (use --dtype "
+            "bfloat16 or float16)",
+            "kv_cache_dtype not supported": f"kv_cache_dtype {kv_cache_dtype} not "
+            f"supported (supported: {', '.join(cls.supported_kv_cache_dtypes)})",
+            "block_size not supported": f"block_size {block_size} not supported "
+            f"(use a multiple of one of {SUPPORTED_BLOCK_SIZES}; 64 is preferred)",
+            "MLA not supported": "MLA not supported (MLA models need an MLA "
+            "backend such as TRITON_MLA)",
+            "compute capability not supported": "compute capability "
+            f"{device_capability.major}.{device_capability.minor} not supported "
+            f"(CUDA needs SM {MIN_CUDA_CAPABILITY[0]}.{MIN_CUDA_CAPABILITY[1]}+)",
+            f"attention type {attn_type} not supported": f"attention type "
+            f"{attn_type} not supported (the kernels are causal decoder "
+            "self-attention only; encoder, encoder-only and cross attention need "
+            "another backend such as FLASH_ATTN)",
+            "non-causal attention not supported": "non-causal attention not "
+            "supported (the kernels are causal only)",
+            "batch invariance not supported": "batch invariance not supported "
+            "(split-KV decoding changes the reduction order with the batch size; "
+            "unset VLLM_BATCH_INVARIANT)",
+            "KV connector not supported": "KV connector not supported (connectors "
+            "expect stock vLLM's packed KV layout, TRITON_ATTN stores "
+            "[num_blocks, 2, num_kv_heads, block_size, head_size])",
+            "PCP not supported": "prefill context parallelism not supported",
+            "partial multimodal token full attention not supported": "multimodal "
+            "prefix-LM (bidirectional image tokens) not supported (causal only)",
+            "per-head quant scales not supported": "per-head KV quant scales not "
+            "supported (fp8 uses per-tensor k/v scales)",
+        }
+        return [explain.get(reason, reason) for reason in reasons]
+
+
+def _platform_supports_fp8(device_capability: "DeviceCapability") -> bool:
+    from vllm.platforms import current_platform
+
+    if current_platform.is_rocm():
+        return current_platform.supports_fp8()
+    capability = (device_capability.major, device_capability.minor)
+    return capability >= MIN_CUDA_FP8_CAPABILITY
+
+
+# ----------------------------------------------------------------------------------
+# Implementation (per layer)
+# ----------------------------------------------------------------------------------
+
+
+class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
+    """One attention layer: writes the new K/V, then launches the kernels."""
+
+    # No softmax LSE from the decode kernel, so no decode context parallelism.
+    can_return_lse_for_decode: bool = False
+    supports_dcp: bool = False
+    supports_pcp: bool = False
+    supports_quant_query_input: bool = False
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
+        **unsupported,
+    ) -> None:
+        foreign = _incompatible_subclass_reason(type(self))
+        if foreign is not None:
+            raise NotImplementedError(foreign + ".")
+        # RNJ-1's chunked attention with lookback passes chunk_lookback=-1 when off.
+        if unsupported.get("chunk_lookback", -1) == -1:
+            unsupported.pop("chunk_lookback", None)
+        if unsupported:
+            raise NotImplementedError(
+                f"TRITON_ATTN does not support {sorted(unsupported)} (e.g. chunked "
+                "attention with lookback); choose another --attention-backend."
+            )
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(
+                f"TRITON_ATTN supports decoder self-attention only, not {attn_type} "
+                "(the kernels are causal); choose another --attention-backend."
+            )
+        num_kv_heads = num_kv_heads or num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_heads {num_heads} is not a multiple of num_kv_heads "
+                f"{num_kv_heads}."
+            )
+        if head_size not in SUPPORTED_HEAD_SIZES:
+            raise ValueError(
+                f"TRITON_ATTN does not support head size {head_size} (supported: "
+                f"{SUPPORTED_HEAD_SIZES}); choose another --attention-backend."
+            )
+        if kv_cache_dtype not in TritonAttentionBackend.supported_kv_cache_dtypes:
+            raise ValueError(
+                f"TRITON_ATTN does not support --kv-cache-dtype {kv_cache_dtype}; "
+                f"use one of {TritonAttentionBackend.supported_kv_cache_dtypes}."
+            )
+        if sinks is not None and sinks.shape != (num_heads,):
+            raise ValueError(
+                f"sinks must have one value per query head ({num_heads},), got "
+                f"{tuple(sinks.shape)}."
+            )
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        # vLLM's sliding window W: a query at position p sees keys j with p - j < W.
+        self.sliding_window = sliding_window
+        # Some configs spell "no soft-cap" as 0.
+        self.logits_soft_cap = logits_soft_cap or None
+        # Created on the default device of model construction (the GPU in vLLM).
+        self.alibi_slopes = (
+            None
+            if alibi_slopes is None
+            else torch.tensor(alibi_slopes, dtype=torch.float32)
+        )
+        # The layer's parameter; the kernels read fp32 (see
+        # process_weights_after_loading, which runs after the checkpoint is loaded).
+        self.sinks = sinks
+        self._kernel_sinks = (
+            sinks if sinks is None or sinks.dtype == torch.float32 else None
+        )
+        self.is_fp8_cache = kv_cache_dtype in FP8_CACHE_DTYPES
+        self._fp8_dtype: torch.dtype | None = None
+        if self.is_fp8_cache:
+            from vllm.platforms import current_platform
+
+            self._fp8_dtype = current_platform.fp8_dtype()
+
+    def kernel_variant(self) -> tuple:
+        """What selects compiled kernels (constexpr flags and specialised ints);
+        layers with equal variants share them."""
+        window = self.sliding_window
+        return (
+            self.kv_cache_dtype,
+            window if window is None else _stride_class(window),
+            self.logits_soft_cap is not None,
+            self.alibi_slopes is not None,
+            self.sinks is not None,
+        )
+
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        if self.sinks is not None and self.sinks.dtype != torch.float32:
+            self._kernel_sinks = self.sinks.to(torch.float32)
+
+    def _cache_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V views ``[num_blocks, num_kv_heads, block_size, head_size]``."""
+        if self._fp8_dtype is not None:
+            # vLLM allocates fp8 caches as uint8.
+            kv_cache = kv_cache.view(self._fp8_dtype)
+        key_cache, value_cache = kv_cache.unbind(1)
+        return key_cache, value_cache
+
+    def do_kv_cache_update(
+        self,
+        layer: AttentionLayer,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Store this step's K/V ``[num_tokens, num_kv_heads, head_size]`` at
+        ``slot_mapping`` (fp8: quantised with the layer's per-tensor scales)."""
+        # Rows of key/value past len(slot_mapping) are padding and are not written.
+        key_cache, value_cache = self._cache_views(kv_cache)
+        write_to_paged_cache(
+            key=key,
+            value=value,
+            key_cache=key_cache,
+            value_cache=value_cache,
+            slot_mapping=slot_mapping,
+            k_scale=layer._k_scale if self.is_fp8_cache else None,
+            v_scale=layer._v_scale if self.is_fp8_cache else None,
+        )
+
+    def forward(
+        self,
+        layer: AttentionLayer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: TritonAttentionMetadata,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention of ``query`` ``[num_tokens, num_heads, head_size]`` over the
+        paged cache (the new K/V are already in it), written into ``output``.
+
+        Launches only: every host-side decision was made in the builder.
+        """
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError(
+                "TRITON_ATTN has no fused output quantization; disable the "
+                "attention + quant fusion pass."
+            )
+        if attn_metadata is None:
+            # Memory-profiling run: no cache yet, the values do not matter.
+            return output.fill_(0)
+        if self._kernel_sinks is None and self.sinks is not None:
+            raise RuntimeError(
+                "TRITON_ATTN: attention sinks were not converted to fp32; vLLM calls "
+                "process_weights_after_loading() after loading, call it first."
+            )
+        key_cache, value_cache = self._cache_views(kv_cache)
+        md = attn_metadata
+        paged_attention(
+            query=query,
+            key_cache=key_cache,
+            value_cache=value_cache,
+            output=output,
+            block_table=md.block_table,
+            query_start_loc=md.query_start_loc,
+            seq_lens=md.seq_lens,
+            num_decodes=md.num_decodes,
+            num_decode_tokens=md.num_decode_tokens,
+            max_query_len=md.max_query_len,
+            softmax_scale=self.scale,
+            k_scale=layer._k_scale if self.is_fp8_cache else None,
+            v_scale=layer._v_scale if self.is_fp8_cache else None,
+            sliding_window=self.sliding_window,
+            alibi_slopes=self.alibi_slopes,
+            logits_soft_cap=self.logits_soft_cap,
+            sinks=self._kernel_sinks,
+            decode_num_splits=md.decode_num_splits,
+            decode_workspace=md.decode_workspace,
+        )
+        return output
+
+
+# ----------------------------------------------------------------------------------
+# Deprecated alias
+# ----------------------------------------------------------------------------------
+
+
+class RocmAttentionBackend(TritonAttentionBackend):
+    """ROCM_ATTN, kept as a deprecated alias of TRITON_ATTN (same kernels on AMD).
+
+    ``get_name`` stays "TRITON_ATTN": vLLM maps the name back to the registry
+    (``AttentionBackendEnum[get_name()]``) and checks it in places (KV connectors,
+    logs), and this class is TRITON_ATTN in every respect.
+    """
+
+    @staticmethod
+    def get_impl_cls() -> type[TritonAttentionImpl]:
+        logger.warning_once(
+            "ROCM_ATTN was renamed to TRITON_ATTN; ROCM_ATTN is a deprecated alias "
+            "and will be removed. Use --attention-backend TRITON_ATTN."
+        )
+        return TritonAttentionImpl
