@@ -1,4 +1,4 @@
-"""Build, install and patch the vLLM TritonAttn fork (vLLM 0.26.0 + our backend).
+"""Build, install and patch the vLLM TritonAttn fork (pinned vLLM + our backend).
 
 `pip install .` installs the fork: the pinned upstream vLLM wheel repackaged with
 our overlay (`vllm/`) and the anchored edits (`envs_patch/`); the PEP 517 backend is
@@ -8,7 +8,7 @@ rest; importing it does nothing. Commands:
     python setup.py wheel [--out dist] [--upstream-wheel PATH]
         the fork's wheel, same as `pip wheel . --no-deps -w dist`
     python setup.py patch --site-packages DIR [--revert | --status]
-        patch an installed stock vLLM 0.26.0 in place, offline (or undo it)
+        patch an installed stock vLLM (the pinned release) in place, offline
     python setup.py pr-patch [--out FILE] [--upstream-sdist PATH]
         the upstream PR as a git-format patch against the pristine vLLM sdist
     python setup.py source-tree [--out build] [--upstream-sdist PATH]

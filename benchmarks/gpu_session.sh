@@ -18,10 +18,13 @@
 #
 # Environment: OUT (files that come back; default ./gpu-out), STATE (kept between calls
 # while the machine is warm; default /tmp/bench-state), MODELS (/tmp/models),
-# BENCH_SITE_STOCK (/tmp/site), BENCH_SITE_FORK (/tmp/site-fork), STEP_BUDGET_S (500).
-# Every step ends by copying $STATE/results to $OUT/results: copy that folder's contents
-# into benchmarks/results/ of the repository (and $OUT/accuracy-model into
-# benchmarks/accuracy/model if it is under 20 MB) and commit them.
+# BENCH_SITE_STOCK (/tmp/site), BENCH_SITE_FORK (/tmp/site-fork), STEP_BUDGET_S (500),
+# and extra arguments per harness: ACC_ARGS, E2E_ARGS (e.g. "--backends
+# FLASH_ATTN,TRITON_ATTN-fork" or "--kv-cache-dtype fp8"), SERVING_ARGS.
+# Every step ends by copying $STATE/results to $OUT/results (logs to $OUT/logs): copy
+# that folder's contents into benchmarks/results/ of the repository (and
+# $OUT/accuracy-model into benchmarks/accuracy/model if it is under 20 MB), then run
+# `python3 benchmarks/report.py` there to regenerate docs/performance.md and the plots.
 set -euo pipefail
 STEP=${1:?usage: gpu_session.sh setup|train|accuracy|e2e-quick|serving-quick|e2e-full|serving-full|serving-70b|report|collect}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -53,11 +56,12 @@ need_model() {
 }
 
 collect() {
-  mkdir -p "$OUT/results"
-  cp -r "$STATE/results/." "$OUT/results/" 2>/dev/null || true
-  # Work folders hold logs and partial files: keep logs small, drop nothing else.
-  find "$OUT/results" -name '*.log' -size +2M -exec truncate -s 2M {} + 2>/dev/null || true
-  echo "gpu_session: results in $OUT/results -> copy into benchmarks/results/"
+  # Results (JSON) to $OUT/results, logs (server/worker output) to $OUT/logs.
+  mkdir -p "$OUT/results" "$OUT/logs"
+  (cd "$STATE/results" && find . -type f ! -name '*.log' -exec cp --parents {} "$OUT/results/" \;)
+  (cd "$STATE/results" && find . -type f -name '*.log' -exec cp --parents {} "$OUT/logs/" \;)
+  find "$OUT/logs" -name '*.log' -size +2M -exec truncate -s 2M {} + 2>/dev/null || true
+  echo "gpu_session: results in $OUT/results -> copy into benchmarks/results/ (logs: $OUT/logs)"
 }
 
 case "$STEP" in
@@ -82,14 +86,14 @@ case "$STEP" in
     ;;
   accuracy)
     "$PY" benchmarks/accuracy/eval.py --model-dir "$(acc_model)" \
-      --out-dir "$STATE/results/accuracy" --timeout-s $((BUDGET / 3)) || rc=$?
+      --out-dir "$STATE/results/accuracy" --timeout-s $((BUDGET / 3)) ${ACC_ARGS:-} || rc=$?
     collect; exit "${rc:-0}"
     ;;
   e2e-quick|e2e-full)
     need_model llama-3.1-8b
     scale=0.25; [ "$STEP" = e2e-full ] && scale=1
     "$PY" benchmarks/e2e/run_e2e.py --model-dir "$MODELS/llama-3.1-8b" --scale "$scale" \
-      --work-dir "$STATE/e2e-work" --results-dir "$STATE/results/e2e" \
+      --work-dir "$STATE/results/e2e/work" --results-dir "$STATE/results/e2e" \
       --budget-s "$BUDGET" ${E2E_ARGS:-} || rc=$?
     collect; exit "${rc:-0}"
     ;;
@@ -97,14 +101,14 @@ case "$STEP" in
     need_model llama-3.1-8b
     mode=--quick; [ "$STEP" = serving-full ] && mode=
     "$PY" benchmarks/serving/run_serving.py $mode --model-dir "$MODELS/llama-3.1-8b" \
-      --work-dir "$STATE/serving-work" --results-dir "$STATE/results/serving" \
+      --work-dir "$STATE/results/serving/work" --results-dir "$STATE/results/serving" \
       --budget-s "$BUDGET" ${SERVING_ARGS:-} || rc=$?
     collect; exit "${rc:-0}"
     ;;
   serving-70b)
     need_model llama-3.1-70b
     "$PY" benchmarks/serving/run_serving.py --quick --model-dir "$MODELS/llama-3.1-70b" \
-      --workloads random-10k-100,random-5k-100 --work-dir "$STATE/serving-work" \
+      --workloads random-10k-100,random-5k-100 --work-dir "$STATE/results/serving/work" \
       --results-dir "$STATE/results/serving" --budget-s "$BUDGET" ${SERVING_ARGS:-} || rc=$?
     collect; exit "${rc:-0}"
     ;;

@@ -1,8 +1,9 @@
 """Shared plumbing of the serving, e2e and accuracy harnesses (standard library only).
 
 - ``Backend``: one measured configuration: an install (``stock`` vLLM at
-  ``/tmp/site`` or the ``fork`` at ``/tmp/site-fork``, both overridable) and an attention
-  backend name. Each backend runs in its own process with its own ``PYTHONPATH``.
+  ``/tmp/site`` or the ``fork`` at ``/tmp/site-fork``, both overridable) and an
+  attention backend name. Each backend runs in its own process with its own
+  ``PYTHONPATH``.
 - Environment facts recorded with every result: GPU, driver, commit, versions.
 - ``run_logged``: a subprocess with a hard timeout whose output goes to a log file, and
   whose log tail is printed when it fails.
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -268,10 +270,8 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     try:
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait(timeout=grace_s)
 
 

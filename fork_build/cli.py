@@ -30,7 +30,7 @@ def _patch(args) -> str:
 def _pr_patch(args) -> str:
     out = args.out or Path("dist") / source.PATCH_NAME
     written = source.write_pr_patch(upstream.fetch("sdist", args.upstream_sdist), out)
-    return f"wrote {written} (check: git apply --check {written} in {source.SDIST_ROOT})"
+    return f"wrote {written} (apply with `git apply` in a pristine {source.SDIST_ROOT})"
 
 
 def _source_tree(args) -> str:
@@ -47,9 +47,15 @@ def _fetch(args) -> str:
 
 
 def _show(args) -> str:
-    lines = [f"fork version: {pins.FORK_VERSION} (upstream vLLM {pins.UPSTREAM_VERSION})"]
+    lines = [f"fork version: {pins.FORK_VERSION} (vLLM {pins.UPSTREAM_VERSION} + ours)"]
     lines += [f"overlay: {p}" for p in plan.overlay_files()]
-    lines += [f"edited:  {p}" for p in plan.edited_files()]
+    installed = plan.edited_files()
+    lines += [f"edited:  {p}" for p in installed]
+    lines += [
+        f"edited:  {p} (source trees only)"
+        for p in plan.edited_files(source=True)
+        if p not in installed
+    ]
     return "\n".join(lines)
 
 
@@ -79,7 +85,9 @@ def parser() -> argparse.ArgumentParser:
     cmd.add_argument("--out", type=Path, default=Path("dist"), help="default: dist")
     upstream_option(cmd, "wheel")
 
-    cmd = add("patch", _patch, "patch an installed vLLM 0.26.0 in place (offline)")
+    cmd = add(
+        "patch", _patch, f"patch an installed vLLM {pins.UPSTREAM_VERSION} (offline)"
+    )
     cmd.add_argument(
         "--site-packages",
         type=Path,

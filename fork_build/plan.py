@@ -11,7 +11,6 @@ so a caller that gets the list back can write it without further failures.
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ class Edit:
     text: str  # inserted (or replacing) text
     why: str
     source: str  # the .toml file that declares it, for messages
+    source_only: bool = False  # a build file: only in source trees, not installs
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,10 @@ class Change:
 
 
 def load_edits(root: Path = REPO_ROOT) -> list[Edit]:
+    try:
+        import tomllib
+    except ImportError:
+        raise BuildError("the fork's build needs Python 3.11 or newer") from None
     edits = []
     sources = sorted((root / "envs_patch").glob("*.toml"))
     if not sources:
@@ -58,7 +62,7 @@ def load_edits(root: Path = REPO_ROOT) -> list[Edit]:
         for i, item in enumerate(data.get("edit", [])):
             where = f"{source.name} edit #{i + 1}"
             modes = [m for m in EDIT_MODES if m in item]
-            unknown = set(item) - {"file", "anchor", "why", *EDIT_MODES}
+            unknown = set(item) - {"file", "anchor", "why", "source_only", *EDIT_MODES}
             if len(modes) != 1 or unknown or not item.get("file"):
                 raise BuildError(
                     f"{where}: needs `file`, `anchor`, `why` and exactly one of "
@@ -74,13 +78,16 @@ def load_edits(root: Path = REPO_ROOT) -> list[Edit]:
                     text=item[modes[0]],
                     why=item.get("why", ""),
                     source=source.name,
+                    source_only=bool(item.get("source_only", False)),
                 )
             )
     return edits
 
 
-def edited_files(root: Path = REPO_ROOT) -> list[str]:
-    return sorted({edit.file for edit in load_edits(root)})
+def edited_files(root: Path = REPO_ROOT, *, source: bool = False) -> list[str]:
+    """Upstream files the edits change (in an installed tree, or in a source tree)."""
+    edits = load_edits(root)
+    return sorted({e.file for e in edits if source or not e.source_only})
 
 
 def apply_edits(path: str, text: str, edits: list[Edit]) -> tuple[str, list[str]]:
@@ -140,8 +147,9 @@ def overlay_files(root: Path = REPO_ROOT) -> dict[str, Path]:
 
 def upstream_version_of(version_py: str) -> tuple[str, str | None]:
     """(version, commit id) from the text of an upstream vllm/_version.py."""
-    version = re.search(r"^__version__ = version = ['\"]([^'\"]+)['\"]", version_py, re.M)
-    commit = re.search(r"^__commit_id__ = commit_id = ['\"]([^'\"]+)['\"]", version_py, re.M)
+    quoted = r"""['"]([^'"]+)['"]"""
+    version = re.search(r"^__version__ = version = " + quoted, version_py, re.M)
+    commit = re.search(r"^__commit_id__ = commit_id = " + quoted, version_py, re.M)
     if version is None:
         raise BuildError("cannot read __version__ from vllm/_version.py")
     return version.group(1), commit.group(1) if commit else None
@@ -170,10 +178,15 @@ def compute_changes(
     read_upstream: Callable[[str], bytes | None],
     *,
     with_version: bool,
+    source: bool = False,
     root: Path = REPO_ROOT,
 ) -> list[Change]:
-    """All changes the fork makes to the upstream tree read by `read_upstream`."""
-    edits = load_edits(root)
+    """All changes the fork makes to the upstream tree read by `read_upstream`.
+
+    `source`: the tree is an upstream source tree (sdist), so the edits of build
+    files (`source_only = true`, e.g. setup.py) apply too.
+    """
+    edits = [e for e in load_edits(root) if source or not e.source_only]
     overlay = overlay_files(root)
     changes, errors = [], []
     for path, local in overlay.items():

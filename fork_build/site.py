@@ -1,4 +1,4 @@
-"""Patch an existing vLLM 0.26.0 installation in place (and revert it), offline.
+"""Patch an installed stock vLLM (the pinned release) in place, offline; revert it.
 
 `patch_site(site)` turns the stock vLLM in `site` (a site-packages directory or a
 `pip install --target` directory: the one that contains `vllm/`) into the fork:

@@ -29,25 +29,20 @@ SUBJECT = (
 )
 
 
-def _sdist_reader(sdist: Path):
-    tar = tarfile.open(sdist, "r:gz")
-    members = {m.name: m for m in tar.getmembers() if m.isfile()}
-
-    def read_upstream(path: str) -> bytes | None:
-        member = members.get(f"{SDIST_ROOT}/{path}")
-        if member is None:
-            return None
-        f = tar.extractfile(member)
-        assert f is not None
-        return f.read()
-
-    return tar, read_upstream
-
-
 def sdist_changes(sdist: Path) -> list[plan.Change]:
-    tar, read_upstream = _sdist_reader(sdist)
-    with tar:
-        return plan.compute_changes(read_upstream, with_version=False)
+    """The fork's changes against the files of the upstream sdist."""
+    with tarfile.open(sdist, "r:gz") as tar:
+        members = {m.name: m for m in tar.getmembers() if m.isfile()}
+
+        def read_upstream(path: str) -> bytes | None:
+            member = members.get(f"{SDIST_ROOT}/{path}")
+            if member is None:
+                return None
+            f = tar.extractfile(member)
+            assert f is not None
+            return f.read()
+
+        return plan.compute_changes(read_upstream, with_version=False, source=True)
 
 
 # ---------------------------------------------------------------- the PR patch
@@ -63,7 +58,7 @@ def _text_lines(change: plan.Change, data: bytes | None) -> list[str]:
     try:
         return data.decode("utf-8").splitlines(keepends=True)
     except UnicodeDecodeError:
-        raise BuildError(f"{change.path} is not UTF-8 text; the PR patch is text") from None
+        raise BuildError(f"{change.path} is not UTF-8 text (PR patch)") from None
 
 
 def file_diff(change: plan.Change) -> str:
@@ -75,7 +70,7 @@ def file_diff(change: plan.Change) -> str:
         out += ["new file mode 100644\n", f"index 0000000..{new_id[:7]}\n"]
         out += ["--- /dev/null\n", f"+++ b/{path}\n"]
     else:
-        out += [f"index {old_id[:7]}..{new_id[:7]} 100644\n"]
+        out += [f"index {old_id[:7]}..{new_id[:7]}\n"]  # mode unchanged
         out += [f"--- a/{path}\n", f"+++ b/{path}\n"]
     old_lines = _text_lines(change, change.old)
     new_lines = _text_lines(change, change.new)
@@ -91,7 +86,7 @@ def file_diff(change: plan.Change) -> str:
 
 def patch_text(changes: list[plan.Change]) -> str:
     changes = sorted(changes, key=lambda c: c.path)
-    body = [f"Changes against vLLM {pins.UPSTREAM_VERSION} (see docs/upstream-pr.md):", ""]
+    body = [f"Changes against vLLM {pins.UPSTREAM_VERSION} (docs/upstream-pr.md):", ""]
     for c in changes:
         body.append(f"  {c.kind:8} {c.path}")
     header = (
@@ -122,12 +117,12 @@ def _pkg_info_with_fork_version(data: bytes) -> bytes:
     return pattern.sub(f"Version: {pins.FORK_VERSION}", text, count=1).encode()
 
 
-def write_source_tree(sdist: Path, out_dir: Path, *, root: Path = plan.REPO_ROOT) -> Path:
+def write_source_tree(sdist: Path, out_dir: Path, root: Path = plan.REPO_ROOT) -> Path:
     """Write the patched upstream source tree to `out_dir/vllm-<fork version>`.
 
     setuptools-scm takes the version from PKG-INFO in a tree without git, so the
     tree's PKG-INFO carries the fork version; upstream's setup.py then appends its
-    device suffix (e.g. `0.26.0+tritonattn.1.rocm711`).
+    device suffix (e.g. `+tritonattn.1.rocm711`).
     """
     target = out_dir / TREE_NAME
     if target.exists():

@@ -1,7 +1,7 @@
 """Accuracy of the tiny trained model through vLLM, per attention backend.
 
 Each backend runs in its own process (``PYTHONPATH`` = its install) and answers the
-same problems greedily: ``addition`` (short prompts) and ``recall`` (5-9k-token prompts
+same problems greedily: ``addition`` (short prompts) and ``recall`` (5-8k-token prompts
 whose answer sits >= 4096 tokens back: many KV pages, chunked prefill with
 ``max_num_batched_tokens=2048``, long-context decode). The report is the lm_eval table
 the seed PRs show, with stderr = sqrt(p(1-p)/n), plus how many answers differ from
@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))
 
-from benchmarks import harness
-from benchmarks.accuracy import tasks
+from benchmarks import harness  # noqa: E402
+from benchmarks.accuracy import tasks  # noqa: E402
 
 DEFAULT_BACKENDS = "FLASH_ATTN,TRITON_ATTN-stock,TRITON_ATTN-fork"
 TASK_VERSION = 1
@@ -93,7 +93,8 @@ def compare(results: dict[str, dict], baseline: str = harness.BASELINE) -> list[
                     "baseline_acc": b["acc"],
                     "delta": delta,
                     "baseline_stderr": b["stderr"],
-                    # A tiny epsilon keeps exact ties at one stderr a pass despite rounding.
+                    # A tiny epsilon keeps exact ties at one stderr a pass despite
+                    # rounding.
                     "pass": abs(delta) <= b["stderr"] + 1e-12,
                 }
             )

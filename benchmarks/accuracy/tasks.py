@@ -6,15 +6,16 @@ The model reads one character-level stream of items, each ending in ``;``:
 - key-value pair: ``Q07;`` (a one-letter key, a two-digit value).
 
 Within one stream every key keeps one value, so whenever a key comes back its value is
-predictable from its earlier occurrence, however far back. Training streams contain a few
-"rare" keys that occur once early and once more near the end, so the model learns recall
-over thousands of positions. Eval problems:
+predictable from its earlier occurrence, however far back. Training streams contain
+a few "rare" keys that occur once early and once more near the end, so the model
+learns recall over thousands of positions. Eval problems:
 
 - ``addition``: a few random items, then ``a+b=``; the answer is ``str(a+b)``.
 - ``recall``: a stream of ``context_len`` tokens in which the queried key occurs exactly
-  once, at least ``min_distance`` (4096) tokens before the query; filler is addition items
-  and pairs of other keys; the prompt ends with the key, the answer is its two digits.
-  This runs long prompts through many KV pages, chunked prefill and split-KV decode.
+  once, at least ``min_distance`` (4096) tokens before the query; filler is addition
+  items and pairs of other keys; the prompt ends with the key, the answer is its two
+  digits. This runs long prompts through many KV pages, chunked prefill and split-KV
+  decode.
 
 A greedy answer is correct iff the generated characters up to ``;`` equal the answer.
 """
@@ -56,25 +57,29 @@ def random_dictionary(rng: random.Random) -> dict[str, int]:
 def training_stream(rng: random.Random, length: int, p_pair: float = 0.5) -> str:
     """One training stream of exactly ``length`` characters (BOS not included).
 
-    A few rare keys are placed once in the first 40% and again in the last 10%; the
-    other keys repeat throughout with consistent values.
+    4-12 rare keys occur once at random points of the first 55% and once more,
+    interleaved with filler, in the last 10%: long-range recall. The other keys repeat
+    throughout with consistent values: recall at short and middle distances.
     """
     values = random_dictionary(rng)
     keys = list(KEYS)
     rng.shuffle(keys)
-    n_rare = rng.randint(2, 6)
+    n_rare = rng.randint(4, 12)
     rare, common = keys[:n_rare], keys[n_rare:]
+    place_at = sorted(rng.uniform(0.0, 0.55) * length for _ in rare)
+    recall_from = 0.9 * length
     parts: list[str] = []
     size = 0
-    placed_early: list[str] = []
-    pending = list(rare)
+    n_placed = 0
+    to_recall: list[str] = []
     while size < length:
-        if pending and size >= rng.uniform(0, 0.4) * length:
-            key = pending.pop()
+        if n_placed < n_rare and size >= place_at[n_placed]:
+            key = rare[n_placed]
+            n_placed += 1
+            to_recall.append(key)
             item = pair_item(key, values[key])
-            placed_early.append(key)
-        elif placed_early and size >= 0.9 * length:
-            key = placed_early.pop()
+        elif to_recall and size >= recall_from and rng.random() < 0.5:
+            key = to_recall.pop(rng.randrange(len(to_recall)))
             item = pair_item(key, values[key])
         elif rng.random() < p_pair:
             key = rng.choice(common)
@@ -134,7 +139,7 @@ def recall_problems(
     n: int,
     seed: int,
     min_len: int = 5000,
-    max_len: int = 9000,
+    max_len: int = 8192,
     min_distance: int = 4096,
 ) -> list[Problem]:
     rng = random.Random(seed)

@@ -11,7 +11,8 @@ any checkpoint, then checks exact-match accuracy with the trained model itself
 GPU (about 3 minutes on one H200):
     python3 benchmarks/accuracy/train_tiny.py --out benchmarks/accuracy/model
 CPU smoke test (a few steps at toy size):
-    python3 benchmarks/accuracy/train_tiny.py --device cpu --toy --max-steps 3 --out /tmp/m
+    python3 benchmarks/accuracy/train_tiny.py --device cpu --toy --max-steps 3 \
+        --out /tmp/m
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))
 
-from benchmarks.accuracy import tasks
-from benchmarks.models.configs import ACCURACY_MODEL, write_json
-from benchmarks.models.tokenizer import (
+from benchmarks.accuracy import tasks  # noqa: E402
+from benchmarks.models.configs import ACCURACY_MODEL, write_json  # noqa: E402
+from benchmarks.models.tokenizer import (  # noqa: E402
     char_vocab_size,
     make_char_tokenizer,
     special_ids,
@@ -95,7 +96,8 @@ def batch_producer(seed: int, schedule, out: queue.Queue, stop: threading.Event)
 
 
 def lr_at(progress: float, peak: float, warmup: float = 0.05) -> float:
-    """Linear warm-up over the first ``warmup`` of progress, then cosine to 5% of peak."""
+    """Linear warm-up over the first ``warmup`` of progress, then cosine to 5% of
+    peak."""
     progress = min(max(progress, 0.0), 1.0)
     if progress < warmup:
         return peak * progress / warmup
@@ -104,7 +106,8 @@ def lr_at(progress: float, peak: float, warmup: float = 0.05) -> float:
 
 
 def teacher_forced_accuracy(model, problems, device, batch: int) -> float:
-    """Fraction of problems whose answer + ';' is the argmax at every answer position."""
+    """Fraction of problems whose answer + ';' is the argmax at every answer
+    position."""
     import torch
 
     correct = 0
@@ -234,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     model.eval()
     n_add = args.check_problems
     add = tasks.addition_problems(n_add, seed=args.seed + 1)
-    rec_len = (600, 900, 300) if args.toy else (5000, 9000, 4096)
+    rec_len = (600, 900, 300) if args.toy else (5000, 8192, 4096)
     rec = tasks.recall_problems(
         max(2, n_add // 4),
         seed=args.seed + 2,

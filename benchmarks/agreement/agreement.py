@@ -105,9 +105,9 @@ def _triton_compiles() -> dict[str, int]:
 
 def run_worker(args) -> None:
     import torch
-    from vllm.inputs import TokensPrompt
 
     from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
 
     prompts = json.loads(Path(args.prompts_file).read_text())
     start = time.perf_counter()

@@ -14,7 +14,8 @@ def record_key(r: dict) -> tuple:
 
 
 def add_ratios(records: list[dict], baseline: str = BASELINE) -> list[dict]:
-    """Copy of ``records`` with ``ratio_to_flash_attn`` set (None without a baseline)."""
+    """Copy of ``records`` with ``ratio_to_flash_attn`` set (None without a
+    baseline)."""
     base = {
         record_key(r): r["total_tok_per_s"] for r in records if r["backend"] == baseline
     }

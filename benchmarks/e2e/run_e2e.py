@@ -31,9 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))
 
-from benchmarks import harness
-from benchmarks.e2e import results as res
-from benchmarks.e2e.workloads import (
+from benchmarks import harness  # noqa: E402
+from benchmarks.e2e import results as res  # noqa: E402
+from benchmarks.e2e.workloads import (  # noqa: E402
     WORKLOADS,
     make_requests,
     parse_workloads,

@@ -3,8 +3,8 @@
 The GPU host has no network and no weights. A "model" here is a directory with the real
 ``config.json`` dimensions, a ``generation_config.json`` and a tokenizer made locally
 (see ``tokenizer.py``); vLLM runs it with ``--load-format dummy``. Only the attention
-shapes (heads, KV heads, head size, layers, context length, sliding window, soft-cap) and
-the matmul sizes matter for speed, and those are the published ones.
+shapes (heads, KV heads, head size, layers, context length, sliding window, soft-cap)
+and the matmul sizes matter for speed, and those are the published ones.
 
 ``ACCURACY_MODEL`` is the tiny Llama that ``benchmarks/accuracy/train_tiny.py`` trains;
 its directory holds real weights and a character-level tokenizer instead.
@@ -55,14 +55,16 @@ def _llama31(hidden: int, layers: int, heads: int, kv_heads: int, inter: int) ->
 
 
 # name -> {"config": HF config.json body (token ids are filled in from the tokenizer),
-#          "tokenizer": "bench" | "char", "serving_tp": tensor-parallel size for serving,
+#          "tokenizer": "bench" | "char",
+#          "serving_tp": tensor-parallel size for serving,
 #          "note": what the model is for}
 MODEL_CONFIGS: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": {
         "config": _llama31(4096, 32, 32, 8, 14336),
         "tokenizer": "bench",
         "serving_tp": 1,
-        "note": "Llama-3.1-8B dimensions: the main throughput model (GQA 4:1, head 128)",
+        "note": "Llama-3.1-8B dimensions: the main throughput model "
+        "(GQA 4:1, head 128)",
     },
     "llama-3.1-70b": {
         "config": _llama31(8192, 80, 64, 8, 28672),
@@ -124,9 +126,10 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
     },
 }
 
-# The tiny model trained for the accuracy harness. Head size 128 and 4 query heads per KV
-# head, like Llama-3.1-8B; RoPE with max_position_embeddings 16384 so the long-context
-# recall problems (8-10k tokens) fit. vocab_size is set from the character tokenizer.
+# The tiny model trained for the accuracy harness. Head size 128 and 4 query heads per
+# KV head, like Llama-3.1-8B; RoPE with max_position_embeddings 16384 so the
+# long-context recall problems (5-8k tokens; training streams of 9216) fit.
+# vocab_size is set from the character tokenizer.
 ACCURACY_MODEL: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",

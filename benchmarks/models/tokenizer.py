@@ -1,7 +1,7 @@
 """Tokenizers made locally (the GPU host has no network and no model repositories).
 
 Two kinds, both ``tokenizers`` models saved as ``tokenizer.json`` plus a
-``tokenizer_config.json`` and ``chat_template.jinja`` that ``transformers.AutoTokenizer``
+``tokenizer_config.json`` (with a chat template) that ``transformers.AutoTokenizer``
 loads offline:
 
 - ``bench``: a word-level tokenizer over generated pseudo-words, split on whitespace.

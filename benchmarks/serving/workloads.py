@@ -3,8 +3,8 @@
 All workloads use ``vllm bench serve``'s ``random`` dataset (no ShareGPT file on the GPU
 host): the "sharegpt-like" one has the ShareGPT means of the seed PR (215 prompt / 197
 output tokens per request) with ``--random-range-ratio 0.9``, i.e. prompts of U[22, 408]
-tokens (the BOS included) and outputs of U[19, 375]. The two long-prompt workloads are the
-seed PR's 70B runs; decode-heavy keeps 1000-token prompts generating 1000 tokens.
+tokens (the BOS included) and outputs of U[19, 375]. The two long-prompt workloads are
+the seed PR's 70B runs; decode-heavy keeps 1000-token prompts generating 1000 tokens.
 
 ``rates``: request rates (req/s) below saturation, run after the saturated pass in full
 mode. ``quick_prompts``: prompt count of --quick mode, sized so that two backends fit in

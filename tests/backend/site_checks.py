@@ -44,10 +44,9 @@ def check(fn):
 def check_registry():
     import ast
 
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
     import vllm
     from vllm.v1.attention.backends import triton_attn as ours
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     cls = AttentionBackendEnum.TRITON_ATTN.get_class()
     assert cls is ours.TritonAttentionBackend, cls
@@ -79,12 +78,11 @@ class _Records(logging.Handler):
 
 @check
 def check_rocm_alias():
+    from vllm.v1.attention.backends import triton_attn as ours
     from vllm.v1.attention.backends.registry import (
         AttentionBackendEnum,
         register_backend,
     )
-
-    from vllm.v1.attention.backends import triton_attn as ours
 
     alias_path = f"{ours.__name__}.RocmAttentionBackend"
     note = "registry patched by the frame"
@@ -120,6 +118,7 @@ def check_rocm_alias():
 
 def _selector_config(**overrides):
     import torch
+
     from vllm.platforms.interface import DeviceCapability
 
     config = {
@@ -142,8 +141,8 @@ def _selector_config(**overrides):
 @check
 def check_capabilities():
     import torch
-    from vllm.platforms.interface import DeviceCapability
 
+    from vllm.platforms.interface import DeviceCapability
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend as B
 
     accepted = [
@@ -278,14 +277,14 @@ def check_refuses_stock_subclasses():
 NUM_Q_HEADS, NUM_KV_HEADS = 4, 2
 
 
-def _fake_vllm_config(max_num_seqs=16):
+def _fake_vllm_config(max_num_seqs=16, max_num_batched_tokens=256):
     """The parts of VllmConfig the builder reads (VllmConfig() itself needs the
     engine's optional dependencies, absent from the CPU test environment)."""
     import torch
 
     return SimpleNamespace(
         scheduler_config=SimpleNamespace(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=256
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
         ),
         model_config=SimpleNamespace(
             get_num_attention_heads=lambda _: NUM_Q_HEADS,
@@ -298,11 +297,11 @@ def _fake_vllm_config(max_num_seqs=16):
     )
 
 
-def _builder(block_size, head_size, kv_dtype, max_num_seqs=16):
+def _builder(block_size, head_size, kv_dtype, max_num_seqs=16, max_tokens=256):
     import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadataBuilder
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     spec = FullAttentionSpec(
         block_size=block_size,
@@ -311,12 +310,16 @@ def _builder(block_size, head_size, kv_dtype, max_num_seqs=16):
         dtype=kv_dtype,
     )
     return TritonAttentionMetadataBuilder(
-        spec, ["layers.0.attn"], _fake_vllm_config(max_num_seqs), torch.device("cpu")
+        spec,
+        ["layers.0.attn"],
+        _fake_vllm_config(max_num_seqs, max_tokens),
+        torch.device("cpu"),
     )
 
 
 def _common_metadata(query_lens, seq_lens, block_table, slot_mapping, num_tokens):
     import torch
+
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     starts = [0]
@@ -339,9 +342,9 @@ def _common_metadata(query_lens, seq_lens, block_table, slot_mapping, num_tokens
 @check
 def check_builder():
     import torch
-    from vllm.v1.attention.backend import AttentionCGSupport
 
     from vllm.attention.ops.triton_paged_decode_attention_2d import choose_num_splits
+    from vllm.v1.attention.backend import AttentionCGSupport
     from vllm.v1.attention.backends.triton_attn import (
         _CPU_STAND_IN_NUM_SMS,
         DECODE_QUERY_LEN,
@@ -438,10 +441,63 @@ def check_warm_up():
     layer = SimpleNamespace(
         impl=impl, _k_scale=torch.tensor(1.0), _v_scale=torch.tensor(1.0)
     )
-    for batch in (decodes[0], prefills[-1]):
+    for batch in (decodes[0], prefills[2]):  # 1 decode; 3 decodes + a prefill
         for layout in ("qkv_view", "contiguous"):
             builder._run_warm_up_batch(layer, batch, 64, layout)
+
+    # warm_up() over a group of three layers with two kernel variants (plain,
+    # sliding window): each variant once, and never twice per process.
+    from vllm.v1.attention.backends import triton_attn
+
+    layers = {
+        f"layers.{i}.attn": _FakeAttentionLayer(
+            TritonAttentionImpl(
+                num_heads=NUM_Q_HEADS,
+                head_size=64,
+                scale=0.125,
+                num_kv_heads=NUM_KV_HEADS,
+                sliding_window=window,
+            )
+        )
+        for i, window in enumerate((None, 8, None))
+    }
+    builder = _builder(16, 64, torch.bfloat16)
+    # The plan was checked above; one batch keeps the interpreter run short.
+    builder.warm_up_plan = lambda stride: plan[:1]
+    builder.vllm_config.compilation_config.static_forward_context = layers
+    builder.layer_names = list(layers)
+    before = len(triton_attn._WARMED_UP)
+    builder.warm_up(64)
+    assert len(triton_attn._WARMED_UP) == before + 2, triton_attn._WARMED_UP
+    builder.warm_up(64)
+    assert len(triton_attn._WARMED_UP) == before + 2
     return f"{len(decodes)} decode and {len(prefills)} prefill batches"
+
+
+def _fake_attention_layer_class():
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    class FakeAttentionLayer(AttentionLayerBase):
+        """What the warm-up reads of vLLM's Attention layer: impl and scales."""
+
+        def __init__(self, impl):
+            import torch
+
+            self.impl = impl
+            self._k_scale = torch.tensor(1.0)
+            self._v_scale = torch.tensor(1.0)
+
+        def get_attn_backend(self):
+            raise NotImplementedError
+
+        def get_kv_cache_spec(self, vllm_config):
+            raise NotImplementedError
+
+    return FakeAttentionLayer
+
+
+def _FakeAttentionLayer(impl):  # noqa: N802 - reads as a class at call sites
+    return _fake_attention_layer_class()(impl)
 
 
 # ----------------------------------------------------------------------------------
@@ -688,7 +744,7 @@ def main(argv: list[str]) -> int:
         try:
             detail = CHECKS[name]() or ""
             ok = True
-        except Exception:  # noqa: BLE001 - every failure becomes the check's report
+        except Exception:  # every failure becomes the check's report
             detail, ok = traceback.format_exc(), False
             failed += 1
         print("CHECK " + json.dumps({"name": name, "ok": ok, "detail": detail}))

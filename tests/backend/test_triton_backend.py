@@ -34,3 +34,4 @@ def _check_names() -> list[str]:
 def test_backend(site_results, name):
     result = site_results[name]
     assert result["ok"], f"check {name} failed:\n{result['detail']}"
+    print(result["detail"])  # shown with pytest -rP

@@ -93,7 +93,8 @@ def assert_close(actual, expected, *, dtype, atol, rtol, what="output"):
         )
         raise AssertionError(
             f"{what} ({dtype}) differs: max |diff| {diff.max().item():.3e}, worst at "
-            f"{index}: got {actual[index].item():.5f}, want {expected[index].item():.5f}"
+            f"{index}: got {actual[index].item():.5f}, "
+            f"want {expected[index].item():.5f}"
             f" (atol {atol}, rtol {rtol}); {int((excess > 0).sum())} of "
             f"{excess.numel()} elements out of tolerance"
         )

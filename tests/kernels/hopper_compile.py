@@ -44,6 +44,7 @@ def compile_for_target(kernel, kwargs: dict, *, target: GPUTarget = HOPPER):
         "num_stages": kwargs.pop("num_stages", 3),
     }
     constexpr_names = {kernel.arg_names[i] for i in kernel.constexprs}
+    unspecialized = {p.name for p in kernel.params if p.do_not_specialize}
     signature, constexprs, attrs = {}, {}, {}
     for index, name in enumerate(kernel.arg_names):
         value = kwargs[name]
@@ -56,6 +57,9 @@ def compile_for_target(kernel, kwargs: dict, *, target: GPUTarget = HOPPER):
             signature[name] = "*" + _TRITON_DTYPE[value.dtype]
             divisible = value.data_ptr() % 16 == 0
         elif isinstance(value, int):
+            if name in unspecialized:
+                signature[name] = "i32"
+                continue
             if value == 1:
                 signature[name] = "constexpr"
                 constexprs[name] = 1
@@ -175,10 +179,10 @@ def _prefix_prefill_cases():
     yield launch(256, 2, 128, torch.bfloat16, 16384)
 
 
-def _cache_write_cases():
+def _cache_write_cases(*cache_dtypes):
     from vllm.attention.ops import paged_cache_write as pcw
 
-    for cache_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+    for cache_dtype in cache_dtypes or (torch.bfloat16, torch.float8_e4m3fn):
         key = torch.empty((16, 8, 128), dtype=torch.bfloat16)
         cache = torch.empty((4, 2, 8, 64, 128), dtype=cache_dtype)
         scale = torch.ones(1) if cache_dtype != torch.bfloat16 else None
@@ -210,7 +214,7 @@ def main() -> int:
     for name, kwargs in _cache_write_cases():
         summary = ptx_summary(compile_for_target(_paged_cache_write_kernel, kwargs))
         print(f"ok  {name}: {summary}")
-    if MI300.backend in triton.backends.backends:
+    if "amd" in triton.backends.backends:
         compiled = compile_for_target(
             _prefix_prefill_kernel, _amd_prefix_prefill_kwargs(), target=MI300
         )
@@ -220,6 +224,9 @@ def main() -> int:
             f"{'ok ' if mfma else 'BAD'} gfx942 prefill fp8-e4m3fnuz all features: "
             f"{mfma} v_mfma"
         )
+        for name, kwargs in _cache_write_cases(torch.float8_e4m3fnuz):
+            compile_for_target(_paged_cache_write_kernel, kwargs, target=MI300)
+            print(f"ok  gfx942 {name}")
     return 0 if ok else 1
 
 

@@ -10,6 +10,10 @@ each with and without split-KV. GPU with GPU_FULL=1: the cross product
 import itertools
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -202,6 +206,18 @@ def test_split_counts_and_empty_splits(num_splits):
 
 
 @pytest.mark.parametrize("num_splits", [1, 2])
+def test_window_edge_bulk_and_tail_in_one_range(num_splits):
+    # Context 300, window 150, 64-key tiles: a masked window-edge tile, unmasked
+    # bulk tiles and a masked partial tail; 129 and 64 end on/after tile edges.
+    _run_and_compare(
+        seq_lens=(300, 129, 64), num_kv_heads=1, group=2, head_size=64,
+        block_size=16, q_dtype=torch.float16, cache_dtype=torch.float16,
+        num_splits=num_splits, features={"window": 150, "alibi": True},
+        workspace=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
 def test_seq_start_subrange(num_splits):
     # A launch over sequences [2, 4) must leave rows 0 and 1 alone.
     _run_and_compare(
@@ -364,6 +380,97 @@ def test_unsupported_inputs_raise(build, call, match):
     batch = _small_batch(**build)
     with pytest.raises(ValueError, match=match):
         _call(batch, **call)
+
+
+# ------------------------------------------------- offline compile (no GPU needed)
+
+# The interpreter does not lower anything; compiling the real launches for real
+# targets on the CPU catches lowering errors (and lost pipelining) before a GPU
+# session does. Variants: the plain 2D kernel, and split-KV with fp8 and every
+# feature on a padded head size and GQA group (decode kernel + merge).
+COMPILE_VARIANTS = {
+    "2d_bf16_d128": {"fp8": False, "num_splits": 1, "features": False,
+                     "head_size": 128, "group": 4, "block_size": 16},
+    "split_fp8_all_d80": {"fp8": True, "num_splits": 4, "features": True,
+                          "head_size": 80, "group": 7, "block_size": 64},
+}  # fmt: skip
+
+
+def _decode_launches(*, fp8, num_splits, features, head_size, group, block_size, hip):
+    """The launches of one decode call, built from CPU tensors (only dtypes,
+    shapes, strides and alignment matter for compiling)."""
+    from vllm.attention.ops import triton_paged_decode_attention_2d as mod
+
+    num_kv_heads = 2
+    q_heads = num_kv_heads * group
+    query = torch.empty((8, q_heads, head_size), dtype=torch.bfloat16)
+    cache_dtype = torch.bfloat16
+    if fp8:
+        cache_dtype = torch.float8_e4m3fnuz if hip else torch.float8_e4m3fn
+    cache = torch.empty((4, 2, num_kv_heads, block_size, head_size), dtype=cache_dtype)
+    heads = torch.empty(q_heads) if features else None
+    return mod._launches(
+        query=query,
+        key_cache=cache[:, 0],
+        value_cache=cache[:, 1],
+        output=torch.empty_like(query),
+        block_table=torch.zeros((8, 37), dtype=torch.int32),
+        seq_lens=torch.zeros(8, dtype=torch.int32),
+        softmax_scale=0.1,
+        seq_start=0,
+        num_seqs=8,
+        k_scale=torch.ones(1) if fp8 else None,
+        v_scale=torch.ones(1) if fp8 else None,
+        sliding_window=64 if features else None,
+        alibi_slopes=heads,
+        logits_soft_cap=5.0 if features else None,
+        sinks=heads,
+        num_splits=num_splits,
+        workspace=torch.empty(8 * q_heads * num_splits * (head_size + 1))
+        if num_splits > 1
+        else None,
+        config=dc.heuristic_decode_config(
+            head_size=head_size, kv_dtype=cache_dtype, is_hip=hip
+        ),
+    )
+
+
+def compile_decode_main() -> None:
+    """Subprocess entry of the test below (TRITON_INTERPRET unset): compile every
+    launch of every variant for sm90 and gfx942; print one line per kernel."""
+    from tests.kernels.hopper_compile import HOPPER, MI300, compile_for_target
+
+    for target in (HOPPER, MI300):
+        hip = target.backend == "hip"
+        for name, variant in COMPILE_VARIANTS.items():
+            for kernel, _, kwargs in _decode_launches(**variant, hip=hip):
+                compiled = compile_for_target(kernel, kwargs, target=target)
+                ttgir = compiled.asm["ttgir"]
+                pipelined = "async_copy_global_to_local" in ttgir
+                print(target.backend, name, kernel.__name__, pipelined, flush=True)
+
+
+_COMPILE_MAIN = "import tests.kernels.test_paged_decode as t; t.compile_decode_main()"
+
+
+def test_compiles_for_hopper_and_mi300():
+    pytest.importorskip("triton.backends.nvidia")
+    pytest.importorskip("triton.backends.amd")
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPILE_MAIN],
+        cwd=Path(__file__).resolve().parents[2],
+        # "0", not unset: conftest would turn the interpreter on for a CPU host.
+        env={**os.environ, "TRITON_INTERPRET": "0"},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    lines = [ln.split() for ln in done.stdout.splitlines() if ln.strip()]
+    # 2 targets x (1 launch for 2d + 2 launches for split) kernels.
+    assert len(lines) == 2 * 3, done.stdout
+    for backend, name, kernel, pipelined in lines:
+        if backend == "cuda" and kernel == "_paged_decode_kernel":
+            # K/V loads of the unmasked bulk must be pipelined (cp.async) on sm90.
+            assert pipelined == "True", f"{name}: K/V loads not pipelined on sm90"
 
 
 # ---------------------------------------------------------------- GPU only

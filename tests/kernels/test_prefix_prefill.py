@@ -42,8 +42,9 @@ from vllm.attention.ops.tuning.prefill_configs import PrefillConfig
 # prefill (empty context), a prefix hit, and a chunked-prefill row whose query spans
 # several query blocks of the small CPU tiles.
 MIXED_SEQS = [(1, 9), (4, 4), (3, 21), (19, 37)]
-# Small tiles for the interpreter (its cost grows with the number of programs and
-# tiles, not with tile size); the GPU uses the tuning table unless a case sets one.
+# Small tiles: cheap in the interpreter, and on a GPU they exercise the mma.sync
+# (non-wgmma) path; the production configs run in "default-config-g4" and in the
+# full-matrix tests (config=None: tuning table / heuristic).
 SMALL = PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
 
 
@@ -105,6 +106,8 @@ CASES = [
         "d192-g16-one-token-per-block", head_size=192, num_q_heads=16, num_kv_heads=1
     ),
     _case("d256-g2-fp16", head_size=256, num_q_heads=4, q_dtype=torch.float16),
+    # Smallest head size the public function accepts (tl.dot needs K >= 16).
+    _case("d16-smallest-head", head_size=16, num_q_heads=4),
     # Window smaller than the queries and the tile: left edge, skipped tiles.
     _case("window-5", sliding_window=5, seqs=[(3, 40), (20, 20), (1, 33)]),
     _case("window-1", sliding_window=1, seqs=[(6, 30), (2, 2)]),
@@ -374,7 +377,8 @@ def test_compiles_for_hopper_with_wgmma():
     """The interpreter accepts code the GPU compiler rejects and says nothing about
     the generated code: compile production configs for sm_90 ahead of time (no GPU
     needed) and require wgmma (tl.dot on 64-row tiles, 4-warp multiples) and
-    cp.async pipelining of the paged K/V loads."""
+    cp.async pipelining of the paged K/V loads; also the cache write, and one
+    MI300 (gfx942, fp8 e4m3fnuz) build that must use MFMA."""
     pytest.importorskip("triton.backends.nvidia")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(

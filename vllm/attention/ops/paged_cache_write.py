@@ -155,9 +155,8 @@ def _launch_arguments(
     }
 
 
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(f"write_to_paged_cache: {message}")
+def _fail(message: str) -> None:
+    raise ValueError(f"write_to_paged_cache: {message}")
 
 
 def write_to_paged_cache(
@@ -182,69 +181,69 @@ def write_to_paged_cache(
         k_scale, v_scale: 1-element fp32 tensors, required for an fp8 cache
             (stored = clamp(x / scale)).
     """
-    _check(
-        key.dim() == 3 and value.shape == key.shape,
-        f"key and value must be [num_tokens, num_kv_heads, head_size], got "
-        f"{tuple(key.shape)} and {tuple(value.shape)}",
-    )
-    _check(
-        key_cache.dim() == 4 and value_cache.shape == key_cache.shape,
-        f"caches must be [num_blocks, num_kv_heads, block_size, head_size], got "
-        f"{tuple(key_cache.shape)} and {tuple(value_cache.shape)}",
-    )
+    if not (key.dim() == 3 and value.shape == key.shape):
+        _fail(
+            f"key and value must be [num_tokens, num_kv_heads, head_size], got "
+            f"{tuple(key.shape)} and {tuple(value.shape)}"
+        )
+    if not (key_cache.dim() == 4 and value_cache.shape == key_cache.shape):
+        _fail(
+            f"caches must be [num_blocks, num_kv_heads, block_size, head_size], got "
+            f"{tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
+        )
     _, num_kv_heads, _, head_size = key_cache.shape
-    _check(
-        key.shape[1:] == (num_kv_heads, head_size),
-        f"key heads/head size {tuple(key.shape[1:])} do not match the cache "
-        f"({num_kv_heads}, {head_size})",
-    )
-    _check(
-        key.dtype in _INPUT_DTYPES and value.dtype == key.dtype,
-        f"key/value dtype must be one of {_INPUT_DTYPES} and equal, got "
-        f"{key.dtype} and {value.dtype}",
-    )
-    _check(
-        key_cache.dtype == value_cache.dtype,
-        f"key/value cache dtypes differ: {key_cache.dtype} vs {value_cache.dtype}",
-    )
+    if key.shape[1:] != (num_kv_heads, head_size):
+        _fail(
+            f"key heads/head size {tuple(key.shape[1:])} do not match the cache "
+            f"({num_kv_heads}, {head_size})"
+        )
+    if not (key.dtype in _INPUT_DTYPES and value.dtype == key.dtype):
+        _fail(
+            f"key/value dtype must be one of {_INPUT_DTYPES} and equal, got "
+            f"{key.dtype} and {value.dtype}"
+        )
+    if key_cache.dtype != value_cache.dtype:
+        _fail(
+            f"key/value cache dtypes differ: {key_cache.dtype} vs {value_cache.dtype}"
+        )
     is_fp8 = key_cache.dtype in _FP8_DTYPES
     if is_fp8:
         for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            _check(
+            if not (
                 scale is not None
                 and scale.numel() == 1
                 and scale.dtype == torch.float32
-                and scale.device == key.device,
-                f"an fp8 cache needs {name} as a 1-element float32 tensor on "
-                f"{key.device}",
-            )
-    else:
-        _check(
-            key_cache.dtype == key.dtype,
+                and scale.device == key.device
+            ):
+                _fail(
+                    f"an fp8 cache needs {name} as a 1-element float32 tensor on "
+                    f"{key.device}"
+                )
+    elif key_cache.dtype != key.dtype:
+        _fail(
             f"cache dtype {key_cache.dtype} must equal the key dtype {key.dtype} "
-            f"(or be fp8 e4m3fn/e4m3fnuz with scales)",
+            f"(or be fp8 e4m3fn/e4m3fnuz with scales)"
         )
-    _check(
+    if not (
         key.stride(2) == 1
         and value.stride(2) == 1
         and key_cache.stride(3) == 1
-        and value_cache.stride(3) == 1,
-        "the head dim of key, value and both caches must be contiguous",
-    )
-    _check(
+        and value_cache.stride(3) == 1
+    ):
+        _fail("the head dim of key, value and both caches must be contiguous")
+    if not (
         slot_mapping.dim() == 1
         and slot_mapping.dtype in (torch.int64, torch.int32)
-        and slot_mapping.shape[0] <= key.shape[0],
-        f"slot_mapping must be 1D int64 with at most {key.shape[0]} entries, got "
-        f"{tuple(slot_mapping.shape)} {slot_mapping.dtype}",
-    )
-    _check(
-        all(
-            t.device == key.device
-            for t in (value, key_cache, value_cache, slot_mapping)
-        ),
-        "all tensors must be on one device",
-    )
+        and slot_mapping.shape[0] <= key.shape[0]
+    ):
+        _fail(
+            f"slot_mapping must be 1D int64 with at most {key.shape[0]} entries, got "
+            f"{tuple(slot_mapping.shape)} {slot_mapping.dtype}"
+        )
+    if any(
+        t.device != key.device for t in (value, key_cache, value_cache, slot_mapping)
+    ):
+        _fail("all tensors must be on one device")
     num_tokens = slot_mapping.shape[0]
     if num_tokens == 0:
         return

@@ -153,7 +153,10 @@ def _attend_kv_range(
     return acc, m_i, l_i
 
 
-@triton.jit
+# seq_start changes from step to step (it is the number of decodes): without
+# do_not_specialize, Triton would compile extra variants mid-serving when it
+# happens to be 1 or a multiple of 16.
+@triton.jit(do_not_specialize=["seq_start"])
 def _prefix_prefill_kernel(
     query_ptr,  # [num_tokens, num_q_heads, head_size]
     key_cache_ptr,  # [num_blocks, num_kv_heads, block_size, head_size]
@@ -440,9 +443,8 @@ def _launch(**kwargs) -> None:
     _prefix_prefill_kernel[grid](**kernel_kwargs)
 
 
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(f"prefix_prefill_attention: {message}")
+def _fail(message: str) -> None:
+    raise ValueError(f"prefix_prefill_attention: {message}")
 
 
 def _check_per_head(
@@ -450,14 +452,16 @@ def _check_per_head(
 ) -> None:
     if tensor is None:
         return
-    _check(
+    if not (
         tensor.shape == (num_q_heads,)
         and tensor.is_floating_point()
         and tensor.is_contiguous()
-        and tensor.device == device,
-        f"{name} must be a contiguous float tensor of shape ({num_q_heads},) on "
-        f"{device}, got {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}",
-    )
+        and tensor.device == device
+    ):
+        _fail(
+            f"{name} must be a contiguous float tensor of shape ({num_q_heads},) on "
+            f"{device}, got {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}"
+        )
 
 
 def prefix_prefill_attention(
@@ -508,123 +512,119 @@ def prefix_prefill_attention(
 
     Raises ValueError for unsupported inputs (nothing is launched then).
     """
-    _check(query.dim() == 3, f"query must be 3D, got shape {tuple(query.shape)}")
+    if query.dim() != 3:
+        _fail(f"query must be 3D, got shape {tuple(query.shape)}")
     num_tokens, num_q_heads, head_size = query.shape
     device = query.device
-    _check(
-        query.dtype in _QUERY_DTYPES,
-        f"query dtype must be bfloat16 or float16, got {query.dtype}",
-    )
-    _check(
+    if query.dtype not in _QUERY_DTYPES:
+        _fail(f"query dtype must be bfloat16 or float16, got {query.dtype}")
+    if not (
         output.shape == query.shape
         and output.dtype == query.dtype
-        and output.device == device,
-        f"output must match query ({tuple(query.shape)} {query.dtype}), got "
-        f"{tuple(output.shape)} {output.dtype} on {output.device}",
-    )
-    _check(
-        query.stride(2) == 1 and output.stride(2) == 1,
-        "query and output need a contiguous last dim",
-    )
-    _check(
-        16 <= head_size <= MAX_HEAD_SIZE,
-        f"head size {head_size} is not supported (16..{MAX_HEAD_SIZE}); use "
-        "another attention backend for this model",
-    )
-    _check(
-        key_cache.dim() == 4 and key_cache.shape == value_cache.shape,
-        f"key_cache and value_cache must both be [num_blocks, num_kv_heads, "
-        f"block_size, head_size], got {tuple(key_cache.shape)} and "
-        f"{tuple(value_cache.shape)}",
-    )
+        and output.device == device
+    ):
+        _fail(
+            f"output must match query ({tuple(query.shape)} {query.dtype}), got "
+            f"{tuple(output.shape)} {output.dtype} on {output.device}"
+        )
+    if not (query.stride(2) == 1 and output.stride(2) == 1):
+        _fail("query and output need a contiguous last dim")
+    if not (16 <= head_size <= MAX_HEAD_SIZE):
+        _fail(
+            f"head size {head_size} is not supported (16..{MAX_HEAD_SIZE}); use "
+            "another attention backend for this model"
+        )
+    if not (key_cache.dim() == 4 and key_cache.shape == value_cache.shape):
+        _fail(
+            f"key_cache and value_cache must both be [num_blocks, num_kv_heads, "
+            f"block_size, head_size], got {tuple(key_cache.shape)} and "
+            f"{tuple(value_cache.shape)}"
+        )
     _, num_kv_heads, block_size, cache_head_size = key_cache.shape
-    _check(
-        cache_head_size == head_size,
-        f"cache head size {cache_head_size} != query head size {head_size}",
-    )
-    _check(
-        num_kv_heads > 0 and num_q_heads % num_kv_heads == 0,
-        f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}",
-    )
-    _check(
-        block_size > 0 and block_size & (block_size - 1) == 0,
-        f"block_size must be a power of two, got {block_size}",
-    )
-    _check(
-        key_cache.stride() == value_cache.stride(),
-        "key_cache and value_cache must have the same strides (two views of "
-        "one kv_cache tensor)",
-    )
-    _check(
-        key_cache.stride(3) == 1 and key_cache.stride(2) == head_size,
-        "each cache page must be a contiguous [block_size, head_size] matrix",
-    )
-    _check(
-        key_cache.dtype == value_cache.dtype,
-        f"key/value cache dtypes differ: {key_cache.dtype} vs {value_cache.dtype}",
-    )
-    _check(
-        key_cache.device == device and value_cache.device == device,
-        "query and caches must be on one device",
-    )
+    if cache_head_size != head_size:
+        _fail(f"cache head size {cache_head_size} != query head size {head_size}")
+    if not (num_kv_heads > 0 and num_q_heads % num_kv_heads == 0):
+        _fail(
+            f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads "
+            f"{num_kv_heads}"
+        )
+    if not (block_size > 0 and block_size & (block_size - 1) == 0):
+        _fail(f"block_size must be a power of two, got {block_size}")
+    if key_cache.stride() != value_cache.stride():
+        _fail(
+            "key_cache and value_cache must have the same strides (two views of "
+            "one kv_cache tensor)"
+        )
+    if not (key_cache.stride(3) == 1 and key_cache.stride(2) == head_size):
+        _fail("each cache page must be a contiguous [block_size, head_size] matrix")
+    if key_cache.dtype != value_cache.dtype:
+        _fail(
+            f"key/value cache dtypes differ: {key_cache.dtype} vs {value_cache.dtype}"
+        )
+    if not (key_cache.device == device and value_cache.device == device):
+        _fail("query and caches must be on one device")
     is_fp8 = key_cache.dtype in _FP8_DTYPES
     if is_fp8:
         for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            _check(
+            if not (
                 scale is not None
                 and scale.numel() == 1
                 and scale.dtype == torch.float32
-                and scale.device == device,
-                f"an fp8 cache needs {name} as a 1-element float32 tensor on {device}",
-            )
+                and scale.device == device
+            ):
+                _fail(
+                    f"an fp8 cache needs {name} as a 1-element float32 tensor on "
+                    f"{device}"
+                )
     else:
-        _check(
-            key_cache.dtype == query.dtype,
-            f"cache dtype {key_cache.dtype} must equal the query dtype "
-            f"{query.dtype} (or be fp8 e4m3fn/e4m3fnuz with scales)",
-        )
+        if key_cache.dtype != query.dtype:
+            _fail(
+                f"cache dtype {key_cache.dtype} must equal the query dtype "
+                f"{query.dtype} (or be fp8 e4m3fn/e4m3fnuz with scales)"
+            )
     num_seqs_total = seq_lens.shape[0]
     if num_seqs is None:
         num_seqs = num_seqs_total - seq_start
-    _check(
-        0 <= seq_start and 0 <= num_seqs and seq_start + num_seqs <= num_seqs_total,
-        f"sequence range [{seq_start}, {seq_start + num_seqs}) is outside the "
-        f"{num_seqs_total} sequences",
-    )
-    _check(
-        num_seqs <= _MAX_GRID_YZ,
-        f"at most {_MAX_GRID_YZ} sequences per launch, got {num_seqs}",
-    )
-    _check(num_kv_heads <= _MAX_GRID_YZ, f"too many KV heads: {num_kv_heads}")
+    if not (
+        seq_start >= 0 and num_seqs >= 0 and seq_start + num_seqs <= num_seqs_total
+    ):
+        _fail(
+            f"sequence range [{seq_start}, {seq_start + num_seqs}) is outside the "
+            f"{num_seqs_total} sequences"
+        )
+    if not (num_seqs <= _MAX_GRID_YZ):
+        _fail(f"at most {_MAX_GRID_YZ} sequences per launch, got {num_seqs}")
+    if not (num_kv_heads <= _MAX_GRID_YZ):
+        _fail(f"too many KV heads: {num_kv_heads}")
     for name, tensor, rows in (
         ("seq_lens", seq_lens, num_seqs_total),
         ("query_start_loc", query_start_loc, num_seqs_total + 1),
     ):
-        _check(
+        if not (
             tensor.dtype == torch.int32
             and tensor.shape == (rows,)
             and tensor.is_contiguous()
-            and tensor.device == device,
-            f"{name} must be a contiguous int32 tensor of shape ({rows},) on "
-            f"{device}, got {tuple(tensor.shape)} {tensor.dtype}",
-        )
-    _check(
+            and tensor.device == device
+        ):
+            _fail(
+                f"{name} must be a contiguous int32 tensor of shape ({rows},) on "
+                f"{device}, got {tuple(tensor.shape)} {tensor.dtype}"
+            )
+    if not (
         block_table.dtype == torch.int32
         and block_table.dim() == 2
         and block_table.shape[0] >= num_seqs_total
         and block_table.stride(1) == 1
-        and block_table.device == device,
-        f"block_table must be int32 [num_seqs, max_blocks] with contiguous rows "
-        f"on {device}, got {tuple(block_table.shape)} {block_table.dtype}",
-    )
-    _check(
-        sliding_window is None or sliding_window > 0,
-        f"sliding_window must be None or > 0, got {sliding_window}",
-    )
-    _check(
-        logits_soft_cap is None or logits_soft_cap >= 0,
-        f"logits_soft_cap must be None, 0 (off) or > 0, got {logits_soft_cap}",
-    )
+        and block_table.device == device
+    ):
+        _fail(
+            f"block_table must be int32 [num_seqs, max_blocks] with contiguous rows "
+            f"on {device}, got {tuple(block_table.shape)} {block_table.dtype}"
+        )
+    if not (sliding_window is None or sliding_window > 0):
+        _fail(f"sliding_window must be None or > 0, got {sliding_window}")
+    if not (logits_soft_cap is None or logits_soft_cap >= 0):
+        _fail(f"logits_soft_cap must be None, 0 (off) or > 0, got {logits_soft_cap}")
     _check_per_head("alibi_slopes", alibi_slopes, num_q_heads, device)
     _check_per_head("sinks", sinks, num_q_heads, device)
     if num_seqs == 0 or max_query_len <= 0 or num_tokens == 0:
@@ -640,13 +640,13 @@ def prefix_prefill_attention(
             max_query_len=max_query_len,
             is_hip=torch.version.hip is not None,
         )
-    _check(
+    if not (
         config.block_m >= 16
         and config.block_n >= 16
         and config.block_n & (config.block_n - 1) == 0
-        and config.block_m & (config.block_m - 1) == 0,
-        f"config tiles must be powers of two >= 16, got {config}",
-    )
+        and config.block_m & (config.block_m - 1) == 0
+    ):
+        _fail(f"config tiles must be powers of two >= 16, got {config}")
     _launch(
         query=query,
         key_cache=key_cache,

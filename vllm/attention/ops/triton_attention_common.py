@@ -119,7 +119,7 @@ def to_dot_dtype(tile, DOT_DTYPE: tl.constexpr):
 
 @triton.jit
 def dequantize(tile, scale):
-    """fp32 value of a cache tile: ``tile * scale`` (``scale`` 1.0 for 16-bit caches)."""
+    """fp32 value of a cache tile: ``tile * scale`` (scale 1.0 for 16-bit caches)."""
     return tile.to(tl.float32) * scale
 
 
@@ -127,7 +127,8 @@ def dequantize(tile, scale):
 def quantize_fp8(x, scale, FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr):
     """fp8 value stored for ``x``: ``clamp(x / scale, -FP8_MAX, FP8_MAX)`` cast to
     ``FP8_DTYPE`` (round to nearest even on GPUs)."""
-    y = x.to(tl.float32) / scale
+    # div_rn: correctly rounded, like torch (plain "/" is approximate on NVIDIA).
+    y = tl.math.div_rn(x.to(tl.float32), scale)
     y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
     return y.to(FP8_DTYPE)
 

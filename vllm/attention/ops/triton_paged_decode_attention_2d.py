@@ -27,8 +27,9 @@ query, output: ``[num_tokens, num_q_heads, head_size]``; row ``s`` holds the one
 token of sequence ``s`` (decodes come first in the batch, one token each).
 key_cache, value_cache: ``[num_blocks, num_kv_heads, block_size, head_size]``, last two
 dims contiguous, same strides (two views of one ``[num_blocks, 2, ...]`` tensor).
-workspace (split-KV only): fp32 ``[max_num_seqs, num_q_heads, num_splits, head_size + 1]``,
-the partial output in ``[..., :head_size]`` and its log-sum-exp in ``[..., head_size]``.
+workspace (split-KV only): fp32
+``[max_num_seqs, num_q_heads, num_splits, head_size + 1]``, the partial output in
+``[..., :head_size]`` and its log-sum-exp in ``[..., head_size]``.
 
 Strides and shapes that are fixed for a model (head size, block size, KV-head and
 block strides, query/output strides) are ``tl.constexpr``: specialising on them removes
@@ -77,6 +78,89 @@ _FP8_DTYPES = tuple(
 # ----------------------------------------------------------------------------------
 # Kernels
 # ----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attend_tiles(
+    acc,  # [BLOCK_M, HEAD_PAD] fp32
+    m_i,  # [BLOCK_M] fp32
+    l_i,  # [BLOCK_M] fp32
+    tile_lo,  # int: first KV tile
+    tile_hi,  # int: one past the last KV tile
+    k_head_ptr,  # key cache at (block 0, this KV head)
+    v_head_ptr,  # value cache at (block 0, this KV head)
+    block_table_row_ptr,  # [max_blocks_per_seq] int32: this sequence's pages
+    q,  # [BLOCK_M, HEAD_PAD] query tile
+    q_pos,  # [BLOCK_M] int: position of the query token
+    lo,  # int: first visible key
+    seq_len,  # int: keys [lo, seq_len) are visible
+    qk_scale,  # fp32: softmax_scale * k_scale
+    logits_soft_cap,  # fp32 (USE_SOFTCAP)
+    alibi_slope,  # [BLOCK_M] fp32 (USE_ALIBI)
+    sliding_window,  # int (USE_WINDOW)
+    STRIDE_KV_BLOCK: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    USE_ALIBI: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every key of every tile is visible
+):
+    """Online softmax over KV tiles ``[tile_lo, tile_hi)``: the inner loop, written
+    once and instantiated masked (range edges) and unmasked (the bulk)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    # A masked range holds at most one tile: software pipelining would only add a
+    # prologue, so it gets one stage; the unmasked bulk uses the launch's stages.
+    for tile in tl.range(tile_lo, tile_hi, num_stages=1 if MASKED else None):
+        k_pos = tile * BLOCK_N + offs_n  # absolute key positions [BLOCK_N]
+        # Keys outside [lo, seq_len) read as 0, never stale memory: a NaN left in a
+        # freed page would otherwise survive 0 * NaN in p @ V.
+        key_valid = (k_pos < seq_len) & (k_pos >= lo)
+        rows_off = paged_row_offsets(
+            block_table_row_ptr,
+            k_pos,
+            key_valid,
+            STRIDE_KV_BLOCK,
+            HEAD_SIZE,
+            BLOCK_SIZE=BLOCK_SIZE,
+            MASK_KEYS=MASKED,
+        )
+        k = load_kv_tile(
+            k_head_ptr,
+            rows_off,
+            key_valid,
+            HEAD_SIZE=HEAD_SIZE,
+            HEAD_PAD=HEAD_PAD,
+            MASK_KEYS=MASKED,
+        )
+        v = load_kv_tile(
+            v_head_ptr,
+            rows_off,
+            key_valid,
+            HEAD_SIZE=HEAD_SIZE,
+            HEAD_PAD=HEAD_PAD,
+            MASK_KEYS=MASKED,
+        )
+        k = to_dot_dtype(k, DOT_DTYPE=q.dtype)
+        v = to_dot_dtype(v, DOT_DTYPE=q.dtype)
+        scores = transform_scores(
+            tl.dot(q, tl.trans(k)),  # [BLOCK_M, BLOCK_N] fp32
+            q_pos,
+            k_pos,
+            seq_len,
+            qk_scale,
+            logits_soft_cap,
+            alibi_slope,
+            sliding_window,
+            USE_SOFT_CAP=USE_SOFTCAP,
+            USE_ALIBI=USE_ALIBI,
+            APPLY_MASK=MASKED,
+            USE_WINDOW=USE_WINDOW,
+        )
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, scores, v)
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -140,7 +224,6 @@ def _paged_decode_kernel(
     q_heads = kv_head * GROUP_SIZE + rows
     q_pos = tl.full([BLOCK_M], 0, tl.int32) + (seq_len - 1)  # the one query token
     offs_d = tl.arange(0, HEAD_PAD)
-    offs_n = tl.arange(0, BLOCK_N)
 
     q = tl.load(
         query_ptr
@@ -172,53 +255,36 @@ def _paged_decode_kernel(
     k_head_ptr = key_cache_ptr + kv_head.to(tl.int64) * STRIDE_KV_HEAD
     v_head_ptr = value_cache_ptr + kv_head.to(tl.int64) * STRIDE_KV_HEAD
     block_table_row_ptr = block_table_ptr + seq.to(tl.int64) * block_table_stride
-    for tile in range(tile_begin, tile_end):
-        k_pos = tile * BLOCK_N + offs_n  # absolute key positions [BLOCK_N]
-        # Keys outside [lo, seq_len) read as 0, never stale memory: a NaN left in a
-        # freed page would otherwise survive 0 * NaN in p @ V.
-        key_valid = (k_pos < seq_len) & (k_pos >= lo)
-        rows_off = paged_row_offsets(
-            block_table_row_ptr,
-            k_pos,
-            key_valid,
-            STRIDE_KV_BLOCK,
-            HEAD_SIZE,
-            BLOCK_SIZE=BLOCK_SIZE,
-            MASK_KEYS=True,
-        )
-        k = load_kv_tile(
-            k_head_ptr,
-            rows_off,
-            key_valid,
-            HEAD_SIZE=HEAD_SIZE,
-            HEAD_PAD=HEAD_PAD,
-            MASK_KEYS=True,
-        )
-        v = load_kv_tile(
-            v_head_ptr,
-            rows_off,
-            key_valid,
-            HEAD_SIZE=HEAD_SIZE,
-            HEAD_PAD=HEAD_PAD,
-            MASK_KEYS=True,
-        )
-        k = to_dot_dtype(k, DOT_DTYPE=q.dtype)
-        v = to_dot_dtype(v, DOT_DTYPE=q.dtype)
-        scores = transform_scores(
-            tl.dot(q, tl.trans(k)),  # [BLOCK_M, BLOCK_N] fp32
-            q_pos,
-            k_pos,
-            seq_len,
-            qk_scale,
-            logits_soft_cap,
-            alibi_slope,
-            sliding_window,
-            USE_SOFT_CAP=USE_SOFTCAP,
-            USE_ALIBI=USE_ALIBI,
-            APPLY_MASK=True,
-            USE_WINDOW=USE_WINDOW,
-        )
-        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, scores, v)
+    # Tiles that hold only visible keys skip every mask; at most the first tile
+    # (window edge) and the last (sequence end) of the range need them:
+    #   [tile_begin, head_end) masked | [head_end, tail_begin) unmasked | [.., tile_end)
+    head_end = tl.minimum(tile_end, tl.maximum(tile_begin, tl.cdiv(lo, BLOCK_N)))
+    tail_begin = tl.maximum(head_end, tl.minimum(tile_end, seq_len // BLOCK_N))
+    if USE_WINDOW:
+        acc, m_i, l_i = _attend_tiles(
+            acc, m_i, l_i, tile_begin, head_end, k_head_ptr, v_head_ptr,
+            block_table_row_ptr, q, q_pos, lo, seq_len, qk_scale, logits_soft_cap,
+            alibi_slope, sliding_window, STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
+            HEAD_SIZE=HEAD_SIZE, HEAD_PAD=HEAD_PAD, BLOCK_SIZE=BLOCK_SIZE,
+            BLOCK_N=BLOCK_N, USE_SOFTCAP=USE_SOFTCAP, USE_ALIBI=USE_ALIBI,
+            USE_WINDOW=USE_WINDOW, MASKED=True,
+        )  # fmt: skip
+    acc, m_i, l_i = _attend_tiles(
+        acc, m_i, l_i, head_end, tail_begin, k_head_ptr, v_head_ptr,
+        block_table_row_ptr, q, q_pos, lo, seq_len, qk_scale, logits_soft_cap,
+        alibi_slope, sliding_window, STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
+        HEAD_SIZE=HEAD_SIZE, HEAD_PAD=HEAD_PAD, BLOCK_SIZE=BLOCK_SIZE,
+        BLOCK_N=BLOCK_N, USE_SOFTCAP=USE_SOFTCAP, USE_ALIBI=USE_ALIBI,
+        USE_WINDOW=USE_WINDOW, MASKED=False,
+    )  # fmt: skip
+    acc, m_i, l_i = _attend_tiles(
+        acc, m_i, l_i, tail_begin, tile_end, k_head_ptr, v_head_ptr,
+        block_table_row_ptr, q, q_pos, lo, seq_len, qk_scale, logits_soft_cap,
+        alibi_slope, sliding_window, STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
+        HEAD_SIZE=HEAD_SIZE, HEAD_PAD=HEAD_PAD, BLOCK_SIZE=BLOCK_SIZE,
+        BLOCK_N=BLOCK_N, USE_SOFTCAP=USE_SOFTCAP, USE_ALIBI=USE_ALIBI,
+        USE_WINDOW=USE_WINDOW, MASKED=True,
+    )  # fmt: skip
 
     out = finalize_output(acc, l_i, v_scale)  # 0 where no key was seen
     if NUM_SPLITS == 1:
@@ -429,6 +495,95 @@ def _check_inputs(
     return is_fp8
 
 
+def _launches(
+    *,
+    query,
+    key_cache,
+    value_cache,
+    output,
+    block_table,
+    seq_lens,
+    softmax_scale,
+    seq_start,
+    num_seqs,
+    k_scale,
+    v_scale,
+    sliding_window,
+    alibi_slopes,
+    logits_soft_cap,
+    sinks,
+    num_splits,
+    workspace,
+    config,
+) -> list[tuple]:
+    """``(kernel, grid, keyword arguments)`` of each launch of one decode call (the
+    decode kernel, then the merge when split); no checks. Separate from the launch
+    so the offline compile test builds exactly what a launch would."""
+    num_q_heads, head_size = query.shape[1], query.shape[2]
+    num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    head_pad = triton.next_power_of_2(head_size)
+    use_sinks = sinks is not None
+    decode = dict(
+        output_ptr=output,
+        workspace_ptr=workspace,
+        query_ptr=query,
+        key_cache_ptr=key_cache,
+        value_cache_ptr=value_cache,
+        block_table_ptr=block_table,
+        seq_lens_ptr=seq_lens,
+        alibi_slopes_ptr=alibi_slopes,
+        sinks_ptr=sinks,
+        k_scale_ptr=k_scale,
+        v_scale_ptr=v_scale,
+        softmax_scale=float(softmax_scale),
+        logits_soft_cap=float(logits_soft_cap or 0.0),
+        sliding_window=int(sliding_window or 0),
+        block_table_stride=block_table.stride(0),
+        seq_start=seq_start,
+        STRIDE_Q_TOKEN=query.stride(0),
+        STRIDE_Q_HEAD=query.stride(1),
+        STRIDE_O_TOKEN=output.stride(0),
+        STRIDE_O_HEAD=output.stride(1),
+        STRIDE_KV_BLOCK=key_cache.stride(0),
+        STRIDE_KV_HEAD=key_cache.stride(1),
+        NUM_Q_HEADS=num_q_heads,
+        GROUP_SIZE=group,
+        BLOCK_M=max(16, triton.next_power_of_2(group)),
+        HEAD_SIZE=head_size,
+        HEAD_PAD=head_pad,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=config.block_n,
+        NUM_SPLITS=num_splits,
+        IS_FP8=k_scale is not None,
+        USE_WINDOW=sliding_window is not None,
+        USE_ALIBI=alibi_slopes is not None,
+        USE_SOFTCAP=logits_soft_cap is not None,
+        USE_SINKS=use_sinks,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    launches = [(_paged_decode_kernel, (num_seqs, num_kv_heads, num_splits), decode)]
+    if num_splits > 1:
+        merge = dict(
+            output_ptr=output,
+            workspace_ptr=workspace,
+            sinks_ptr=sinks,
+            seq_start=seq_start,
+            STRIDE_O_TOKEN=output.stride(0),
+            STRIDE_O_HEAD=output.stride(1),
+            NUM_Q_HEADS=num_q_heads,
+            HEAD_SIZE=head_size,
+            HEAD_PAD=head_pad,
+            NUM_SPLITS=num_splits,
+            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            USE_SINKS=use_sinks,
+            num_warps=4,
+        )
+        launches.append((_merge_splits_kernel, (num_seqs, num_q_heads), merge))
+    return launches
+
+
 def paged_decode_attention(
     *,
     query: torch.Tensor,
@@ -538,63 +693,28 @@ def paged_decode_attention(
             split=num_splits > 1,
             is_hip=torch.version.hip is not None,
         )
-    head_pad = triton.next_power_of_2(head_size)
-    use_sinks = sinks is not None
-    _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        output_ptr=output,
-        workspace_ptr=workspace,
-        query_ptr=query,
-        key_cache_ptr=key_cache,
-        value_cache_ptr=value_cache,
-        block_table_ptr=block_table,
-        seq_lens_ptr=seq_lens,
-        alibi_slopes_ptr=alibi_slopes,
-        sinks_ptr=sinks,
-        k_scale_ptr=k_scale if is_fp8 else None,
-        v_scale_ptr=v_scale if is_fp8 else None,
-        softmax_scale=float(softmax_scale),
-        logits_soft_cap=float(logits_soft_cap or 0.0),
-        sliding_window=int(sliding_window or 0),
-        block_table_stride=block_table.stride(0),
+    launches = _launches(
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        output=output,
+        block_table=block_table,
+        seq_lens=seq_lens,
+        softmax_scale=softmax_scale,
         seq_start=seq_start,
-        STRIDE_Q_TOKEN=query.stride(0),
-        STRIDE_Q_HEAD=query.stride(1),
-        STRIDE_O_TOKEN=output.stride(0),
-        STRIDE_O_HEAD=output.stride(1),
-        STRIDE_KV_BLOCK=key_cache.stride(0),
-        STRIDE_KV_HEAD=key_cache.stride(1),
-        NUM_Q_HEADS=num_q_heads,
-        GROUP_SIZE=group,
-        BLOCK_M=max(16, triton.next_power_of_2(group)),
-        HEAD_SIZE=head_size,
-        HEAD_PAD=head_pad,
-        BLOCK_SIZE=block_size,
-        BLOCK_N=config.block_n,
-        NUM_SPLITS=num_splits,
-        IS_FP8=is_fp8,
-        USE_WINDOW=sliding_window is not None,
-        USE_ALIBI=alibi_slopes is not None,
-        USE_SOFTCAP=logits_soft_cap is not None,
-        USE_SINKS=use_sinks,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        num_seqs=num_seqs,
+        k_scale=k_scale if is_fp8 else None,
+        v_scale=v_scale if is_fp8 else None,
+        sliding_window=sliding_window,
+        alibi_slopes=alibi_slopes,
+        logits_soft_cap=logits_soft_cap,
+        sinks=sinks,
+        num_splits=num_splits,
+        workspace=workspace,
+        config=config,
     )
-    if num_splits > 1:
-        _merge_splits_kernel[(num_seqs, num_q_heads)](
-            output_ptr=output,
-            workspace_ptr=workspace,
-            sinks_ptr=sinks,
-            seq_start=seq_start,
-            STRIDE_O_TOKEN=output.stride(0),
-            STRIDE_O_HEAD=output.stride(1),
-            NUM_Q_HEADS=num_q_heads,
-            HEAD_SIZE=head_size,
-            HEAD_PAD=head_pad,
-            NUM_SPLITS=num_splits,
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
-            USE_SINKS=use_sinks,
-            num_warps=4,
-        )
+    for kernel, grid, kwargs in launches:
+        kernel[grid](**kwargs)
 
 
 __all__ = [

@@ -175,19 +175,37 @@ def get_prefill_config(
     max_query_len: int,
     is_hip: bool = False,
 ) -> PrefillConfig:
-    """Config for one launch: the GPU's table entry, else the heuristic."""
+    """Config for one launch: the GPU's table entry, else the heuristic.
+
+    Runs on every launch, so the answer is memoised per bucket (a dict hit)."""
+    return _config_for_bucket(
+        gpu_name,
+        int(head_size),
+        q_dtype,
+        kv_dtype,
+        int(group),
+        int(block_size),
+        query_len_bucket(max_query_len),
+        bool(is_hip),
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _config_for_bucket(
+    gpu_name, head_size, q_dtype, kv_dtype, group, block_size, bucket, is_hip
+) -> PrefillConfig:
     key = problem_key(
         head_size=head_size,
         q_dtype=q_dtype,
         kv_dtype=kv_dtype,
         group=group,
         block_size=block_size,
-        max_query_len=max_query_len,
+        max_query_len=bucket,
     )
     config = load_prefill_table(gpu_name).get(key)
     if config is None:
         config = heuristic_prefill_config(
-            head_size=head_size, group=group, max_query_len=max_query_len, is_hip=is_hip
+            head_size=head_size, group=group, max_query_len=bucket, is_hip=is_hip
         )
     return config
 

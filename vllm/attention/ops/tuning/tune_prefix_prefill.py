@@ -218,7 +218,11 @@ def _tune_one(shape, bucket, gen) -> PrefillConfig:
     seqs = [(bucket, context + bucket)] * num_seqs
     batch = _make_batch(seqs=seqs, gen=gen, **shape)
     small = _make_batch(seqs=[(min(bucket, 100), 300), (1, 77)], gen=gen, **shape)
-    best, best_ms = None, math.inf
+    # Causal attention FLOPs: q.k and p.v, 2 * head_size each, per visible pair.
+    visible_pairs = sum(sum(range(kv - q + 1, kv + 1)) for q, kv in seqs)
+    num_q_heads = NUM_KV_HEADS * shape["group"]
+    flops = 4 * shape["head_size"] * num_q_heads * visible_pairs
+    best, best_ms, timings = None, math.inf, {}
     for config in _candidates(shape["head_size"], shape["kv_dtype"], shape["group"]):
         try:
             if not _is_correct(config, small, shape["head_size"]):
@@ -233,11 +237,19 @@ def _tune_one(shape, bucket, gen) -> PrefillConfig:
         except triton.runtime.errors.OutOfResources as exc:
             print("  out of resources, skipped:", config, exc)
             continue
-        print(f"  {config}: {ms:.3f} ms")
+        print(f"  {config}: {ms:.3f} ms, {flops / ms * 1e-9:.0f} TFLOP/s")
+        timings[config] = ms
         if ms < best_ms:
             best, best_ms = config, ms
     if best is None:
         raise RuntimeError(f"no valid config for {shape} bucket {bucket}")
+    fallback = heuristic_prefill_config(
+        head_size=shape["head_size"], group=shape["group"], max_query_len=bucket
+    )
+    print(
+        f"  best {best}: {best_ms:.3f} ms ({flops / best_ms * 1e-9:.0f} TFLOP/s); "
+        f"heuristic {fallback}: {timings.get(fallback, math.nan):.3f} ms"
+    )
     return best
 
 

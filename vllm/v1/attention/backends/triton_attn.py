@@ -52,18 +52,6 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
-from vllm.logger import init_logger
-from vllm.v1.attention.backend import (
-    AttentionBackend,
-    AttentionCGSupport,
-    AttentionImpl,
-    AttentionLayer,
-    AttentionMetadataBuilder,
-    AttentionType,
-    CommonAttentionMetadata,
-    MultipleOf,
-)
-from vllm.v1.kv_cache_interface import AttentionSpec
 
 from vllm.attention.ops.paged_attention import DECODE_QUERY_LEN, paged_attention
 from vllm.attention.ops.paged_cache_write import write_to_paged_cache
@@ -76,6 +64,18 @@ from vllm.attention.ops.tuning.prefill_configs import (
     QUERY_LEN_BUCKETS,
     query_len_bucket,
 )
+from vllm.logger import init_logger
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionLayer,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+from vllm.v1.kv_cache_interface import AttentionSpec
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -417,7 +417,8 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
                     )
                     launched += 1
         if launched:
-            torch.cuda.synchronize(self.device)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
             logger.info(
                 "TRITON_ATTN warm-up: %d batches (%d kernel variants of the layers) "
                 "in %.1f s.",

@@ -1,0 +1,75 @@
+"""benchmarks/gpu_session.sh steps against the fake vLLM: the shell plumbing (paths,
+resume state, collection into $OUT) must work before the lead spends GPU time on it."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.harness import REPO
+
+SCRIPT = REPO / "benchmarks" / "gpu_session.sh"
+
+
+@pytest.fixture
+def session_env(tmp_path, fake_sites):
+    env = dict(os.environ)
+    env.update(
+        OUT=str(tmp_path / "out"),
+        STATE=str(tmp_path / "state"),
+        MODELS=str(tmp_path / "models"),
+        PYTHON=sys.executable,
+        STEP_BUDGET_S="400",
+        BENCH_SITE_STOCK=str(fake_sites),
+        BENCH_SITE_FORK=str(fake_sites),
+    )
+    return env
+
+
+def _step(env, step):
+    return subprocess.run(
+        ["bash", str(SCRIPT), step],
+        env=env,
+        cwd="/tmp",
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def test_e2e_quick_then_report(session_env, tmp_path):
+    r = _step(session_env, "e2e-quick")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = tmp_path / "out"
+    files = list((out / "results" / "e2e").glob("*.json"))
+    assert len(files) == 1
+    body = json.loads(files[0].read_text())
+    assert body["scale"] == 0.25 and body["complete"]
+    assert list((out / "logs").rglob("*.log")), "worker logs are collected"
+    assert not list((out / "results").rglob("*.log")), "logs stay out of results"
+    r2 = _step(session_env, "e2e-quick")  # resume: nothing left to run
+    assert r2.returncode == 0 and r2.stdout.count("skipping") == 3
+    r3 = _step(session_env, "report")
+    assert r3.returncode == 0, r3.stdout + r3.stderr
+    assert "| sharegpt | steady |" in (out / "performance.md").read_text()
+
+
+def test_accuracy_needs_a_model_then_runs(session_env, tmp_path):
+    r = _step(session_env, "accuracy")
+    assert r.returncode != 0 and "run the 'train' step first" in r.stderr
+    model = tmp_path / "state" / "accuracy-model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_text("")
+    r = _step(session_env, "accuracy")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = tmp_path / "out" / "results" / "accuracy" / "summary.json"
+    assert json.loads(summary.read_text())["pass"]
+
+
+def test_unknown_step(session_env):
+    r = _step(session_env, "bogus")
+    assert r.returncode == 2 and "unknown step" in r.stderr

@@ -1,0 +1,166 @@
+"""The anchored edits (envs_patch/) and the change plan, on small fake trees."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fork_build import BuildError, plan
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _edit(anchor, mode="insert_after", text="NEW\n", file="vllm/x.py"):
+    return plan.Edit(file, anchor, mode, text, "why", "x.toml")
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("insert_after", "a\nANCHOR\nNEW\nb\n"),
+        ("insert_before", "a\nNEW\nANCHOR\nb\n"),
+        ("replace", "a\nNEW\nb\n"),
+    ],
+)
+def test_edit_modes(mode, expected):
+    text, errors = plan.apply_edits(
+        "vllm/x.py", "a\nANCHOR\nb\n", [_edit("ANCHOR\n", mode)]
+    )
+    assert errors == []
+    assert text == expected
+
+
+def test_missing_and_repeated_anchor_name_file_and_anchor():
+    _, errors = plan.apply_edits(
+        "vllm/x.py", "a\nA\nA\n", [_edit("MISSING\n"), _edit("A\n")]
+    )
+    assert len(errors) == 2
+    assert "vllm/x.py" in errors[0] and "'MISSING'" in errors[0]
+    assert "not found" in errors[0]
+    assert "'A'" in errors[1] and "found 2 times" in errors[1]
+
+
+def test_anchors_match_upstream_text_only():
+    # The second anchor exists only in text inserted by the first edit: not found.
+    edits = [_edit("a\n", text="b\n"), _edit("b\n")]
+    _, errors = plan.apply_edits("vllm/x.py", "a\nc\n", edits)
+    assert len(errors) == 1 and "'b'" in errors[0]
+
+
+def test_overlapping_anchors_fail():
+    _, errors = plan.apply_edits(
+        "vllm/x.py", "abcdef\n", [_edit("abcd"), _edit("cdef")]
+    )
+    assert errors and "overlap" in errors[0]
+
+
+def _fake_repo(tmp_path: Path, toml: str, overlay: dict[str, str]) -> Path:
+    root = tmp_path / "repo"
+    (root / "envs_patch").mkdir(parents=True)
+    (root / "envs_patch" / "x.toml").write_text(toml)
+    for rel, text in overlay.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+GOOD_TOML = """
+[[edit]]
+file = "vllm/envs.py"
+why = "test"
+anchor = "X = 1\\n"
+insert_after = "Y = 2\\n"
+"""
+
+
+def _reader(files: dict[str, str]):
+    return lambda path: files[path].encode() if path in files else None
+
+
+def test_compute_changes_kinds(tmp_path):
+    root = _fake_repo(
+        tmp_path,
+        GOOD_TOML,
+        {
+            "vllm/attention/ops/k.py": "k = 1\n",
+            "vllm/v1/attention/backends/triton_attn.py": "ours = 1\n",
+            "vllm/attention/ops/__pycache__/k.cpython-311.pyc": "junk",
+        },
+    )
+    upstream = {
+        "vllm/envs.py": "X = 1\n",
+        "vllm/v1/attention/backends/triton_attn.py": "stock = 1\n",
+        "vllm/_version.py": "__version__ = version = '0.26.0'\n",
+    }
+    changes = plan.compute_changes(_reader(upstream), with_version=True, root=root)
+    by_path = {c.path: c for c in changes}
+    assert set(by_path) == {
+        "vllm/attention/ops/k.py",
+        "vllm/v1/attention/backends/triton_attn.py",
+        "vllm/envs.py",
+        "vllm/_version.py",
+    }
+    assert by_path["vllm/attention/ops/k.py"].kind == "added"
+    assert by_path["vllm/v1/attention/backends/triton_attn.py"].kind == "replaced"
+    assert by_path["vllm/envs.py"].new == b"X = 1\nY = 2\n"
+    assert b"0.26.0+tritonattn.1" in by_path["vllm/_version.py"].new
+
+
+def test_overlay_may_not_shadow_other_upstream_files(tmp_path):
+    root = _fake_repo(tmp_path, GOOD_TOML, {"vllm/sampling_params.py": "x\n"})
+    upstream = {"vllm/envs.py": "X = 1\n", "vllm/sampling_params.py": "stock\n"}
+    with pytest.raises(BuildError, match="REPLACED_UPSTREAM_FILES"):
+        plan.compute_changes(_reader(upstream), with_version=False, root=root)
+
+
+def test_all_errors_reported_together(tmp_path):
+    toml = GOOD_TOML + GOOD_TOML.replace("vllm/envs.py", "vllm/other.py")
+    root = _fake_repo(tmp_path, toml, {"vllm/attention/ops/k.py": "k\n"})
+    upstream = {"vllm/envs.py": "no anchor here\n"}
+    with pytest.raises(BuildError) as info:
+        plan.compute_changes(_reader(upstream), with_version=False, root=root)
+    message = str(info.value)
+    assert "nothing was written" in message
+    assert "vllm/envs.py: anchor 'X = 1'" in message
+    assert "vllm/other.py: upstream file not found" in message
+
+
+@pytest.mark.parametrize(
+    "toml",
+    [
+        '[[edit]]\nfile = "vllm/envs.py"\nanchor = "X"\n',  # no mode
+        '[[edit]]\nfile = "vllm/envs.py"\nanchor = "X"\nreplace = "Y"\nprepend = "Z"\n',
+        '[[edit]]\nfile = "vllm/envs.py"\nanchor = ""\nreplace = "Y"\n',
+    ],
+)
+def test_malformed_edit_files_fail(tmp_path, toml):
+    root = _fake_repo(tmp_path, toml, {"vllm/a.py": "a\n"})
+    with pytest.raises(BuildError, match="x.toml"):
+        plan.load_edits(root)
+
+
+def test_repo_edits_are_well_formed():
+    edits = plan.load_edits(REPO)
+    installed = {
+        "vllm/envs.py",
+        "vllm/config/attention.py",
+        "vllm/engine/arg_utils.py",
+        "vllm/v1/attention/backends/registry.py",
+    }
+    assert {e.file for e in edits} == installed | {"setup.py"}
+    assert set(plan.edited_files()) == installed
+    assert all(e.why for e in edits)
+
+
+def test_overlay_is_the_vllm_directory(tmp_path):
+    root = tmp_path / "repo"
+    shutil.copytree(REPO / "vllm", root / "vllm")
+    (root / "vllm" / "__pycache__").mkdir(exist_ok=True)
+    (root / "vllm" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"")
+    expected = {
+        p.relative_to(REPO).as_posix()
+        for p in (REPO / "vllm").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    }
+    assert set(plan.overlay_files(root)) == expected
+    assert "vllm/v1/attention/backends/triton_attn.py" in expected

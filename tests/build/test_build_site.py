@@ -1,0 +1,178 @@
+"""In-place patching of an installed vLLM (`python setup.py patch`), and revert.
+
+Bad inputs use small fake sites: the few upstream files the fork touches, copied
+from the pinned wheel, plus the dist-info. One test patches the full Python tree.
+"""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from fork_build import BuildError, pins, plan, site
+
+REPO = Path(__file__).resolve().parents[2]
+DIST_INFO = f"vllm-{pins.UPSTREAM_VERSION}.dist-info"
+TOUCHED = [
+    "vllm/__init__.py",
+    plan.VERSION_FILE,
+    *plan.edited_files(),
+    *sorted(plan.REPLACED_UPSTREAM_FILES),
+]
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """sha256 and mode of every file under `root` except bytecode caches."""
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        + oct(p.stat().st_mode)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+@pytest.fixture(scope="session")
+def fake_site_template(upstream_wheel, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fake_site_template")
+    with zipfile.ZipFile(upstream_wheel) as zf:
+        names = [*TOUCHED, f"{DIST_INFO}/METADATA", f"{DIST_INFO}/RECORD"]
+        zf.extractall(root, names)
+    return root
+
+
+@pytest.fixture
+def fake_site(fake_site_template, tmp_path) -> Path:
+    target = tmp_path / "site"
+    shutil.copytree(fake_site_template, target)
+    return target
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -S setup.py ...`: no site-packages, stdlib only (as on the GPU host)."""
+    return subprocess.run(
+        [sys.executable, "-S", "setup.py", *args],
+        cwd=REPO,
+        env={"PATH": os.environ["PATH"], "TRITONATTN_INDEX_URL": "http://127.0.0.1:9"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_patch_and_revert_restore_bytes(fake_site):
+    before = snapshot(fake_site)
+    proc = run_cli("patch", "--site-packages", str(fake_site))
+    assert proc.returncode == 0, proc.stderr
+    assert "patched" in proc.stdout
+    patched = snapshot(fake_site)
+    overlay = plan.overlay_files()
+    for rel, local in overlay.items():
+        assert (fake_site / rel).read_bytes() == local.read_bytes()
+    version = (fake_site / plan.VERSION_FILE).read_text()
+    assert f"__version__ = version = '{pins.FORK_VERSION}'" in version
+    metadata = (fake_site / DIST_INFO / "METADATA").read_text()
+    assert f"\nVersion: {pins.FORK_VERSION}\n" in metadata
+    record = (fake_site / DIST_INFO / "RECORD").read_text()
+    assert "vllm/attention/ops/reference.py,sha256=" in record
+    assert patched != before
+
+    proc = run_cli("patch", "--site-packages", str(fake_site), "--revert")
+    assert proc.returncode == 0, proc.stderr
+    assert snapshot(fake_site) == before
+    assert not (fake_site / "vllm" / "attention").exists()
+    assert not (fake_site / site.BACKUP_DIR).exists()
+
+
+def test_patched_twice_is_refused(fake_site):
+    site.patch_site(fake_site)
+    state = snapshot(fake_site)
+    proc = run_cli("patch", "--site-packages", str(fake_site))
+    assert proc.returncode == 1
+    assert "already patched" in proc.stderr and "use --revert first" in proc.stderr
+    assert snapshot(fake_site) == state
+
+
+def test_revert_of_unpatched_site_is_refused(fake_site):
+    proc = run_cli("patch", "--site-packages", str(fake_site), "--revert")
+    assert proc.returncode == 1
+    assert "not patched" in proc.stderr and "nothing to revert" in proc.stderr
+
+
+def test_other_vllm_version_is_refused(fake_site):
+    version_py = fake_site / plan.VERSION_FILE
+    version_py.write_text(version_py.read_text().replace("'0.26.0'", "'0.25.1'", 1))
+    before = snapshot(fake_site)
+    with pytest.raises(BuildError) as info:
+        site.patch_site(fake_site)
+    assert "holds vLLM 0.25.1" in str(info.value)
+    assert f"patches vLLM {pins.UPSTREAM_VERSION} only" in str(info.value)
+    assert snapshot(fake_site) == before
+
+
+def test_missing_anchor_writes_nothing(fake_site):
+    envs = fake_site / "vllm" / "envs.py"
+    envs.write_text(envs.read_text().replace("VLLM_BATCH_INVARIANT: bool", "X: int"))
+    before = snapshot(fake_site)
+    with pytest.raises(BuildError) as info:
+        site.patch_site(fake_site)
+    message = str(info.value)
+    assert "vllm/envs.py: anchor 'VLLM_BATCH_INVARIANT: bool = False'" in message
+    assert "nothing was written" in message
+    assert snapshot(fake_site) == before
+
+
+def test_file_differing_from_record_is_refused(fake_site):
+    registry = fake_site / "vllm" / "v1" / "attention" / "backends" / "registry.py"
+    registry.write_text(registry.read_text() + "\n# local change\n")
+    before = snapshot(fake_site)
+    with pytest.raises(BuildError, match="differ from the vLLM 0.26.0 wheel"):
+        site.patch_site(fake_site)
+    assert snapshot(fake_site) == before
+
+
+def test_not_a_vllm_site(tmp_path):
+    with pytest.raises(BuildError, match="no vLLM installation"):
+        site.patch_site(tmp_path)
+
+
+def test_failure_while_writing_rolls_back(fake_site, monkeypatch):
+    before = snapshot(fake_site)
+    real_write, calls = site._atomic_write, []
+
+    def flaky_write(path, data, mode=0o644):
+        calls.append(path)
+        if len(calls) == 4:
+            raise OSError("disk full (simulated)")
+        real_write(path, data, mode)
+
+    monkeypatch.setattr(site, "_atomic_write", flaky_write)
+    with pytest.raises(OSError, match="simulated"):
+        site.patch_site(fake_site)
+    assert len(calls) == 4
+    assert snapshot(fake_site) == before
+    assert not (fake_site / site.BACKUP_DIR).exists()
+
+
+def test_revert_refuses_to_lose_later_edits(fake_site):
+    site.patch_site(fake_site)
+    envs = fake_site / "vllm" / "envs.py"
+    envs.write_text(envs.read_text() + "# edited after patching\n")
+    with pytest.raises(BuildError, match="changed after patching"):
+        site.revert_site(fake_site)
+
+
+def test_full_python_tree(stock_vllm_site, tmp_path):
+    """The whole Python tree of the wheel: patch, check status, revert."""
+    target = tmp_path / "site"
+    shutil.copytree(stock_vllm_site, target)
+    before = snapshot(target)
+    changed = site.patch_site(target)
+    assert set(plan.overlay_files()) <= set(changed)
+    assert site.describe(target).endswith(f"patched to {pins.FORK_VERSION}")
+    site.revert_site(target)
+    assert snapshot(target) == before
