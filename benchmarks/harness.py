@@ -248,6 +248,9 @@ def run_logged(
             )
             return 124
         reader.join(timeout=10)
+        # Engine helper processes may outlive the leader for a moment; the next
+        # backend must not start while they still hold GPU memory.
+        kill_group(proc)
     if proc.returncode != 0:
         print(
             f"[{what}] FAILED (exit {proc.returncode}); log tail:\n{tail(log)}",
@@ -256,23 +259,42 @@ def run_logged(
     return proc.returncode
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _group_alive(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def kill_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """Terminate the process group that ``proc`` leads (started with
-    ``start_new_session``), then kill it if it lingers."""
+    """End the process group that ``proc`` leads (started with ``start_new_session``):
+    SIGTERM, then SIGKILL for whatever lingers after ``grace_s``. Returns once no
+    process of the group is left, so the next engine finds the GPU memory free."""
     import signal
 
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
+    pgid = proc.pid
+    if proc.poll() is None or _group_alive(pgid):
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=grace_s)
+            os.killpg(pgid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+        if not _wait_group_gone(pgid, grace_s):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            _wait_group_gone(pgid, grace_s)
+    proc.wait(timeout=grace_s)
 
 
 def read_json(path: Path):

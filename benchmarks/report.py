@@ -266,6 +266,13 @@ def build(results_dir: Path, doc: Path, plots: bool) -> str:
             "requests again."
         ),
         "",
+        (
+            "Reproduce on the GPU host, one step per call: `bash "
+            "benchmarks/gpu_session.sh setup`, then `train`, `accuracy`, `e2e-quick`, "
+            "`serving-quick` (see the script's header); copy `$OUT/results` into "
+            "`benchmarks/results/` and run `python3 benchmarks/report.py`."
+        ),
+        "",
     ]
     lines += serving_section(serving, plot_dir, doc.parent)
     lines += e2e_section(e2e)

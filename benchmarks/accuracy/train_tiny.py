@@ -128,7 +128,7 @@ def teacher_forced_accuracy(model, problems, device, batch: int) -> float:
                 device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
             ),
         ):
-            pred = model(input_ids=x).logits.argmax(-1)
+            pred = model(input_ids=x, use_cache=False).logits.argmax(-1)
         for r, (p, row) in enumerate(zip(chunk, rows)):
             n_ans = len(p.answer) + 1
             start = len(row) - n_ans  # first answer token's index in the row
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             with torch.autocast(
                 device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
             ):
-                logits = model(input_ids=x[:, :-1]).logits
+                logits = model(input_ids=x[:, :-1], use_cache=False).logits
             loss = torch.nn.functional.cross_entropy(
                 logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)
             )

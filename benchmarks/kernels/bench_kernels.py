@@ -471,7 +471,7 @@ def time_us(runner: Runner, num_sets: int, on_gpu: bool) -> tuple[float, str]:
     try:
         ms = triton.testing.do_bench_cudagraph(all_sets, rep=100, return_mode="median")
         method = "cuda_graph"
-    except Exception as exc:  # noqa: BLE001 - any capture failure: fall back
+    except Exception as exc:  # any capture failure: fall back
         torch.cuda.synchronize()
         ms = triton.testing.do_bench(all_sets, warmup=25, rep=100, return_mode="median")
         method = f"do_bench (graph capture failed: {type(exc).__name__})"
@@ -503,7 +503,7 @@ def measure_point(s: Shape, args, on_gpu: bool) -> dict:
         except Skip as why:
             record["time_us"][name] = None
             record["notes"][name] = f"skipped: {why}"
-        except Exception as exc:  # noqa: BLE001 - keep the sweep going; recorded
+        except Exception as exc:  # keep the sweep going; recorded
             record["time_us"][name] = None
             record["notes"][name] = f"failed: {type(exc).__name__}: {exc}"[:300]
         record[name] = throughput(s, record["time_us"].get(name))
@@ -572,7 +572,7 @@ def retune_decode(shapes: list[Shape], args) -> dict:
                         for s, inp in zip(points, inputs):
                             runner = caller_ours(s, inp)
                             total += time_us(runner, inp.num_sets, True)[0]
-                    except Exception as exc:  # noqa: BLE001 - e.g. out of resources
+                    except Exception as exc:  # e.g. out of resources
                         print(f"  {cfg}: failed ({type(exc).__name__})")
                         continue
                     if best is None or total < best[0]:
@@ -589,7 +589,7 @@ def retune_decode(shapes: list[Shape], args) -> dict:
             "triton": triton.__version__,
             "timing": "do_bench_cudagraph median, summed over the decode points of "
             "the key (bench_kernels.py sweep)",
-            "date": datetime.datetime.now(datetime.UTC).isoformat(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "command": " ".join(sys.argv),
         },
         "configs": entries,
@@ -619,20 +619,19 @@ def _import_stock(files: dict) -> None:
             files["fa3"] = sys.modules[flash_attn_varlen_func.__module__].__file__
         else:
             stock.fa3_reason = "FA3 not supported on this GPU/build"
-    except Exception as exc:  # noqa: BLE001 - no FA3 is a skip, not an error
+    except Exception as exc:  # no FA3 is a skip, not an error
         stock.fa3_reason = f"import failed: {type(exc).__name__}: {exc}"[:200]
     try:
+        from vllm.v1.attention.backends import triton_attn
         from vllm.v1.attention.ops.triton_unified_attention import unified_attention
         from vllm.v1.kv_cache_interface import KVQuantMode
-
-        from vllm.v1.attention.backends import triton_attn
 
         stock.unified_attention = unified_attention
         stock.KVQuantMode = KVQuantMode
         stock.MIN_LAUNCH_GRID_SIZE_2D = triton_attn.MIN_LAUNCH_GRID_SIZE_2D
         stock.NUM_PAR_SOFTMAX_SEGMENTS = triton_attn.NUM_PAR_SOFTMAX_SEGMENTS
         files["stock_triton"] = sys.modules[unified_attention.__module__].__file__
-    except Exception as exc:  # noqa: BLE001 - no stock kernel is a skip
+    except Exception as exc:  # no stock kernel is a skip
         stock.triton_reason = f"import failed: {type(exc).__name__}: {exc}"[:200]
     for name, reason in (
         ("fa3", stock.fa3_reason),
@@ -686,7 +685,7 @@ def _run(cmd: list[str], cwd=None) -> str | None:
         return subprocess.run(
             cmd, cwd=cwd, capture_output=True, text=True, timeout=20, check=True
         ).stdout.strip()
-    except Exception:  # noqa: BLE001 - metadata only
+    except Exception:  # metadata only
         return None
 
 
@@ -785,19 +784,27 @@ def main() -> None:
     result["bf16_dense_peak_tflops"] = BF16_DENSE_PEAK_TFLOPS
     if on_gpu:
         result["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
-        print(f"device-to-device copy: {result['copy_bandwidth_gbs']:.0f} GB/s "
-              f"(read + write); bf16 dense peak {BF16_DENSE_PEAK_TFLOPS} TFLOP/s")  # fmt: skip
+        print(
+            f"device-to-device copy: {result['copy_bandwidth_gbs']:.0f} GB/s "
+            f"(read + write); bf16 dense peak {BF16_DENSE_PEAK_TFLOPS} TFLOP/s"
+        )
     result["records"] = []
     for i, s in enumerate(shapes):
         record = measure_point(s, args, on_gpu)
         result["records"].append(record)
-        print(f"[{i + 1}/{len(shapes)} {time.time() - start:.0f}s] {s.kernel} "
-              f"{s.model} bs={s.block_size} batch={s.batch} q={s.query_len} "
-              f"ctx={s.context}: " + ", ".join(
-                  f"{k}={v:.3g}" if isinstance(v, float) else f"{k}: {record['notes'][k]}"
-                  for k, v in ((c, record.get(c)) for c in args.callers)))  # fmt: skip
+        cells = [
+            f"{c}={record[c]:.3g}"
+            if record[c] is not None
+            else f"{c}: {record['notes'][c]}"
+            for c in CALLERS
+        ]
+        print(
+            f"[{i + 1}/{len(shapes)} {time.time() - start:.0f}s] {s.kernel} {s.model}"
+            f" bs={s.block_size} batch={s.batch} q={s.query_len} ctx={s.context}: "
+            + ", ".join(cells)
+        )
     result["wall_s"] = time.time() - start
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
     suffix = "-tiny" if args.tiny else "-quick" if args.quick else ""
     path = out_dir / f"{stamp}-{result['commit']}{suffix}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")

@@ -6,16 +6,19 @@ every 15 s, hard timeout; on failure print the server log tail and go on to the 
 backend, exiting non-zero at the end), then run the workloads of
 ``benchmarks/serving/workloads.py``. Every (workload, rate) gets two timed passes over
 the same requests: ``first`` (what a fresh server sees; Triton JIT included) and
-``steady`` (the first pass was its warm-up). Prefix caching is off so the repeat pays
-its prefill.
+``steady`` (the first pass was its warm-up; ``bench serve`` itself sends one untimed
+test request before each pass). Prefix caching is off so the repeat pays its prefill.
+A steady pass resumed on a new server first gets an untimed pass of its own.
 
 Resumable: each pass's ``vllm bench serve`` JSON lands in
-``<work-dir>/<model>/<backend>/<pass key>.json`` and is not rerun; a backend with every
-pass done does not even start a server. ``--budget-s`` bounds one invocation.
+``<work-dir>/<model>-<mode>/<backend>/<pass key>.json`` and is not rerun; a backend
+with every pass done does not even start a server. ``--budget-s`` bounds one
+invocation.
 
 Prints the seed PRs' result block per pass and a side-by-side table with ratios to
-FLASH_ATTN; writes ``<results-dir>/<date>-<commit>[-quick].json`` (environment +
-records). ``benchmarks/report.py`` turns those files into docs/performance.md + plots.
+FLASH_ATTN; writes ``<results-dir>/<date>-<commit>-<model>[-quick].json``
+(environment + records). ``benchmarks/report.py`` turns those files into
+docs/performance.md + plots.
 
     python3 benchmarks/serving/run_serving.py --quick \
         --backends FLASH_ATTN,TRITON_ATTN-fork --model-dir /tmp/models/llama-3.1-8b

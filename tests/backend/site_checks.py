@@ -467,10 +467,22 @@ def check_warm_up():
     builder.vllm_config.compilation_config.static_forward_context = layers
     builder.layer_names = list(layers)
     before = len(triton_attn._WARMED_UP)
-    builder.warm_up(64)
-    assert len(triton_attn._WARMED_UP) == before + 2, triton_attn._WARMED_UP
-    builder.warm_up(64)
-    assert len(triton_attn._WARMED_UP) == before + 2
+    records = _Records()
+    level = triton_attn.logger.level
+    triton_attn.logger.setLevel(logging.INFO)
+    triton_attn.logger.addHandler(records)
+    try:
+        builder.warm_up(64)
+        assert len(triton_attn._WARMED_UP) == before + 2, triton_attn._WARMED_UP
+        builder.warm_up(64)
+        assert len(triton_attn._WARMED_UP) == before + 2
+    finally:
+        triton_attn.logger.removeHandler(records)
+        triton_attn.logger.setLevel(level)
+    assert not [m for m in records.messages if "failed" in m], records.messages
+    assert any("4 batches (2 kernel variants" in m for m in records.messages), (
+        records.messages
+    )
     return f"{len(decodes)} decode and {len(prefills)} prefill batches"
 
 

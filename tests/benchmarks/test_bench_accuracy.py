@@ -104,7 +104,7 @@ class _Oracle:
     def __init__(self, wrong=False):
         self.wrong = wrong
 
-    def __call__(self, input_ids):
+    def __call__(self, input_ids, **kwargs):
         import torch
 
         nxt = torch.roll(input_ids, -1, dims=1) + (1 if self.wrong else 0)

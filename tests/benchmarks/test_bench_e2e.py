@@ -139,6 +139,8 @@ def test_orchestration_schema_and_resume(tmp_path, fake_sites, model_dir_8b):
         assert r_["pass"] in ("first", "steady")
         if r_["backend"] == "FLASH_ATTN":
             assert r_["ratio_to_flash_attn"] == 1.0
+        if r_["pass"] == "steady":
+            assert r_["steady_equals_first"] == 1.0
     # The fake generates the same tokens for every backend.
     assert body["output_agreement"] and all(
         a["identical"] == 1.0 for a in body["output_agreement"]

@@ -497,7 +497,12 @@ _FULL_POINTS = [
 
 @pytest.mark.full_matrix
 @pytest.mark.parametrize(
-    "head_size, group, block_size, q_dtype, cache_dtype, num_splits", _FULL_POINTS
+    "head_size, group, block_size, q_dtype, cache_dtype, num_splits",
+    _FULL_POINTS,
+    ids=[
+        f"d{hs}-g{g}-bs{bs}-{str(q)[6:]}-{str(c or q)[6:]}-s{n}"
+        for hs, g, bs, q, c, n in _FULL_POINTS
+    ],
 )
 def test_decode_full_matrix(
     head_size, group, block_size, q_dtype, cache_dtype, num_splits

@@ -7,10 +7,13 @@ One program per (sequence, KV head, split). The program owns *all* query heads t
 share its KV head (the GQA group), stacked as the rows of one ``[BLOCK_M, HEAD_PAD]``
 query tile, ``BLOCK_M = max(16, next_pow2(group))`` so the two matrix products are
 ``tl.dot`` calls (tensor cores) and every K/V tile is read from memory once for the
-whole group. The keys of the sequence are walked in tiles of ``BLOCK_N``; a tile may
-lie inside one page (``BLOCK_N <= BLOCK_SIZE``: one block-table read per tile) or span
-several pages (one block-table read per key, a gather). Softmax is the usual online
-(flash) softmax in fp32, in base 2 (``exp2``) with ``log2(e)`` folded into the scores.
+whole group. The keys of the sequence are walked in tiles of ``BLOCK_N``; the page
+id is read per key (``paged_row_offsets``), so a tile may lie inside one page or span
+several and the tile size is independent of the page size. Tiles holding only visible
+keys run without masks; only the window-edge tile and the last tile are masked (the
+one inner loop ``_attend_tiles`` with a constexpr ``MASKED``). Softmax is the usual
+online (flash) softmax in fp32, in base 2 (``exp2``) with ``log2(e)`` folded into the
+scores (shared helpers of ``triton_attention_common``).
 
 Split-KV (flash-decoding): with ``NUM_SPLITS > 1`` the grid gets a third axis and
 program ``split`` covers the ``split``-th contiguous share of the sequence's KV tiles.

@@ -257,13 +257,14 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         device: torch.device,
     ):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.device = torch.device(device)
         # Decodes first, so each kernel sees one contiguous range of requests.
         self._init_reorder_batch_threshold(DECODE_QUERY_LEN)
 
         self.num_kv_heads = kv_cache_spec.num_kv_heads
         self.head_size = kv_cache_spec.head_size
         self.num_q_heads = self._num_q_heads(vllm_config, layer_names)
-        self.num_sms = _device_num_sms(torch.device(device))
+        self.num_sms = _device_num_sms(self.device)
 
         # Split counts for every decode batch size up to the largest one vLLM can
         # form (max_num_seqs; CUDA-graph capture sizes never exceed it for decodes).
@@ -274,7 +275,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             )
             for n in range(1, self.max_decode_seqs + 1)
         ]
-        self._workspaces = self._allocate_workspaces(torch.device(device))
+        self._workspaces = self._allocate_workspaces(self.device)
 
         # Compile every kernel specialisation now, at startup (see warm_up).
         self._warmed_stride_classes: set[tuple[bool, bool]] = set()
@@ -373,10 +374,25 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
 
     def warm_up(self, block_table_stride: int) -> None:
         """Launch every kernel specialisation this group's layers can use, on a
-        scratch cache, so that no Triton compilation happens while serving."""
+        scratch cache, so that no Triton compilation happens while serving.
+
+        A failure here is logged, not raised: it costs compilations at first use,
+        never a wrong answer (the same launches then fail or succeed in forward).
+        """
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return  # never launch scratch work into a CUDA graph
         self._warmed_stride_classes.add(_stride_class(block_table_stride))
+        try:
+            self._warm_up(block_table_stride)
+        except Exception as e:  # the model may still run; say why it was not warmed
+            logger.warning(
+                "TRITON_ATTN warm-up failed (%s: %s); kernels will compile at first "
+                "use.",
+                type(e).__name__,
+                e,
+            )
+
+    def _warm_up(self, block_table_stride: int) -> None:
         from vllm.config import get_layers_from_vllm_config
         from vllm.model_executor.layers.attention_layer_base import (
             AttentionLayerBase,
@@ -427,6 +443,22 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
                 time.perf_counter() - start,
             )
 
+    def _scratch_kv_cache(self, num_blocks: int) -> torch.Tensor:
+        """A zeroed cache with the real block stride (vLLM pads pages when KV-cache
+        groups of different page sizes share one pool; the decode kernel takes the
+        block stride as a constexpr)."""
+        spec = self.kv_cache_spec
+        shape = TritonAttentionBackend.get_kv_cache_shape(
+            num_blocks, spec.block_size, self.num_kv_heads, self.head_size
+        )
+        itemsize = torch.empty((), dtype=spec.dtype).element_size()
+        block_stride = max(spec.page_size_bytes // itemsize, int(np.prod(shape[1:])))
+        storage = torch.zeros(
+            num_blocks * block_stride, dtype=spec.dtype, device=self.device
+        )
+        dense = torch.empty(shape, device="meta").stride()
+        return storage.as_strided(shape, (block_stride, *dense[1:]))
+
     def _run_warm_up_batch(
         self,
         layer: AttentionLayer,
@@ -440,13 +472,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         num_reqs = len(batch.query_lens)
         num_tokens = sum(batch.query_lens)
         dtype = self.vllm_config.model_config.dtype
-        kv_cache = torch.zeros(
-            TritonAttentionBackend.get_kv_cache_shape(
-                2, block_size, self.num_kv_heads, self.head_size
-            ),
-            dtype=self.kv_cache_spec.dtype,
-            device=device,
-        )
+        kv_cache = self._scratch_kv_cache(num_blocks=2)
         # Queries as vLLM hands them over: contiguous, or a view of the fused
         # QKV projection output (row stride (num_q + 2 * num_kv) * head_size).
         q_width = self.num_q_heads * self.head_size
