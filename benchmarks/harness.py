@@ -80,13 +80,16 @@ def resolve_sites(stock: str | None = None, fork: str | None = None) -> dict[str
     return sites
 
 
-def check_site(backend: Backend, sites: dict[str, str]) -> None:
+def site_problem(backend: Backend, sites: dict[str, str]) -> str | None:
+    """Why ``backend``'s install cannot run (printed loudly by the callers, which go
+    on with the other backends), or None."""
     site = Path(backend.site(sites))
     if not (site / "vllm" / "__init__.py").is_file():
-        raise SystemExit(
+        return (
             f"{backend.name}: no vLLM at {site} (install {backend.install!r}); "
             f"unpack stock vLLM there or pass --site-{backend.install}"
         )
+    return None
 
 
 def backend_env(backend: Backend, sites: dict[str, str]) -> dict[str, str]:

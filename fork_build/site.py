@@ -20,7 +20,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -264,5 +263,5 @@ def describe(site: Path) -> str:
         manifest = json.loads((site / BACKUP_DIR / MANIFEST).read_text())
         return f"{site}: patched to {manifest['fork_version']}"
     version = _installed_version(site)
-    stock = re.fullmatch(re.escape(pins.UPSTREAM_VERSION), version)
+    stock = version == pins.UPSTREAM_VERSION
     return f"{site}: vLLM {version}" + (" (stock; can be patched)" if stock else "")

@@ -216,7 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         if result.is_file() and not args.redo:
             print(f"[accuracy] {b.name}: have {result}, skipping (--redo to rerun)")
             continue
-        harness.check_site(b, sites)
+        problem = harness.site_problem(b, sites)
+        if problem:
+            print(f"[accuracy] FAILED: {problem}", flush=True)
+            failed.append(b.name)
+            continue
         cmd = [
             sys.executable,
             str(Path(__file__).resolve()),

@@ -262,7 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None)
     # worker mode (internal)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--model-dir",
+        help="existing model directory (e.g. /tmp/models/llama-3.1-8b from "
+        "gpu_session.sh setup); default: made from --model in a temp dir",
+    )
     p.add_argument("--prompts-file", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -274,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="agreement_") as tmp:
         tmp = Path(tmp)
-        model_dir = make_model_dir(args.model, tmp / args.model)
+        model_dir = args.model_dir or make_model_dir(args.model, tmp / args.model)
         prompts = make_prompts(
             args.prompts, args.max_model_len - args.tokens - 8, BENCH_TOKENIZER_VOCAB
         )

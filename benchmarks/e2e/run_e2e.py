@@ -286,7 +286,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[e2e] budget spent; {b.name} not started (rerun to resume)")
             failed.append(b.name)
             continue
-        harness.check_site(b, sites)
+        problem = harness.site_problem(b, sites)
+        if problem:
+            print(f"[e2e] FAILED: {problem}", flush=True)
+            failed.append(b.name)
+            continue
         cmd = [
             sys.executable,
             str(Path(__file__).resolve()),

@@ -158,7 +158,10 @@ def run_backend(
     if not budget.allows(STARTUP_ALLOWANCE_S):
         print(f"[serving {b.name}] budget spent; not started (rerun to resume)")
         return False
-    harness.check_site(b, sites)
+    problem = harness.site_problem(b, sites)
+    if problem:
+        print(f"[serving {b.name}] FAILED: {problem}", flush=True)
+        return False
     env = harness.backend_env(b, sites)
     port = free_port()
     served = args.model_dir.name

@@ -194,6 +194,59 @@ def check_capabilities():
 
 
 @check
+def check_selection_on_cuda_platform():
+    """vLLM's CUDA platform selecting a backend by name (--attention-backend) on an
+    SM 9.0 device: TRITON_ATTN and ROCM_ATTN resolve to our classes, refused
+    configurations stop with our reasons. vllm._C_stable_libtorch (the compiled
+    extension cuda.py imports) is stubbed: no GPU here."""
+    import types
+
+    import torch
+
+    sys.modules.setdefault(
+        "vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch")
+    )
+    from vllm.platforms.cuda import CudaPlatform
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    CudaPlatform.get_device_capability = classmethod(
+        lambda cls, device_id=0: DeviceCapability(9, 0)
+    )
+    ours = "vllm.v1.attention.backends.triton_attn."
+    good = AttentionSelectorConfig(
+        head_size=128, dtype=torch.bfloat16, kv_cache_dtype="fp8", block_size=64
+    )
+    assert CudaPlatform.get_attn_backend_cls(E.TRITON_ATTN, good) == (
+        ours + "TritonAttentionBackend"
+    )
+    if E.ROCM_ATTN.get_path() == ours + "RocmAttentionBackend":  # frame's patch
+        assert CudaPlatform.get_attn_backend_cls(E.ROCM_ATTN, good) == (
+            ours + "RocmAttentionBackend"
+        )
+    use_fa_diffkv = "use --attention-backend FLASH_ATTN_DIFFKV"
+    refused = [
+        (E.TRITON_ATTN, good._replace(kv_cache_dtype="fp8_e5m2"), "fp8_e5m2"),
+        (E.TRITON_ATTN, good._replace(attn_type="encoder_only"), "encoder_only"),
+        (E.TRITON_ATTN, good._replace(head_size=72), "head_size 72"),
+        (
+            E.TRITON_ATTN_DIFFKV,
+            good._replace(kv_cache_dtype="auto"),
+            use_fa_diffkv,
+        ),
+    ]
+    for backend, config, expected in refused:
+        try:
+            CudaPlatform.get_attn_backend_cls(backend, config)
+        except ValueError as e:
+            assert "is not valid for this configuration" in str(e), e
+            assert expected in str(e), e
+        else:
+            raise AssertionError(f"{backend.name} accepted {config}")
+
+
+@check
 def check_layout():
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend as B
 
@@ -268,6 +321,76 @@ def check_refuses_stock_subclasses():
         else:
             raise AssertionError(f"TritonAttentionImpl accepted {kwargs}")
     TritonAttentionImpl(num_heads=8, head_size=128, scale=0.1, chunk_lookback=-1)
+
+
+@check
+def check_kv_cache_in_model_runner():
+    """vLLM's own KV-cache reshape (model runner V2, shared by V1) gives our layout,
+    and a padded page (mixed page sizes) only changes the block stride: the same
+    step on a padded and an unpadded cache gives the same output."""
+    from dataclasses import replace
+
+    import torch
+
+    from vllm.v1.attention.backends.triton_attn import (
+        TritonAttentionBackend as B,
+    )
+    from vllm.v1.attention.backends.triton_attn import (
+        TritonAttentionImpl,
+    )
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.worker.gpu.attn_utils import _reshape_attention_kv_cache
+
+    num_blocks, block_size, head_size = 6, 16, 64
+    spec = FullAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=head_size,
+        dtype=torch.bfloat16,
+    )
+    padded = replace(spec, page_size_padded=spec.page_size_bytes + 512)
+    shape = B.get_kv_cache_shape(num_blocks, block_size, NUM_KV_HEADS, head_size)
+    caches = []
+    for s in (spec, padded):
+        raw = torch.zeros(num_blocks * s.page_size_bytes, dtype=torch.int8)
+        kv = _reshape_attention_kv_cache(
+            raw, s, shape, B.get_kv_cache_stride_order(), num_blocks, None
+        )
+        assert kv.shape == shape, kv.shape
+        assert kv.stride(0) == s.page_size_bytes // 2, kv.stride()
+        caches.append(kv)
+    assert caches[0].is_contiguous() and not caches[1].is_contiguous()
+
+    gen = torch.Generator().manual_seed(1)
+    impl = TritonAttentionImpl(
+        num_heads=NUM_Q_HEADS, head_size=head_size, scale=0.125, num_kv_heads=2
+    )
+    layer = SimpleNamespace(_k_scale=torch.tensor(1.0), _v_scale=torch.tensor(1.0))
+    # Request 0: decode at position 20 (pages 3, 1); request 1: 3-token prefill
+    # (page 4).
+    block_table = torch.tensor([[3, 1], [4, 0]], dtype=torch.int32)
+    slots = [3 * 16 + p for p in range(16)] + [16 + p for p in range(5)]
+    slots += [4 * 16 + p for p in range(3)]
+    kv_new = torch.randn((2, len(slots), NUM_KV_HEADS, head_size), generator=gen)
+    query = torch.randn((4, NUM_Q_HEADS, head_size), generator=gen).bfloat16()
+    cm = _common_metadata(
+        [1, 3], [21, 3], block_table, torch.tensor(slots[-4:]), num_tokens=4
+    )
+    md = _builder(block_size, head_size, torch.bfloat16).build(0, cm)
+    outputs = []
+    for kv in caches:
+        impl.do_kv_cache_update(
+            layer,
+            kv_new[0].bfloat16(),
+            kv_new[1].bfloat16(),
+            kv,
+            torch.tensor(slots, dtype=torch.int64),
+        )
+        out = torch.full_like(query, float("nan"))
+        impl.forward(layer, query, None, None, kv, md, out)
+        outputs.append(out)
+    assert torch.isfinite(outputs[0]).all()
+    assert torch.equal(outputs[0], outputs[1]), (outputs[0] - outputs[1]).abs().max()
 
 
 # ----------------------------------------------------------------------------------

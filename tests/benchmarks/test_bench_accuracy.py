@@ -144,6 +144,17 @@ def test_train_tiny_toy_cpu(tmp_path):
     assert log["steps"] == 3 and all(math.isfinite(r["loss"]) for r in log["log"])
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["vocab_size"] == 4 + len(tasks.ALPHABET) + 3
+    # Loadable the way an inference engine loads it: weights + tokenizer from the dir.
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(out))
+    model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    ids = tok("12+34=", return_tensors="pt").input_ids
+    assert ids[0].tolist() == [tasks.BOS_ID] + tasks.encode("12+34=")
+    logits = model(input_ids=ids).logits
+    assert logits.shape == (1, ids.shape[1], cfg["vocab_size"])
+    assert torch.isfinite(logits).all()
 
 
 def _run_eval(tmp_path, model_dir, extra_env=None):

@@ -165,3 +165,18 @@ def test_budget_leaves_work_for_a_rerun(tmp_path, fake_sites, model_dir_8b):
     r = _run(tmp_path, model_dir_8b, "--workloads", "sharegpt", "--budget-s", "30")
     assert r.returncode == 1
     assert "budget spent" in r.stdout and "rerun" in r.stdout
+
+
+def test_missing_install_fails_loudly_but_others_run(
+    tmp_path, fake_sites, model_dir_8b, monkeypatch
+):
+    monkeypatch.setenv("BENCH_SITE_FORK", str(tmp_path / "no-such-site"))
+    r = _run(tmp_path, model_dir_8b, "--workloads", "sharegpt")
+    assert r.returncode == 1
+    assert "FAILED: TRITON_ATTN-fork: no vLLM at" in r.stdout
+    body = json.loads(next((tmp_path / "res").glob("*.json")).read_text())
+    assert {r_["backend"] for r_ in body["records"]} == {
+        "FLASH_ATTN",
+        "TRITON_ATTN-stock",
+    }
+    assert body["complete"] is False

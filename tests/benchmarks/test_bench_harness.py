@@ -25,8 +25,10 @@ def test_sites_and_check(tmp_path, monkeypatch):
     sites = harness.resolve_sites()
     assert sites["fork"] == str(tmp_path) and sites["stock"] == "/tmp/site"
     fork = harness.BACKENDS["TRITON_ATTN-fork"]
-    with pytest.raises(SystemExit, match="--site-fork"):
-        harness.check_site(fork, sites)
+    assert "--site-fork" in harness.site_problem(fork, sites)
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    assert harness.site_problem(fork, sites) is None
     assert harness.backend_env(fork, sites)["PYTHONPATH"] == str(tmp_path)
 
 

@@ -49,6 +49,7 @@ ALL_BUT_HELP = (
     "attention_config",
     "registry",
     "engine_args_precedence",
+    "cli_version",
 )
 
 
@@ -62,6 +63,10 @@ def test_version(site_results):
         "module": pins.FORK_VERSION,
         "metadata": pins.FORK_VERSION,
     }
+
+
+def test_vllm_version_command(site_results):
+    assert site_results["cli_version"] == pins.FORK_VERSION
 
 
 def test_env_getter(site_results):

@@ -142,8 +142,36 @@ def test_installed_wheel_imports_as_the_fork(installed_target):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == pins.FORK_VERSION
-    results = run_checks(installed_target, "version", "registry")
+    results = run_checks(installed_target, "version", "registry", "cli_version")
     assert results["version"]["metadata"] == pins.FORK_VERSION
+    assert results["cli_version"] == pins.FORK_VERSION  # `vllm --version`
     registry = results["registry"]
     assert registry["module_is_ours"] is True
     assert registry["ROCM_ATTN"].endswith("triton_attn.RocmAttentionBackend")
+
+
+def test_sdist_of_the_fork_builds_standalone(tmp_path):
+    """The backend's own sdist holds everything the backend needs."""
+    import tarfile
+
+    from fork_build import backend
+
+    name = backend.build_sdist(str(tmp_path))
+    root = f"vllm-{pins.FORK_VERSION}"
+    assert name == f"{root}.tar.gz"
+    with tarfile.open(tmp_path / name) as tar:
+        members = set(tar.getnames())
+        tar.extractall(tmp_path / "x", filter="data")
+    assert f"{root}/PKG-INFO" in members
+    assert not [m for m in members if "__pycache__" in m]
+    for rel in plan.overlay_files():
+        assert f"{root}/{rel}" in members
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "show"],
+        cwd=tmp_path / "x" / root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "edited:  vllm/envs.py" in proc.stdout

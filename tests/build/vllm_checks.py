@@ -160,21 +160,32 @@ def check_engine_args_precedence():
     return result
 
 
-@check
-def check_serve_help():
-    """`vllm serve --help=attention-backend`; run it alone in its process, since
-    vLLM decides at import time (from sys.argv) whether to build help texts."""
+def _run_cli(*argv: str) -> str:
+    """Run vLLM's CLI entry point (`vllm ...`) in this process; return its stdout."""
     import contextlib
     import io
 
-    sys.argv = ["vllm", "serve", "--help=attention-backend"]
     _force_cpu_platform()
     from vllm.entrypoints.cli.main import main
 
     out = io.StringIO()
+    sys.argv = ["vllm", *argv]
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
         main()
     return out.getvalue()
+
+
+@check
+def check_cli_version():
+    return _run_cli("--version").strip()
+
+
+@check
+def check_serve_help():
+    """`vllm serve --help=attention-backend`; run it alone in its process, since
+    vLLM decides at import time (from sys.argv) whether to build help texts."""
+    sys.argv = ["vllm", "serve", "--help=attention-backend"]  # before vLLM imports
+    return _run_cli("serve", "--help=attention-backend")
 
 
 def main(names):

@@ -102,16 +102,28 @@ def test_inconsistent_counts_raise(recorded, over, match):
     assert recorded == [], "nothing may launch on bad counts"
 
 
-def test_dispatch_is_cheap_on_the_host(recorded):
-    # Runs every step for every layer: pure int arithmetic, no tensor work.
-    import time
+def test_dispatch_does_no_tensor_work(recorded):
+    # It runs every step for every layer: host int arithmetic only. Any torch call
+    # on a tensor (a read such as .item() syncs the device; an allocation or a
+    # copy costs time) shows up in a TorchFunctionMode. Speed itself is measured
+    # in benchmarks, not asserted here.
+    from torch.overrides import TorchFunctionMode
+
+    class Spy(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
 
     args = _dispatch_args(64, 48)
-    start = time.perf_counter()
-    for _ in range(2000):
+    with Spy() as spy:
         dispatch.paged_attention(**args)
-    per_call = (time.perf_counter() - start) / 2000
-    assert per_call < 50e-6, f"dispatch took {per_call * 1e6:.1f} us per call"
+    # seq_lens.shape is read when num_seqs is not given: an attribute, not work.
+    assert set(spy.seen) <= {"shape", "__get__"}, spy.seen
+    assert [name for name, _ in recorded] == ["decode", "prefill"]
 
 
 # (query_len, kv_len): decodes first (incl. a single-key one), then a chunked-prefill

@@ -36,6 +36,10 @@ graphs. The split-KV count depends only on the (padded) number of decodes, and t
 kernel derives each split's key range from ``seq_lens`` on the device, so a graph
 captured for a batch size stays valid while contexts grow.
 
+No Triton compilation while serving: vLLM has no backend warm-up hook and its own
+warm-ups miss most of our specialisations, so the builder launches every one of
+them on a scratch cache at startup (``warm_up_plan``; list in docs/backend.md).
+
 What is refused at startup, with the reason (see ``validate_configuration``):
 encoder / encoder-only / cross attention and non-causal attention (the kernels are
 causal only), MLA, sparse attention, head sizes outside ``SUPPORTED_HEAD_SIZES``,
@@ -679,80 +683,17 @@ class TritonAttentionBackend(AttentionBackend):
         return (capability.major, capability.minor) >= MIN_CUDA_CAPABILITY
 
     @classmethod
-    def supports_combination(
-        cls,
-        head_size: int,
-        dtype: torch.dtype,
-        kv_cache_dtype: "CacheDType | None",
-        block_size: int | None,
-        use_mla: bool,
-        has_sink: bool,
-        use_sparse: bool,
-        use_mm_prefix: bool,
-        device_capability: "DeviceCapability",
-    ) -> str | None:
-        reasons = []
-        foreign = _incompatible_subclass_reason(cls)
-        if foreign is not None:
-            reasons.append(foreign)
-        cache_dtype = _SIXTEEN_BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
-        if cache_dtype is not None and cache_dtype != dtype:
-            reasons.append(
-                f"kv_cache_dtype {kv_cache_dtype} with model dtype {dtype} is not "
-                "supported: the kernels read a 16-bit cache in the model's dtype; "
-                "use --kv-cache-dtype auto"
-            )
-        if kv_cache_dtype in FP8_CACHE_DTYPES and not _platform_supports_fp8(
-            device_capability
-        ):
-            reasons.append(
-                f"kv_cache_dtype {kv_cache_dtype} needs fp8 e4m3 support (CUDA "
-                f"SM {MIN_CUDA_FP8_CAPABILITY[0]}.{MIN_CUDA_FP8_CAPABILITY[1]}+ or "
-                f"an fp8-capable ROCm GPU), this GPU is SM "
-                f"{device_capability.major}.{device_capability.minor}; use "
-                "--kv-cache-dtype auto"
-            )
-        return "; ".join(reasons) if reasons else None
-
-    @classmethod
-    def validate_configuration(
-        cls,
-        head_size: int,
-        dtype: torch.dtype,
-        kv_cache_dtype: "CacheDType | None",
-        block_size: int | None,
-        use_mla: bool,
-        has_sink: bool,
-        use_sparse: bool,
-        use_mm_prefix: bool,
-        use_per_head_quant_scales: bool,
-        device_capability: "DeviceCapability",
-        attn_type: str,
-        has_sliding_window: bool = False,
-        use_non_causal: bool = False,
-        use_batch_invariant: bool = False,
-        use_kv_connector: bool = False,
-        use_pcp: bool = False,
-    ) -> list[str]:
-        """vLLM's checks, with each reason saying what is supported instead."""
-        reasons = super().validate_configuration(
-            head_size=head_size,
-            dtype=dtype,
-            kv_cache_dtype=kv_cache_dtype,
-            block_size=block_size,
-            use_mla=use_mla,
-            has_sink=has_sink,
-            use_sparse=use_sparse,
-            use_mm_prefix=use_mm_prefix,
-            use_per_head_quant_scales=use_per_head_quant_scales,
-            device_capability=device_capability,
-            attn_type=attn_type,
-            has_sliding_window=has_sliding_window,
-            use_non_causal=use_non_causal,
-            use_batch_invariant=use_batch_invariant,
-            use_kv_connector=use_kv_connector,
-            use_pcp=use_pcp,
-        )
+    def validate_configuration(cls, **config) -> list[str]:
+        """vLLM's checks (``AttentionBackend.validate_configuration``, called with
+        the selector's keyword arguments), each reason saying what is supported
+        instead, plus ours: dtype pairing, fp8 capability, stock subclasses."""
+        reasons = super().validate_configuration(**config)
+        head_size = config["head_size"]
+        dtype = config["dtype"]
+        kv_cache_dtype = config["kv_cache_dtype"]
+        block_size = config["block_size"]
+        capability = config["device_capability"]
+        attn_type = config["attn_type"]
         explain = {
             "head_size not supported": f"head_size {head_size} not supported "
             f"(supported: {', '.join(map(str, SUPPORTED_HEAD_SIZES))})",
@@ -765,7 +706,7 @@ class TritonAttentionBackend(AttentionBackend):
             "MLA not supported": "MLA not supported (MLA models need an MLA "
             "backend such as TRITON_MLA)",
             "compute capability not supported": "compute capability "
-            f"{device_capability.major}.{device_capability.minor} not supported "
+            f"{capability.major}.{capability.minor} not supported "
             f"(CUDA needs SM {MIN_CUDA_CAPABILITY[0]}.{MIN_CUDA_CAPABILITY[1]}+)",
             f"attention type {attn_type} not supported": f"attention type "
             f"{attn_type} not supported (the kernels are causal decoder "
@@ -785,7 +726,27 @@ class TritonAttentionBackend(AttentionBackend):
             "per-head quant scales not supported": "per-head KV quant scales not "
             "supported (fp8 uses per-tensor k/v scales)",
         }
-        return [explain.get(reason, reason) for reason in reasons]
+        reasons = [explain.get(reason, reason) for reason in reasons]
+        foreign = _incompatible_subclass_reason(cls)
+        if foreign is not None:
+            reasons.append(foreign)
+        cache_dtype = _SIXTEEN_BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
+        if cache_dtype is not None and cache_dtype != dtype:
+            reasons.append(
+                f"kv_cache_dtype {kv_cache_dtype} with model dtype {dtype} is not "
+                "supported: the kernels read a 16-bit cache in the model's dtype; "
+                "use --kv-cache-dtype auto"
+            )
+        if kv_cache_dtype in FP8_CACHE_DTYPES and not _platform_supports_fp8(
+            capability
+        ):
+            reasons.append(
+                f"kv_cache_dtype {kv_cache_dtype} needs fp8 e4m3 support (CUDA "
+                f"SM {MIN_CUDA_FP8_CAPABILITY[0]}.{MIN_CUDA_FP8_CAPABILITY[1]}+ or "
+                f"an fp8-capable ROCm GPU), this GPU is SM "
+                f"{capability.major}.{capability.minor}; use --kv-cache-dtype auto"
+            )
+        return reasons
 
 
 def _platform_supports_fp8(device_capability: "DeviceCapability") -> bool:

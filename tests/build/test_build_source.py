@@ -1,0 +1,202 @@
+"""Source outputs: the upstream PR patch and the patched source tree (ROCm path).
+
+What runs here: the patch applies to the pristine sdist with `git apply`; the
+patched tree byte-compiles; our modules import from the patched tree; upstream's
+setup.py reads the patched envs.py the way it does during a build, and
+setuptools-scm gives the fork version. A ROCm compile of the C++/HIP extensions
+needs a ROCm host (docs/rocm.md).
+"""
+
+import compileall
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from fork_build import BuildError, pins, plan, source
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def pristine_tree(upstream_sdist, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("pristine")
+    with tarfile.open(upstream_sdist) as tar:
+        tar.extractall(root, filter="data")
+    return root / source.SDIST_ROOT
+
+
+@pytest.fixture(scope="session")
+def pr_patch(upstream_sdist, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("patch") / source.PATCH_NAME
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "pr-patch", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def git_apply(tree: Path, patch: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["git", "apply", *args, str(patch)],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_pr_patch_format(pr_patch):
+    text = pr_patch.read_text()
+    assert text.startswith("From 0000000000000000000000000000000000000000 ")
+    for rel in plan.overlay_files():
+        assert f"diff --git a/{rel} b/{rel}\n" in text
+    added = next(iter(plan.overlay_files()))
+    assert (
+        f"diff --git a/{added} b/{added}\nnew file mode 100644\nindex 0000000.."
+    ) in text
+    assert f"--- /dev/null\n+++ b/{added}\n" in text
+    for rel in plan.edited_files(source=True):
+        assert f"--- a/{rel}\n+++ b/{rel}\n" in text
+    assert "vllm/_version.py" not in text  # an upstream PR keeps upstream's version
+
+
+def test_pr_patch_applies_and_compiles(pr_patch, pristine_tree, tmp_path):
+    tree = tmp_path / "tree"
+    shutil.copytree(pristine_tree, tree, symlinks=True)
+    check = git_apply(tree, pr_patch, "--check")
+    assert check.returncode == 0, check.stderr
+    applied = git_apply(tree, pr_patch)
+    assert applied.returncode == 0, applied.stderr
+    for rel, local in plan.overlay_files().items():
+        assert (tree / rel).read_bytes() == local.read_bytes()
+    assert compileall.compile_dir(tree / "vllm", quiet=1, workers=2)
+    assert compileall.compile_file(tree / "setup.py", quiet=1)
+    # Applying twice must fail: the patch is not silently re-applicable.
+    assert git_apply(tree, pr_patch, "--check").returncode != 0
+
+
+@pytest.fixture(scope="session")
+def source_tree(upstream_sdist, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("build")
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "source-tree", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return out / source.TREE_NAME
+
+
+def test_source_tree_contents(source_tree, pristine_tree):
+    pkg_info = (source_tree / "PKG-INFO").read_text()
+    assert f"\nVersion: {pins.FORK_VERSION}\n" in pkg_info
+    assert (source_tree / "requirements-rocm.txt").read_bytes() == (
+        REPO / "requirements-rocm.txt"
+    ).read_bytes()
+    for rel in ("requirements/rocm.txt", "requirements/build/rocm.txt"):
+        assert (source_tree / rel).is_file(), f"requirements-rocm.txt needs {rel}"
+    setup_py = (source_tree / "setup.py").read_text()
+    assert '"attention/ops/tuning/*.json",' in setup_py
+    for rel, local in plan.overlay_files().items():
+        assert (source_tree / rel).read_bytes() == local.read_bytes()
+    unchanged = "vllm/v1/attention/backends/rocm_attn.py"  # stock file stays
+    assert (source_tree / unchanged).read_bytes() == (
+        pristine_tree / unchanged
+    ).read_bytes()
+
+
+def test_source_tree_refuses_existing_target(upstream_sdist, source_tree):
+    with pytest.raises(BuildError, match="exists"):
+        source.write_source_tree(upstream_sdist, source_tree.parent)
+
+
+def test_source_tree_builds_the_way_upstream_setup_py_reads_it(source_tree):
+    """Byte-compile, import our modules, load envs.py as setup.py does."""
+    assert compileall.compile_dir(source_tree / "vllm", quiet=1, workers=2)
+    code = (
+        "import importlib.util\n"
+        "spec = importlib.util.spec_from_file_location('envs', 'vllm/envs.py')\n"
+        "envs = importlib.util.module_from_spec(spec); spec.loader.exec_module(envs)\n"
+        "assert envs.VLLM_TARGET_DEVICE == 'rocm', envs.VLLM_TARGET_DEVICE\n"
+        "assert envs.VLLM_ATTENTION_BACKEND == 'TRITON_ATTN'\n"
+        "import vllm.attention.ops.paged_attention as pa\n"
+        "import vllm.attention.ops.reference as ref\n"
+        "from vllm.v1.attention.backends.registry import AttentionBackendEnum as E\n"
+        "print(pa.__file__, ref.__name__, E.ROCM_ATTN.get_path())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env.update(
+        PYTHONPATH=str(source_tree),
+        VLLM_TARGET_DEVICE="rocm",
+        VLLM_ATTENTION_BACKEND="TRITON_ATTN",
+        VLLM_LOGGING_LEVEL="WARNING",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=source_tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    module_file, _, rocm_path = proc.stdout.split()[-3:]
+    assert Path(module_file).is_relative_to(source_tree)
+    assert rocm_path.endswith("triton_attn.RocmAttentionBackend")
+
+
+def test_setuptools_scm_reads_the_fork_version(source_tree):
+    scm = pytest.importorskip(
+        "setuptools_scm", reason="setuptools-scm (upstream's build dependency)"
+    )
+    assert scm.get_version(root=str(source_tree)) == pins.FORK_VERSION
+
+
+def test_empty_device_build_of_the_source_tree(source_tree, tmp_path):
+    """Upstream's setup.py builds a wheel of the tree with VLLM_TARGET_DEVICE=empty
+    (Python only: no CUDA/ROCm compile), with upstream's pinned build tools."""
+    tools = tmp_path / "build-tools"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--target", str(tools)]
+        + ["setuptools>=77.0.3,<81", "setuptools-scm>=8", "setuptools-rust>=1.9.0"],
+        check=True,
+        timeout=600,
+    )
+    build = tmp_path / "tree"
+    shutil.copytree(source_tree, build, symlinks=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env.update(
+        PYTHONPATH=str(tools),
+        VLLM_TARGET_DEVICE="empty",
+        # No Rust toolchain: the optional Rust frontend is skipped, as upstream allows.
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"]),
+        CARGO="/nonexistent/cargo",
+    )
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "-q", "bdist_wheel", "-d", str(tmp_path / "dist")],
+        cwd=build,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (built,) = (tmp_path / "dist").glob("*.whl")
+    assert built.name.startswith(f"vllm-{pins.FORK_VERSION}.empty-")
+    with zipfile.ZipFile(built) as zf:
+        names = set(zf.namelist())
+    # Code and tuning tables ship; docs (README.md) stay in the source tree.
+    expected = {p for p in plan.overlay_files() if p.endswith((".py", ".json"))}
+    assert expected <= names, sorted(expected - names)
