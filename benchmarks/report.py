@@ -4,6 +4,9 @@ Inputs, all optional (sections without data say so):
 - ``benchmarks/results/serving/*.json``  (run_serving.py; newest per model and mode)
 - ``benchmarks/results/e2e/*.json``      (run_e2e.py; newest per scale and KV dtype)
 - ``benchmarks/results/accuracy/summary*.json`` (accuracy/eval.py)
+- ``benchmarks/results/kernels/*.json``  (kernels/bench_kernels.py; newest full run)
+- ``benchmarks/results/agreement/*.json`` (agreement/agreement.py)
+- ``benchmarks/results/serving-smoke/*.json`` (single-backend `vllm serve` checks)
 
     python3 benchmarks/report.py            # writes docs/performance.md + PNGs
     python3 benchmarks/report.py --no-plots # text only (no matplotlib needed)
@@ -247,6 +250,89 @@ def accuracy_section(items) -> list[str]:
     return lines
 
 
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def kernels_section(items) -> list[str]:
+    """The kernel roofline table of the newest full (non-quick) microbenchmark."""
+    lines = ["## Kernels (`benchmarks/kernels/bench_kernels.py`)", ""]
+    full = [(p, b) for p, b in items if "quick" not in p.name]
+    if not full:
+        return lines + ["No kernel results yet.", ""]
+    path, body = newest_by(full, lambda b: "all")[0]
+    copy = body.get("copy_bandwidth_gbs")
+    peak = body.get("bf16_dense_peak_tflops")
+    lines += [
+        (
+            f"`{path.name}`: {_env_line(body)}. Decode in GB/s of K/V read (plus q and "
+            f"out), prefill in TFLOP/s of causally visible work (formulas in "
+            f"docs/kernels.md). Ceilings: device copy {copy:.0f} GB/s measured in the "
+            f"same run, bf16 dense {peak:.0f} TFLOP/s. `%roof` = ours / ceiling."
+        ),
+        "",
+        (
+            "| kernel | model | page | batch | q | ctx | kv | ours | FA3 "
+            "| stock Triton | ours/FA3 | ours/stock | %roof | max err |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in body["records"]:
+        roof = copy if r["kernel"] == "decode" else peak
+        err = r["max_abs_err"]
+        err = err.get("ours") if isinstance(err, dict) else err
+        lines.append(
+            f"| {r['kernel']} | {r['model']} | {r['block_size']} | {r['batch']} "
+            f"| {r['query_len']} | {r['context']} | {r['kv_dtype']} "
+            f"| {r['ours']:.0f} {r['unit']} | {_fmt(r.get('fa3'))} "
+            f"| {_fmt(r.get('stock_triton'))} | {_fmt(r.get('ratio_vs_fa3'))} "
+            f"| {_fmt(r.get('ratio_vs_stock_triton'))} "
+            f"| {100 * r['ours'] / roof:.0f}% | {err:.1e} |"
+        )
+    ratios = [r["ratio_vs_stock_triton"] for r in body["records"]]
+    lines += [
+        "",
+        (f"Ours / stock Triton: min {min(ratios):.2f} over {len(ratios)} points."),
+        "",
+    ]
+    return lines
+
+
+def agreement_section(items) -> list[str]:
+    lines = ["## Greedy agreement with FLASH_ATTN", ""]
+    if not items:
+        return lines + ["No agreement results yet.", ""]
+    lines += [
+        "| file | reference | backend | tp | prompts | tokens equal | fraction |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p, b in items:
+        lines.append(
+            f"| `{p.name}` | {b['reference']} | {b['backend']} | {b['tp']} "
+            f"| {b['prompts']} | {b['tokens_equal']}/{b['tokens_compared']} "
+            f"| {b['fraction_equal']:.4f} |"
+        )
+    return lines + [""]
+
+
+def smoke_section(items) -> list[str]:
+    lines = ["## Single-backend serving checks", ""]
+    if not items:
+        return lines + ["None yet.", ""]
+    for p, b in items:
+        r = b.get("results", {})
+        lines.append(
+            f"- `{p.name}` ({_env_line(b)}): {b.get('model')}; server up in "
+            f"{b.get('server_up_s')} s; {b.get('pass')}; "
+            f"{r.get('Successful requests', '?'):.0f} requests, total "
+            f"{r.get('Total token throughput (tok/s)', 0):.0f} tok/s, median TTFT "
+            f"{r.get('Median TTFT (ms)', 0):.0f} ms, median TPOT "
+            f"{r.get('Median TPOT (ms)', 0):.2f} ms. "
+            f"Command: `{b.get('bench_command')}`"
+        )
+    return lines + [""]
+
+
 def build(results_dir: Path, doc: Path, plots: bool) -> str:
     serving = _load((results_dir / "serving").glob("*.json"))
     e2e = _load((results_dir / "e2e").glob("*.json"))
@@ -277,6 +363,9 @@ def build(results_dir: Path, doc: Path, plots: bool) -> str:
     lines += serving_section(serving, plot_dir, doc.parent)
     lines += e2e_section(e2e)
     lines += accuracy_section(acc)
+    lines += kernels_section(_load((results_dir / "kernels").glob("*.json")))
+    lines += agreement_section(_load((results_dir / "agreement").glob("*.json")))
+    lines += smoke_section(_load((results_dir / "serving-smoke").glob("*.json")))
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -562,9 +562,10 @@ def retune_decode(shapes: list[Shape], args) -> dict:
             for nw in dc.DECODE_CONFIG_SPACE["num_warps"]:
                 for ns in dc.DECODE_CONFIG_SPACE["num_stages"]:
                     cfg = dc.DecodeConfig(block_n=bn, num_warps=nw, num_stages=ns)
-                    if not dc.is_valid_config(
-                        cfg, head_size=key[0], kv_dtype=getattr(torch, key[2])
-                    ):
+                    # key[2] is the table's dtype name ("fp8" for both e4m3
+                    # flavours), not a torch attribute: take the points' dtype.
+                    kv_dtype = getattr(torch, points[0].kv_dtype)
+                    if not dc.is_valid_config(cfg, head_size=key[0], kv_dtype=kv_dtype):
                         continue
                     OVERRIDE_DECODE_CONFIG = cfg
                     try:
