@@ -39,6 +39,7 @@ from vllm.attention.ops.triton_paged_decode_attention_2d import (
     paged_decode_attention,
 )
 from vllm.attention.ops.tuning import decode_configs as dc
+from vllm.attention.ops.tuning import tables
 
 # Context lengths of one CPU batch: 1 (a single key), a partial page, several pages
 # with a partial last tile, and 0 (a CUDA-graph padding row: output must be 0).
@@ -278,7 +279,7 @@ def test_choose_num_splits():
 def test_decode_tuning_tables_load(tmp_path, monkeypatch):
     # Every committed table parses into valid configs; a table entry wins over the
     # heuristic for its key only; an unknown GPU falls back to the heuristic.
-    for path in dc.TUNING_DIR.glob("paged_decode_*.json"):
+    for path in tables.TUNING_DIR.glob("paged_decode_*.json"):
         gpu = json.loads(path.read_text())["provenance"]["gpu"]
         table = dc.load_decode_table(gpu)
         assert table, f"{path.name}: no entries"
@@ -297,9 +298,8 @@ def test_decode_tuning_tables_load(tmp_path, monkeypatch):
     (tmp_path / "paged_decode_Test_GPU.json").write_text(
         json.dumps({"provenance": {"gpu": "Test GPU"}, "configs": [entry]})
     )
-    monkeypatch.setattr(dc, "TUNING_DIR", tmp_path)
-    dc.load_decode_table.cache_clear()
-    dc.get_decode_config.cache_clear()
+    monkeypatch.setattr(tables, "TUNING_DIR", tmp_path)
+    tables.clear_caches()
     try:
         assert dc.get_decode_config(gpu_name="Test GPU", **key) == special
         other = {**key, "split": False}
@@ -308,8 +308,7 @@ def test_decode_tuning_tables_load(tmp_path, monkeypatch):
             dc.heuristic_decode_config(head_size=96, kv_dtype=torch.float16)
         )
     finally:
-        dc.load_decode_table.cache_clear()
-        dc.get_decode_config.cache_clear()
+        tables.clear_caches()
 
 
 def _small_batch(**over):

@@ -11,17 +11,22 @@ and never by strides or batch composition, so one launch shape is used for all
 batches of a model (good for CUDA graphs). Tables are JSON files in this folder,
 one per GPU name (``prefix_prefill_<gpu>.json``, see README.md); a key missing from
 the table falls back to ``heuristic_prefill_config``. ``PREFILL_CONFIG_SPACE`` is
-the sweep a tuning script searches. Nothing is read at import time: the first
-lookup for a GPU loads its file once.
+the sweep tune_prefix_prefill.py searches, filtered by ``is_valid_config``.
+
+This module only declares the kind (``PREFILL_TABLE``); reading, caching and the
+lookup-else-heuristic are the shared loader's (tables.py). Nothing is read at
+import time: the first lookup for a GPU loads its file once.
 """
 
-import functools
-import json
-import re
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
-TUNING_DIR = Path(__file__).resolve().parent
+from vllm.attention.ops.tuning.tables import (
+    COMMON_KEY_FIELDS,
+    SMEM_BYTES,
+    TuningTable,
+    dtype_name,
+    next_power_of_2,
+)
 
 # Upper bounds of the max_query_len buckets; longer queries use the last bucket.
 # Short buckets separate spec-decode verification (a few tokens) from chunked
@@ -35,9 +40,6 @@ PREFILL_CONFIG_SPACE = {
     "num_warps": (4, 8),
     "num_stages": (1, 2, 3, 4),
 }
-
-# Shared memory of one Hopper SM as Triton sees it (232,448 bytes per program).
-_SMEM_BYTES = 232_448
 
 
 @dataclass(frozen=True)
@@ -55,41 +57,12 @@ class PrefillConfig:
     num_stages: int
 
 
-def next_power_of_2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 def query_len_bucket(max_query_len: int) -> int:
     """The bucket (upper bound) a host-side max query length falls in."""
     for bound in QUERY_LEN_BUCKETS:
         if max_query_len <= bound:
             return bound
     return QUERY_LEN_BUCKETS[-1]
-
-
-def dtype_name(dtype) -> str:
-    """Table name of a torch dtype; both fp8 e4m3 flavours are 'fp8'."""
-    name = str(dtype).removeprefix("torch.")
-    return "fp8" if name.startswith("float8") else name
-
-
-def problem_key(
-    *,
-    head_size: int,
-    q_dtype,
-    kv_dtype,
-    group: int,
-    block_size: int,
-    max_query_len: int,
-) -> tuple:
-    return (
-        int(head_size),
-        dtype_name(q_dtype),
-        dtype_name(kv_dtype),
-        int(group),
-        int(block_size),
-        query_len_bucket(max_query_len),
-    )
 
 
 def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
@@ -104,7 +77,7 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         config.block_m % 64 == 0
         and config.num_warps % 4 == 0
         and config.block_n >= 16
-        and smem <= _SMEM_BYTES
+        and smem <= SMEM_BYTES
         and not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 64)
     )
 
@@ -137,88 +110,18 @@ def heuristic_prefill_config(
     )
 
 
-def table_path(gpu_name: str) -> Path:
-    """``prefix_prefill_<gpu>.json`` with every non-alphanumeric run as '_'."""
-    slug = re.sub(r"[^0-9A-Za-z]+", "_", gpu_name).strip("_")
-    return TUNING_DIR / f"prefix_prefill_{slug}.json"
+PREFILL_TABLE = TuningTable(
+    kind="prefix_prefill",
+    config_cls=PrefillConfig,
+    key_fields={**COMMON_KEY_FIELDS, "max_query_len": query_len_bucket},
+    heuristic=heuristic_prefill_config,
+    heuristic_fields=("head_size", "group", "max_query_len"),
+)
 
-
-@functools.cache
-def load_prefill_table(gpu_name: str) -> dict[tuple, PrefillConfig]:
-    """The table of one GPU as {problem key: config}; empty if there is no file."""
-    path = table_path(gpu_name)
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text())
-    table = {}
-    for entry in data["configs"]:
-        key = problem_key(
-            head_size=entry["head_size"],
-            q_dtype=entry["q_dtype"],
-            kv_dtype=entry["kv_dtype"],
-            group=entry["group"],
-            block_size=entry["block_size"],
-            max_query_len=entry["max_query_len"],
-        )
-        table[key] = PrefillConfig(**entry["config"])
-    return table
-
-
-def get_prefill_config(
-    *,
-    gpu_name: str,
-    head_size: int,
-    q_dtype,
-    kv_dtype,
-    group: int,
-    block_size: int,
-    max_query_len: int,
-    is_hip: bool = False,
-) -> PrefillConfig:
-    """Config for one launch: the GPU's table entry, else the heuristic.
-
-    Runs on every launch, so the answer is memoised per bucket (a dict hit)."""
-    return _config_for_bucket(
-        gpu_name,
-        int(head_size),
-        q_dtype,
-        kv_dtype,
-        int(group),
-        int(block_size),
-        query_len_bucket(max_query_len),
-        bool(is_hip),
-    )
-
-
-@functools.lru_cache(maxsize=1024)
-def _config_for_bucket(
-    gpu_name, head_size, q_dtype, kv_dtype, group, block_size, bucket, is_hip
-) -> PrefillConfig:
-    key = problem_key(
-        head_size=head_size,
-        q_dtype=q_dtype,
-        kv_dtype=kv_dtype,
-        group=group,
-        block_size=block_size,
-        max_query_len=bucket,
-    )
-    config = load_prefill_table(gpu_name).get(key)
-    if config is None:
-        config = heuristic_prefill_config(
-            head_size=head_size, group=group, max_query_len=bucket, is_hip=is_hip
-        )
-    return config
-
-
-def table_entry(key: tuple, config: PrefillConfig) -> dict:
-    """One JSON entry (the inverse of the parsing in load_prefill_table)."""
-    head_size, q_dtype, kv_dtype, group, block_size, max_query_len = key
-    return {
-        "head_size": head_size,
-        "q_dtype": q_dtype,
-        "kv_dtype": kv_dtype,
-        "group": group,
-        "block_size": block_size,
-        "max_query_len": max_query_len,
-        "config": asdict(config),
-    }
+# The table's operations under the names the kernel, the backend and the tuning
+# script use (tables.TuningTable documents each).
+problem_key = PREFILL_TABLE.key
+table_path = PREFILL_TABLE.path
+table_entry = PREFILL_TABLE.entry
+load_prefill_table = PREFILL_TABLE.load
+get_prefill_config = PREFILL_TABLE.lookup

@@ -1,0 +1,142 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The one loader of the attention kernels' tuning tables, with heuristic fallback.
+
+A *table kind* (``prefix_prefill``, ``paged_decode``) is declared once, as a
+``TuningTable``, by the module that knows its kernel (prefill_configs.py,
+decode_configs.py): its config dataclass, its problem-key fields and how each is
+normalised, and the heuristic for keys no table holds. This module does what every
+kind shares: where the table of a GPU lives, how a JSON file parses into
+``{key tuple: config}``, the per-process caches, and the lookup that falls back to
+the heuristic. The file schema is in README.md.
+
+Nothing happens at import time: the first lookup of a (kind, GPU) reads that file
+once; later launches with the same key are a dict hit.
+"""
+
+import functools
+import json
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+TUNING_DIR = Path(__file__).resolve().parent
+
+# Shared memory of one Hopper SM as Triton sees it (232,448 bytes per program);
+# the validity filters of the config sweeps keep the pipelined tiles within it.
+SMEM_BYTES = 232_448
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def dtype_name(dtype) -> str:
+    """Table name of a torch dtype (or of a name); both fp8 e4m3 flavours are 'fp8'."""
+    name = str(dtype).removeprefix("torch.")
+    return "fp8" if name.startswith("float8") else name
+
+
+# Key fields of every kind, with their normalisers: what changes which tiles are
+# fast (never strides, batch size or context lengths). A kind appends its own.
+COMMON_KEY_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "head_size": int,
+    "q_dtype": dtype_name,
+    "kv_dtype": dtype_name,
+    "group": int,  # query heads per KV head
+    "block_size": int,  # KV page size
+}
+
+
+@dataclass(frozen=True, eq=False)
+class TuningTable:
+    """One kind of tuning table: ``<kind>_<gpu>.json`` files in TUNING_DIR.
+
+    kind: the file prefix, e.g. ``prefix_prefill``.
+    config_cls: the frozen config dataclass; an entry's ``config`` object holds
+        exactly its fields.
+    key_fields: the problem key, in key order, as {field: normaliser}; the
+        normaliser maps what a caller passes (a torch dtype, a raw length) to what
+        the key and the JSON hold (a dtype name, a bucket bound).
+    heuristic: the config for a key the GPU's table lacks, called as
+        ``heuristic(**{f: normalised value for f in heuristic_fields}, is_hip=...)``.
+    heuristic_fields: the key fields the heuristic takes.
+
+    Instances hash by identity, so each module-level table has its own cache
+    entries.
+    """
+
+    kind: str
+    config_cls: type
+    key_fields: dict[str, Callable[[Any], Any]]
+    heuristic: Callable[..., Any]
+    heuristic_fields: tuple[str, ...]
+
+    def path(self, gpu_name: str) -> Path:
+        """``<kind>_<gpu>.json``, every non-alphanumeric run of the name as '_'."""
+        slug = re.sub(r"[^0-9A-Za-z]+", "_", gpu_name).strip("_")
+        return TUNING_DIR / f"{self.kind}_{slug}.json"
+
+    def key(self, **fields) -> tuple:
+        """The problem key of one launch: every key field, normalised, in order."""
+        if fields.keys() != self.key_fields.keys():
+            raise TypeError(
+                f"{self.kind} problem key takes exactly the fields "
+                f"{list(self.key_fields)}, got {sorted(fields)}"
+            )
+        return tuple(norm(fields[name]) for name, norm in self.key_fields.items())
+
+    def entry(self, key: tuple, config) -> dict:
+        """One JSON entry: the key fields, then ``config`` (inverse of ``load``)."""
+        return {**dict(zip(self.key_fields, key)), "config": asdict(config)}
+
+    def load(self, gpu_name: str) -> dict:
+        """The table of one GPU as {problem key: config}; empty if there is no
+        file. Read once per process."""
+        return _load(self, gpu_name)
+
+    def lookup(self, *, gpu_name: str, is_hip: bool = False, **fields):
+        """Config for one launch: the GPU's table entry for the key of ``fields``,
+        else the heuristic. Runs on every launch, so the answer is memoised on the
+        arguments as given (a hit costs one dict probe, no key building)."""
+        return _lookup(self, gpu_name, is_hip, **fields)
+
+
+def clear_caches() -> None:
+    """Forget every loaded table and memoised lookup (for tests that swap files)."""
+    _load.cache_clear()
+    _lookup.cache_clear()
+
+
+@functools.cache
+def _load(table: TuningTable, gpu_name: str) -> dict:
+    path = table.path(gpu_name)
+    if not path.is_file():
+        return {}
+    parsed = {}
+    for i, entry in enumerate(json.loads(path.read_text())["configs"]):
+        try:
+            key = table.key(**{name: entry[name] for name in table.key_fields})
+            parsed[key] = table.config_cls(**entry["config"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"{path}: entry {i} does not match the {table.kind} schema "
+                f"(fields {list(table.key_fields)} and a config of "
+                f"{table.config_cls.__name__}; see tuning/README.md): {exc!r}"
+            ) from exc
+    return parsed
+
+
+# Sized for every max_query_len a server sees (one entry each per model shape).
+@functools.lru_cache(maxsize=16384)
+def _lookup(table: TuningTable, gpu_name: str, is_hip: bool, **fields):
+    key = table.key(**fields)
+    config = _load(table, gpu_name).get(key)
+    if config is None:
+        normalised = dict(zip(table.key_fields, key))
+        config = table.heuristic(
+            **{name: normalised[name] for name in table.heuristic_fields},
+            is_hip=bool(is_hip),
+        )
+    return config
