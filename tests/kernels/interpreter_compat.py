@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Fixes for Triton 3.6's CPU interpreter (TRITON_INTERPRET=1) used by the kernel tests.
 
-Three defects of the interpreter in this environment (triton 3.6.0, numpy 2.4) make
+Four defects of the interpreter in this environment (triton 3.6.0, numpy 2.4) make
 correct kernels give wrong answers or crash on the CPU; ``install()`` patches them:
 
 1. ``range(lo, hi)`` with bounds computed from loaded values crashes: scalars are
@@ -12,6 +12,13 @@ correct kernels give wrong answers or crash on the CPU; ``install()`` patches th
 3. Casts from or to fp8 go through a generic bit-twiddling routine that ignores
    the NaN encodings of e4m3fn / e4m3fnuz. Fix: convert through torch's float8
    dtypes (exact, with torch's conventions, which match the GPU's).
+4. The interpreter's ``dtype.to_ir`` knows fp8e4nv, fp8e5 and fp8e4b15 but not
+   the ROCm formats fp8e4b8 (e4m3fnuz) and fp8e5b16 (e5m2fnuz), so every kernel
+   that names one (a pointer to a ``torch.float8_e4m3fnuz`` cache, a cast) fails
+   with "fail to convert fp8e4b8 to ir type". The builder already has their
+   ``get_fp8e4b8_ty`` / ``get_fp8e5b16_ty`` and stores them as uint8 like the other
+   fp8 types, so loads and stores move raw bytes; casts go through fix 3.
+   Fix: map the two names to those builder types.
 
 Nothing changes when the interpreter is not used. Idempotent.
 """
@@ -97,4 +104,24 @@ def install() -> None:
         return original_fp_to_fp(self, src, dst_type, rounding_mode)
 
     builder_cls.create_fp_to_fp = create_fp_to_fp
+
+    # 4. ROCm fp8 types in dtype.to_ir
+    rocm_fp8 = {
+        "fp8e4b8": lambda builder: builder.get_fp8e4b8_ty(),
+        "fp8e5b16": lambda builder: builder.get_fp8e5b16_ty(),
+    }
+    original_patch_core = interpreter._patch_lang_core
+
+    def patch_lang_core(lang, scope):
+        original_patch_core(lang, scope)
+        interpreted_to_ir = lang.dtype.to_ir
+
+        def to_ir(self, builder):
+            if self.name in rocm_fp8:
+                return rocm_fp8[self.name](builder)
+            return interpreted_to_ir(self, builder)
+
+        scope.set_attr(lang.dtype, "to_ir", to_ir)
+
+    interpreter._patch_lang_core = patch_lang_core
     interpreter._vllm_fixes_installed = True
