@@ -45,8 +45,6 @@ of a Triton Attention Kernel", arXiv 2511.11581):
   no autotuning and no host sync at launch (``max_query_len`` is a host int).
 """
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -65,6 +63,7 @@ from vllm.attention.ops.tuning.prefill_configs import (
     get_prefill_config,
     next_power_of_2,
 )
+from vllm.attention.ops.tuning.tables import device_gpu_name
 
 MAX_HEAD_SIZE = 256
 _QUERY_DTYPES = (torch.bfloat16, torch.float16)
@@ -356,14 +355,6 @@ def _prefix_prefill_kernel(
     )
 
 
-@functools.cache
-def _gpu_name(device: torch.device) -> str:
-    """Name used to pick a tuning table; looked up once per device (host call)."""
-    if device.type != "cuda":
-        return device.type
-    return torch.cuda.get_device_name(device)
-
-
 def _launch_arguments(
     *,
     query: torch.Tensor,
@@ -631,7 +622,7 @@ def prefix_prefill_attention(
         return
     if config is None:
         config = get_prefill_config(
-            gpu_name=_gpu_name(device),
+            gpu_name=device_gpu_name(device),
             head_size=head_size,
             q_dtype=query.dtype,
             kv_dtype=key_cache.dtype,

@@ -40,7 +40,6 @@ integer arithmetic from the address computation, which is a large share of the w
 a decode step at small batch.
 """
 
-import functools
 import math
 
 import torch
@@ -58,6 +57,7 @@ from vllm.attention.ops.triton_attention_common import (
     transform_scores,
 )
 from vllm.attention.ops.tuning.decode_configs import DecodeConfig, get_decode_config
+from vllm.attention.ops.tuning.tables import device_gpu_name
 
 # Cap on splits per sequence (vLLM's FlashAttention backend uses the same cap under
 # CUDA graphs): 16 shares of a 128k context are still 8k keys each, while the
@@ -375,14 +375,6 @@ def _merge_splits_kernel(
 # ----------------------------------------------------------------------------------
 
 
-@functools.cache
-def _gpu_name(device: torch.device) -> str:
-    """Name that picks the tuning table; looked up once per device."""
-    if device.type != "cuda":
-        return device.type
-    return torch.cuda.get_device_name(device)
-
-
 def choose_num_splits(*, num_seqs: int, num_kv_heads: int, num_sms: int) -> int:
     """Number of KV splits for a decode batch; a power of two in [1, MAX_NUM_SPLITS].
 
@@ -687,7 +679,7 @@ def paged_decode_attention(
 
     if config is None:
         config = get_decode_config(
-            gpu_name=_gpu_name(query.device),
+            gpu_name=device_gpu_name(query.device),
             head_size=head_size,
             q_dtype=query.dtype,
             kv_dtype=key_cache.dtype,

@@ -28,6 +28,18 @@ TUNING_DIR = Path(__file__).resolve().parent
 SMEM_BYTES = 232_448
 
 
+@functools.cache
+def device_gpu_name(device) -> str:
+    """Name that picks a device's tables (``torch.cuda.get_device_name``; the device
+    type off CUDA/ROCm). Queried once per device at the first launch, never at
+    import."""
+    if device.type != "cuda":
+        return device.type
+    import torch
+
+    return torch.cuda.get_device_name(device)
+
+
 def next_power_of_2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
