@@ -5,6 +5,11 @@
 #
 # Steps (in the order a session runs them; each one can be rerun, finished work is kept
 # in $STATE and skipped):
+#   prefill-tune   GPU prefill kernel tests, then the prefill tuning sweep of
+#                  $TUNE_ARGS into $STATE/tuning (+ $OUT/tuning)             (~5 min)
+#   fork           /tmp/site-fork = stock copy patched by `setup.py patch`, with the
+#                  tables of $STATE/tuning if any; then `setup`              (~40 s)
+#   kernel-bench   benchmarks/kernels/bench_kernels.py $KB_ARGS (ours/FA3/stock)
 #   setup          model dirs under $MODELS, versions of both installs     (~10 s)
 #   train          train the tiny accuracy model (~3 min)                   -> $STATE/accuracy-model
 #   accuracy       accuracy of FLASH_ATTN, TRITON_ATTN stock, fork           (~3-5 min)
@@ -26,7 +31,7 @@
 # $OUT/accuracy-model into benchmarks/accuracy/model if it is under 20 MB), then run
 # `python3 benchmarks/report.py` there to regenerate docs/performance.md and the plots.
 set -euo pipefail
-STEP=${1:?usage: gpu_session.sh setup|train|accuracy|e2e-quick|serving-quick|e2e-full|serving-full|serving-70b|report|collect}
+STEP=${1:?usage: gpu_session.sh prefill-tune|fork|kernel-bench|setup|train|accuracy|e2e-quick|serving-quick|e2e-full|serving-full|serving-70b|report|collect}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$REPO/gpu-out}
 STATE=${STATE:-/tmp/bench-state}
@@ -65,6 +70,37 @@ collect() {
 }
 
 case "$STEP" in
+  prefill-tune)
+    export TRITON_INTERPRET=0
+    mkdir -p "$OUT/tuning" "$STATE/tuning"
+    timeout 150 "$PY" -m pytest -q -n 8 -p no:cacheprovider tests/kernels/test_prefix_prefill.py \
+      --junitxml="$OUT/tuning/junit-prefill.xml" > "$OUT/tuning/prefill-tests.log" 2>&1
+    echo "prefill tests exit $?"; tail -n 3 "$OUT/tuning/prefill-tests.log"
+    table=prefix_prefill_NVIDIA_H200.json
+    [ -f "$STATE/tuning/$table" ] || cp "vllm/attention/ops/tuning/$table" "$STATE/tuning/"
+    # shellcheck disable=SC2086
+    "$PY" -m vllm.attention.ops.tuning.tune_prefix_prefill --out "$STATE/tuning/$table" \
+      --record "$OUT/tuning/record.json" ${TUNE_ARGS:---head-sizes 128 --groups 4 --budget-minutes 3} \
+      > "$OUT/tuning/tune.log" 2>&1 || echo "gpu_session: tuning failed (see tune.log)"
+    grep -E "best|->|wrote" "$OUT/tuning/tune.log" | tail -n 40
+    cp "$STATE/tuning/$table" "$OUT/tuning/"
+    ;;
+  fork)
+    if ls "$STATE"/tuning/*.json >/dev/null 2>&1; then
+      cp "$STATE"/tuning/*.json vllm/attention/ops/tuning/
+      echo "gpu_session: fork uses the tables of $STATE/tuning"
+    fi
+    rm -rf "$BENCH_SITE_FORK"
+    cp -r "$BENCH_SITE_STOCK" "$BENCH_SITE_FORK"
+    "$PY" setup.py patch --site-packages "$BENCH_SITE_FORK"
+    exec bash "$0" setup
+    ;;
+  kernel-bench)
+    mkdir -p "$OUT/kernels"
+    # shellcheck disable=SC2086
+    TRITON_INTERPRET=0 "$PY" benchmarks/kernels/bench_kernels.py --stock-site "$BENCH_SITE_STOCK" \
+      --results-dir "$OUT/kernels" ${KB_ARGS:-}
+    ;;
   setup)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
     # tokenizers may live only in the stock install: make the model dirs with it.

@@ -740,6 +740,13 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a ~2 minute subset")
     p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run)")
     p.add_argument(
+        "--kernels",
+        nargs="+",
+        default=["decode", "prefill"],
+        choices=["decode", "prefill"],
+        help="measure only these kernels' points",
+    )
+    p.add_argument(
         "--interpret",
         action="store_true",
         help="TRITON_INTERPRET=1 on the CPU: ours + reference only",
@@ -769,7 +776,7 @@ def main() -> None:
     on_gpu = torch.cuda.is_available() and not args.interpret
     if not on_gpu and not args.interpret:
         sys.exit("no GPU: use --interpret --tiny for a CPU smoke run")
-    shapes = sweep(args)
+    shapes = [s for s in sweep(args) if s.kernel in args.kernels]
     out_dir = Path(args.results_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.retune_decode:

@@ -13,12 +13,14 @@ Argument specialisation mirrors Triton's launcher: pointers and ints divisible b
 16 get the divisibility-16 hint, ints equal to 1 become constexpr 1.
 """
 
+import dataclasses
 import sys
 
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 _TRITON_DTYPE = {
     torch.bfloat16: "bf16",
@@ -68,6 +70,10 @@ def compile_for_target(kernel, kwargs: dict, *, target: GPUTarget = HOPPER):
             divisible = value % 16 == 0
         elif isinstance(value, float):
             signature[name] = "fp32"
+        elif isinstance(value, TensorDescriptor):
+            block = ",".join(str(n) for n in value.block_shape)
+            signature[name] = f"tensordesc<{_TRITON_DTYPE[value.base.dtype]}[{block}]>"
+            continue
         else:
             raise TypeError(f"argument {name}: unsupported {type(value)}")
         if divisible:
@@ -84,6 +90,7 @@ def ptx_summary(compiled) -> dict:
         "wgmma": ptx.count("wgmma.mma_async"),
         "mma_sync": ptx.count("mma.sync"),
         "cp_async": ptx.count("cp.async"),
+        "tma": ptx.count("cp.async.bulk.tensor"),
         "shared_bytes": compiled.metadata.shared,
     }
 
@@ -126,7 +133,9 @@ def _prefix_prefill_cases():
     from vllm.attention.ops import prefix_prefill as pp
     from vllm.attention.ops.tuning.prefill_configs import heuristic_prefill_config
 
-    def launch(head_size, group, block_size, cache_dtype, max_query_len, **extra):
+    def launch(
+        head_size, group, block_size, cache_dtype, max_query_len, use_tma=False, **extra
+    ):
         num_kv_heads = 2
         query = torch.empty((64, num_kv_heads * group, head_size), dtype=torch.bfloat16)
         cache = torch.empty(
@@ -137,6 +146,7 @@ def _prefix_prefill_cases():
         config = heuristic_prefill_config(
             head_size=head_size, group=group, max_query_len=max_query_len
         )
+        config = dataclasses.replace(config, use_tma=use_tma)
         _, kwargs = pp._launch_arguments(
             query=query,
             key_cache=cache[:, 0],
@@ -177,6 +187,11 @@ def _prefix_prefill_cases():
         sinks=heads[:14],
     )
     yield launch(256, 2, 128, torch.bfloat16, 16384)
+    # K/V tiles by TMA (the tile lies in one page).
+    yield launch(128, 4, 64, torch.bfloat16, 4096, use_tma=True)
+    yield launch(
+        128, 8, 64, torch.float8_e4m3fn, 1024, use_tma=True, sliding_window=128
+    )
 
 
 def _cache_write_cases(*cache_dtypes):
@@ -208,7 +223,9 @@ def main() -> int:
     ok = True
     for name, kwargs in _prefix_prefill_cases():
         summary = ptx_summary(compile_for_target(_prefix_prefill_kernel, kwargs))
+        # Pointer loads pipeline as cp.async; TMA launches must really use TMA.
         good = summary["wgmma"] > 0 and summary["cp_async"] > 0
+        good &= (summary["tma"] > 0) == kwargs["USE_TMA"]
         ok &= good
         print(f"{'ok ' if good else 'BAD'} {name}: {summary}")
     for name, kwargs in _cache_write_cases():

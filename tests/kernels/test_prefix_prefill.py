@@ -142,6 +142,32 @@ CASES = [
     _case("single-token-rows-only", seqs=[(1, 1), (1, 35), (1, 16)]),
     # The table/heuristic config (64-row tiles) as used in production.
     _case("default-config-g4", num_q_heads=8, config=None),
+    # K/V tiles through TMA descriptors (emulated by the interpreter): the tile is
+    # half a page; rows past a sequence's end are NaN in the cache and must not leak.
+    _case(
+        "tma-d64-g2-bs32",
+        num_q_heads=4,
+        block_size=32,
+        config=PrefillConfig(16, 16, 4, 1, use_tma=True),
+    ),
+    _case(
+        "tma-fp8-all-features-g4",
+        cache_dtype=torch.float8_e4m3fn,
+        num_q_heads=8,
+        sliding_window=7,
+        alibi=True,
+        soft_cap=2.0,
+        sinks=True,
+        seqs=[(5, 29), (1, 1), (12, 12), (19, 50)],
+        config=PrefillConfig(16, 16, 4, 1, use_tma=True),
+    ),
+    # use_tma where TMA cannot apply (tile spans pages; head size not a power of
+    # two): the pointer loads run instead.
+    _case(
+        "tma-requested-tile-spans-pages",
+        config=PrefillConfig(32, 32, 4, 1, use_tma=True),
+    ),
+    _case("tma-requested-d80", head_size=80, config=PrefillConfig(16, 16, 4, 1, True)),
 ]
 
 
@@ -242,7 +268,9 @@ def _random_case(seed):
         "block_size": rng.choice(BLOCK_SIZES[:2]),
         "q_dtype": rng.choice([torch.bfloat16, torch.float16]),
         "cache_dtype": rng.choice([None, None, torch.float8_e4m3fn]),
-        "config": PrefillConfig(rng.choice([16, 32, 64]), rng.choice([16, 32]), 4, 1),
+        "config": PrefillConfig(
+            rng.choice([16, 32, 64]), rng.choice([16, 32]), 4, 1, rng.random() < 0.5
+        ),
         "sliding_window": rng.choice([None, rng.randint(1, 30)]),
         "alibi": rng.random() < 0.3,
         "soft_cap": rng.choice([None, 5.0]),
@@ -341,6 +369,49 @@ def _row_offsets_kernel(
         MASK_KEYS=True,
     )
     tl.store(out_ptr + idx, offsets)
+
+
+@pytest.mark.parametrize(
+    "head_size, block_size, block_n, use_tma, tile_in_page, expect_tma",
+    [
+        (128, 64, 64, True, True, True),
+        (128, 64, 32, True, True, True),
+        (128, 16, 64, True, False, False),  # tile spans 4 pages
+        (80, 64, 64, True, True, False),  # head size not a power of two
+        (128, 64, 64, False, True, False),
+    ],
+)
+def test_launch_chooses_tile_addressing(
+    head_size, block_size, block_n, use_tma, tile_in_page, expect_tma
+):
+    """One block-table read per tile when the tile lies in a page; TMA only where
+    the config asks for it and it can apply (and descriptors only then)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from vllm.attention.ops.prefix_prefill import _launch_arguments
+
+    batch = make_paged_batch(
+        seqs=[(3, 70)],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_size=head_size,
+        block_size=block_size,
+    )
+    args = _args(batch, config=PrefillConfig(64, block_n, 4, 2, use_tma))
+    args.update(seq_start=0, num_seqs=1, sliding_window=None, alibi_slopes=None)
+    args.update(logits_soft_cap=None, sinks=None)
+    _, kwargs = _launch_arguments(**args)
+    assert kwargs["TILE_IN_PAGE"] is tile_in_page
+    assert kwargs["USE_TMA"] is expect_tma
+    if expect_tma:
+        desc = kwargs["k_desc"]
+        assert isinstance(desc, TensorDescriptor)
+        assert list(desc.block_shape) == [block_n, head_size]
+        # Row r of the descriptor is element r * head_size of the cache view.
+        assert desc.base.data_ptr() == batch.key_cache.data_ptr()
+        assert desc.shape[0] * head_size <= batch.key_cache.untyped_storage().nbytes()
+    else:
+        assert kwargs["k_desc"] is None and kwargs["v_desc"] is None
 
 
 def test_page_offsets_are_int64():

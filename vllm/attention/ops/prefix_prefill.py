@@ -45,15 +45,19 @@ of a Triton Attention Kernel", arXiv 2511.11581):
   no autotuning and no host sync at launch (``max_query_len`` is a host int).
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vllm.attention.ops.triton_attention_common import (
     finalize_output,
     init_softmax_state,
     load_kv_tile,
     online_softmax_step,
+    page_tile_offset,
     paged_row_offsets,
     to_dot_dtype,
     transform_scores,
@@ -86,6 +90,9 @@ def _attend_kv_range(
     k_head_ptr,  # key cache at (block 0, this KV head)
     v_head_ptr,  # value cache at (block 0, this KV head)
     block_table_row_ptr,  # [max_blocks_per_seq] int32
+    k_desc,  # TMA descriptors of the caches as [rows, HEAD_SIZE] (USE_TMA)
+    v_desc,
+    head_offset,  # elements from a cache's start to this KV head (USE_TMA)
     stride_cache_block,
     stride_cache_slot,
     qk_scale,  # softmax_scale * k_scale
@@ -95,6 +102,8 @@ def _attend_kv_range(
     BLOCK_SIZE: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
+    TILE_IN_PAGE: tl.constexpr,  # BLOCK_N divides BLOCK_SIZE: one page per tile
+    USE_TMA: tl.constexpr,  # load K/V tiles by TMA (needs TILE_IN_PAGE)
     MASKED: tl.constexpr,  # False: every key of every tile is visible to every row
     USE_SOFT_CAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
@@ -106,23 +115,38 @@ def _attend_kv_range(
     for tile_start in tl.range(kv_start, kv_stop, BLOCK_N):
         k_pos = tile_start + tl.arange(0, BLOCK_N)
         key_valid = k_pos < kv_len
-        rows = paged_row_offsets(
-            block_table_row_ptr,
-            k_pos,
-            key_valid,
-            stride_cache_block,
-            stride_cache_slot,
-            BLOCK_SIZE=BLOCK_SIZE,
-            MASK_KEYS=MASKED,
-        )
-        k = load_kv_tile(
-            k_head_ptr,
-            rows,
-            key_valid,
-            HEAD_SIZE=HEAD_SIZE,
-            HEAD_PAD=HEAD_PAD,
-            MASK_KEYS=MASKED,
-        )
+        if TILE_IN_PAGE:
+            first_row = page_tile_offset(
+                block_table_row_ptr,
+                tile_start,
+                stride_cache_block,
+                stride_cache_slot,
+                BLOCK_SIZE=BLOCK_SIZE,
+            )
+            rows = first_row + tl.arange(0, BLOCK_N).to(tl.int64) * stride_cache_slot
+        else:
+            rows = paged_row_offsets(
+                block_table_row_ptr,
+                k_pos,
+                key_valid,
+                stride_cache_block,
+                stride_cache_slot,
+                BLOCK_SIZE=BLOCK_SIZE,
+                MASK_KEYS=MASKED,
+            )
+        if USE_TMA:
+            # Row of the tile in the descriptors' [rows, HEAD_SIZE] view.
+            tma_row = ((head_offset + first_row) // HEAD_SIZE).to(tl.int32)
+            k = k_desc.load([tma_row, 0])
+        else:
+            k = load_kv_tile(
+                k_head_ptr,
+                rows,
+                key_valid,
+                HEAD_SIZE=HEAD_SIZE,
+                HEAD_PAD=HEAD_PAD,
+                MASK_KEYS=MASKED,
+            )
         qk = tl.dot(q, tl.trans(to_dot_dtype(k, DOT_DTYPE=q.dtype)))
         scores = transform_scores(
             qk,
@@ -138,14 +162,21 @@ def _attend_kv_range(
             APPLY_MASK=MASKED,
             USE_WINDOW=USE_WINDOW,
         )
-        v = load_kv_tile(
-            v_head_ptr,
-            rows,
-            key_valid,
-            HEAD_SIZE=HEAD_SIZE,
-            HEAD_PAD=HEAD_PAD,
-            MASK_KEYS=MASKED,
-        )
+        if USE_TMA:
+            v = v_desc.load([tma_row, 0])
+            if MASKED:
+                # Rows past the sequence end hold whatever the page holds (maybe
+                # NaN); their probabilities are 0 but 0 * NaN is not.
+                v = tl.where(key_valid[:, None], v, tl.zeros_like(v))
+        else:
+            v = load_kv_tile(
+                v_head_ptr,
+                rows,
+                key_valid,
+                HEAD_SIZE=HEAD_SIZE,
+                HEAD_PAD=HEAD_PAD,
+                MASK_KEYS=MASKED,
+            )
         acc, m_i, l_i = online_softmax_step(
             acc, m_i, l_i, scores, to_dot_dtype(v, DOT_DTYPE=q.dtype)
         )
@@ -164,6 +195,8 @@ def _prefix_prefill_kernel(
     block_table_ptr,  # [num_seqs_total, max_blocks_per_seq] int32
     query_start_loc_ptr,  # [num_seqs_total + 1] int32
     seq_lens_ptr,  # [num_seqs_total] int32
+    k_desc,  # TMA descriptor of key_cache as [rows, head_size] (USE_TMA), or None
+    v_desc,  # same for value_cache
     k_scale_ptr,  # [1] fp32 (IS_FP8)
     v_scale_ptr,  # [1] fp32 (IS_FP8)
     alibi_slopes_ptr,  # [num_q_heads] float (USE_ALIBI)
@@ -188,6 +221,8 @@ def _prefix_prefill_kernel(
     BLOCK_SIZE: tl.constexpr,  # keys per page
     HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
+    TILE_IN_PAGE: tl.constexpr,  # BLOCK_N divides BLOCK_SIZE
+    USE_TMA: tl.constexpr,  # K/V by TMA: sm_90+, TILE_IN_PAGE, HEAD_PAD == HEAD_SIZE
     IS_FP8: tl.constexpr,
     USE_SOFT_CAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
@@ -256,8 +291,9 @@ def _prefix_prefill_kernel(
         full_start = 0
     full_stop = tl.maximum(diag_start, full_start)
 
-    k_head_ptr = key_cache_ptr + kv_head.to(tl.int64) * stride_cache_head
-    v_head_ptr = value_cache_ptr + kv_head.to(tl.int64) * stride_cache_head
+    head_offset = kv_head.to(tl.int64) * stride_cache_head
+    k_head_ptr = key_cache_ptr + head_offset
+    v_head_ptr = value_cache_ptr + head_offset
     block_table_row_ptr = block_table_ptr + seq.to(tl.int64) * stride_bt_seq
 
     # [first, full_start): left edge of the sliding window (masked).
@@ -275,6 +311,9 @@ def _prefix_prefill_kernel(
             k_head_ptr,
             v_head_ptr,
             block_table_row_ptr,
+            k_desc,
+            v_desc,
+            head_offset,
             stride_cache_block,
             stride_cache_slot,
             qk_scale,
@@ -284,6 +323,8 @@ def _prefix_prefill_kernel(
             BLOCK_SIZE=BLOCK_SIZE,
             HEAD_SIZE=HEAD_SIZE,
             HEAD_PAD=HEAD_PAD,
+            TILE_IN_PAGE=TILE_IN_PAGE,
+            USE_TMA=USE_TMA,
             MASKED=True,
             USE_SOFT_CAP=USE_SOFT_CAP,
             USE_ALIBI=USE_ALIBI,
@@ -303,6 +344,9 @@ def _prefix_prefill_kernel(
         k_head_ptr,
         v_head_ptr,
         block_table_row_ptr,
+        k_desc,
+        v_desc,
+        head_offset,
         stride_cache_block,
         stride_cache_slot,
         qk_scale,
@@ -312,6 +356,8 @@ def _prefix_prefill_kernel(
         BLOCK_SIZE=BLOCK_SIZE,
         HEAD_SIZE=HEAD_SIZE,
         HEAD_PAD=HEAD_PAD,
+        TILE_IN_PAGE=TILE_IN_PAGE,
+        USE_TMA=USE_TMA,
         MASKED=False,
         USE_SOFT_CAP=USE_SOFT_CAP,
         USE_ALIBI=USE_ALIBI,
@@ -331,6 +377,9 @@ def _prefix_prefill_kernel(
         k_head_ptr,
         v_head_ptr,
         block_table_row_ptr,
+        k_desc,
+        v_desc,
+        head_offset,
         stride_cache_block,
         stride_cache_slot,
         qk_scale,
@@ -340,6 +389,8 @@ def _prefix_prefill_kernel(
         BLOCK_SIZE=BLOCK_SIZE,
         HEAD_SIZE=HEAD_SIZE,
         HEAD_PAD=HEAD_PAD,
+        TILE_IN_PAGE=TILE_IN_PAGE,
+        USE_TMA=USE_TMA,
         MASKED=True,
         USE_SOFT_CAP=USE_SOFT_CAP,
         USE_ALIBI=USE_ALIBI,
@@ -352,6 +403,36 @@ def _prefix_prefill_kernel(
         output_ptr + o_offsets[:, None] + dims[None, :],
         out.to(output_ptr.dtype.element_ty),
         mask=row_valid[:, None] & dim_ok[None, :],
+    )
+
+
+@functools.cache
+def tma_supported(device: torch.device) -> bool:
+    """Whether K/V tiles may be loaded through TMA descriptors on ``device``: NVIDIA
+    sm_90 and newer; CPU tensors only run under TRITON_INTERPRET=1, which emulates
+    descriptors (so the CPU tests cover that path). Not on ROCm."""
+    if device.type == "cpu":
+        return True
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _cache_descriptor(cache: torch.Tensor, block_n: int) -> TensorDescriptor:
+    """TMA descriptor of one cache view as a ``[rows, head_size]`` matrix whose row
+    ``r`` is the key row at element offset ``r * head_size`` from the view's start
+    (pages, heads and slots are all whole rows: their strides are multiples of
+    head_size). Tiles are ``[block_n, head_size]``."""
+    num_blocks, num_kv_heads, block_size, head_size = cache.shape
+    stride_block, stride_head, _, _ = cache.stride()
+    last = (num_blocks - 1) * stride_block + (num_kv_heads - 1) * stride_head
+    rows = last // head_size + block_size
+    flat = cache.as_strided((rows, head_size), (head_size, 1))
+    return TensorDescriptor(
+        flat,
+        shape=[rows, head_size],
+        strides=[head_size, 1],
+        block_shape=[block_n, head_size],
     )
 
 
@@ -384,7 +465,17 @@ def _launch_arguments(
     group_pad = next_power_of_2(group)
     block_q = max(1, config.block_m // group_pad)
     block_m = block_q * group_pad
+    head_pad = max(16, next_power_of_2(head_size))
     is_fp8 = key_cache.dtype in _FP8_DTYPES
+    tile_in_page = block_size % config.block_n == 0
+    use_tma = (
+        config.use_tma
+        and tile_in_page
+        and head_pad == head_size
+        and key_cache.stride(0) % head_size == 0
+        and key_cache.stride(1) % head_size == 0
+        and tma_supported(query.device)
+    )
     grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
     return grid, {
         "query_ptr": query,
@@ -394,6 +485,8 @@ def _launch_arguments(
         "block_table_ptr": block_table,
         "query_start_loc_ptr": query_start_loc,
         "seq_lens_ptr": seq_lens,
+        "k_desc": _cache_descriptor(key_cache, config.block_n) if use_tma else None,
+        "v_desc": _cache_descriptor(value_cache, config.block_n) if use_tma else None,
         "k_scale_ptr": k_scale if is_fp8 else None,
         "v_scale_ptr": v_scale if is_fp8 else None,
         "alibi_slopes_ptr": alibi_slopes,
@@ -417,7 +510,9 @@ def _launch_arguments(
         "BLOCK_N": config.block_n,
         "BLOCK_SIZE": block_size,
         "HEAD_SIZE": head_size,
-        "HEAD_PAD": max(16, next_power_of_2(head_size)),
+        "HEAD_PAD": head_pad,
+        "TILE_IN_PAGE": tile_in_page,
+        "USE_TMA": use_tma,
         "IS_FP8": is_fp8,
         "USE_SOFT_CAP": bool(logits_soft_cap),
         "USE_ALIBI": alibi_slopes is not None,

@@ -9,7 +9,10 @@ that both read the cache, transform scores and run the softmax the same way:
    int64 element offsets of their rows in the paged cache, going through the
    sequence's block-table row. A tile of ``BLOCK_N`` keys may span several pages
    (``BLOCK_N > BLOCK_SIZE``) or be part of one page (``BLOCK_N <= BLOCK_SIZE``);
-   ``load_kv_tile`` then loads the ``[BLOCK_N, HEAD_PAD]`` tile.
+   ``load_kv_tile`` then loads the ``[BLOCK_N, HEAD_PAD]`` tile. When ``BLOCK_N``
+   divides ``BLOCK_SIZE``, ``page_tile_offset`` reads one page id per tile instead
+   (the tile is consecutive rows of one page; the prefill kernel can then also load
+   it through a TMA descriptor).
 2. fp8: ``to_dot_dtype`` upcasts a cache tile to the dtype of the query so that
    ``tl.dot`` runs on 16-bit operands; the per-tensor scales are not applied to
    tiles: ``k_scale`` folds into the score scale and ``v_scale`` into the final
@@ -70,6 +73,28 @@ def paged_row_offsets(
         page = tl.load(block_table_row_ptr + page_idx)
     slot = (key_pos % BLOCK_SIZE).to(tl.int64)
     return page.to(tl.int64) * stride_block + slot * stride_slot
+
+
+@triton.jit
+def page_tile_offset(
+    block_table_row_ptr,  # [max_blocks_per_seq] int32: page ids of one sequence
+    tile_start,  # first key of the tile, a multiple of the tile size
+    stride_block,  # elements between pages of the cache
+    stride_slot,  # elements between two key rows of one page
+    BLOCK_SIZE: tl.constexpr,  # keys per page (power of two)
+):
+    """int64 offset of the first row of a tile that lies inside one page.
+
+    When the tile size divides ``BLOCK_SIZE`` and ``tile_start`` is a multiple of
+    it, every key of the tile is on the page of ``tile_start``: one block-table read
+    per tile instead of one per key (``paged_row_offsets``), and the tile is
+    consecutive rows of that page, ``offset + i * stride_slot``. The page of
+    ``tile_start`` must exist (``tile_start < kv_len``); rows past the sequence end
+    are still inside the page (mask their values as usual).
+    """
+    page = tl.load(block_table_row_ptr + tile_start // BLOCK_SIZE).to(tl.int64)
+    # The slot part is below BLOCK_SIZE * stride_slot: no int64 needed there.
+    return page * stride_block + (tile_start % BLOCK_SIZE) * stride_slot
 
 
 @triton.jit

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Launch configurations of the prefix-prefill kernel: table lookup + heuristic.
 
-A configuration is ``(block_m, block_n, num_warps, num_stages)``. It is chosen per
-*problem key*, the properties that change which tiles are fast:
+A configuration is ``(block_m, block_n, num_warps, num_stages, use_tma)``. It is
+chosen per *problem key*, the properties that change which tiles are fast:
 
     head_size, q_dtype, kv_dtype, group (q heads per KV head), block_size,
     max_query_len bucket (QUERY_LEN_BUCKETS)
@@ -39,6 +39,7 @@ PREFILL_CONFIG_SPACE = {
     "block_n": (32, 64, 128),
     "num_warps": (4, 8),
     "num_stages": (1, 2, 3, 4),
+    "use_tma": (False, True),
 }
 
 
@@ -48,13 +49,18 @@ class PrefillConfig:
 
     block_m: rows of the packed query tile (query tokens x padded GQA group);
         rounded up to the padded group when the group is larger.
-    block_n: keys per KV tile (independent of the page size).
+    block_n: keys per KV tile (independent of the page size; when it divides the
+        page size, a tile reads one block-table entry instead of one per key).
+    use_tma: load K/V tiles through TMA descriptors. Honoured only where it can
+        be (NVIDIA sm_90+, block_n dividing the page size, power-of-two head size);
+        elsewhere the pointer loads run instead, with the same result.
     """
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    use_tma: bool = False
 
 
 def query_len_bucket(max_query_len: int) -> int:

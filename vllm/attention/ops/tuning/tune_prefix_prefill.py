@@ -20,6 +20,7 @@ import itertools
 import json
 import math
 import time
+from dataclasses import asdict
 
 import torch
 import triton
@@ -28,6 +29,7 @@ from vllm.attention.ops.prefix_prefill import prefix_prefill_attention
 from vllm.attention.ops.reference import ref_paged_attention
 from vllm.attention.ops.tuning.prefill_configs import (
     PREFILL_CONFIG_SPACE,
+    PREFILL_TABLE,
     QUERY_LEN_BUCKETS,
     PrefillConfig,
     heuristic_prefill_config,
@@ -38,6 +40,8 @@ from vllm.attention.ops.tuning.prefill_configs import (
 )
 
 NUM_KV_HEADS = 8
+KEY_FIELDS = tuple(PREFILL_TABLE.key_fields)
+SPACE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "use_tma")
 # (num_seqs, context_len) of the timed batch per query-length bucket: about 16k new
 # tokens (fewer for the short buckets) over realistic contexts.
 BATCH_FOR_BUCKET = {
@@ -115,17 +119,16 @@ def _is_correct(config, small, head_size) -> bool:
     return bool(torch.allclose(out, ref, atol=2e-2, rtol=2e-2))
 
 
-def _candidates(head_size, kv_dtype, group):
+def _candidates(head_size, kv_dtype, group, block_size, space):
     group_pad = triton.next_power_of_2(group)
-    for block_m in PREFILL_CONFIG_SPACE["block_m"]:
-        for block_n in PREFILL_CONFIG_SPACE["block_n"]:
-            for num_warps in PREFILL_CONFIG_SPACE["num_warps"]:
-                for num_stages in PREFILL_CONFIG_SPACE["num_stages"]:
-                    config = PrefillConfig(block_m, block_n, num_warps, num_stages)
-                    if block_m >= group_pad and is_valid_config(
-                        config, head_size=head_size, kv_dtype=kv_dtype
-                    ):
-                        yield config
+    for values in itertools.product(*(space[name] for name in SPACE_FIELDS)):
+        config = PrefillConfig(**dict(zip(SPACE_FIELDS, values)))
+        if config.use_tma and block_size % config.block_n:
+            continue  # would run the pointer loads: same as use_tma=False
+        if config.block_m >= group_pad and is_valid_config(
+            config, head_size=head_size, kv_dtype=kv_dtype
+        ):
+            yield config
 
 
 def main() -> None:
@@ -139,13 +142,32 @@ def main() -> None:
         "--query-lens", type=int, nargs="+", default=list(QUERY_LEN_BUCKETS)
     )
     parser.add_argument("--budget-minutes", type=float, default=8.0)
+    for name in SPACE_FIELDS:
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=int,
+            nargs="+",
+            default=None,
+            help=f"restrict the sweep (default {PREFILL_CONFIG_SPACE[name]})",
+        )
     parser.add_argument(
         "--untuned", action="store_true", help="write heuristic values, no timing"
     )
     parser.add_argument("--gpu-name", default=None, help="default: this GPU's name")
     parser.add_argument("--out", default=None, help="default: the table for the GPU")
+    parser.add_argument(
+        "--record",
+        default=None,
+        help="also write every timing (JSON) here, for benchmarks/results/tuning/",
+    )
     args = parser.parse_args()
 
+    space = {
+        name: PREFILL_CONFIG_SPACE[name]
+        if getattr(args, name) is None
+        else tuple(type(PREFILL_CONFIG_SPACE[name][0])(v) for v in getattr(args, name))
+        for name in SPACE_FIELDS
+    }
     gpu_name = args.gpu_name or torch.cuda.get_device_name()
     path = args.out or table_path(gpu_name)
     try:
@@ -160,6 +182,7 @@ def main() -> None:
     deadline = time.monotonic() + 60 * args.budget_minutes
     gen = torch.Generator().manual_seed(0)
     tuned = 0
+    records = []
     shapes = itertools.product(
         args.head_sizes, args.groups, args.block_sizes, args.q_dtypes, args.kv_dtypes
     )
@@ -182,7 +205,9 @@ def main() -> None:
                     head_size=head_size, group=group, max_query_len=bucket
                 )
             else:
-                best = _tune_one(shape, bucket, gen)
+                previous = entries.get(key, {}).get("config")
+                best, record = _tune_one(shape, bucket, gen, space, previous)
+                records.append({"key": dict(zip(KEY_FIELDS, key)), **record})
                 tuned += 1
             entries[key] = table_entry(key, best)
             print(key, "->", best, flush=True)
@@ -199,6 +224,10 @@ def main() -> None:
     with open(path, "w") as f:
         f.write(_table_text(provenance, [entries[k] for k in sorted(entries)]))
     print(f"wrote {path} ({len(entries)} entries, {tuned} tuned now)")
+    if args.record:
+        with open(args.record, "w") as f:
+            json.dump({**provenance, "space": space, "records": records}, f, indent=1)
+        print(f"wrote {args.record}")
 
 
 def _table_text(provenance: dict, configs: list[dict]) -> str:
@@ -213,7 +242,9 @@ def _table_text(provenance: dict, configs: list[dict]) -> str:
     )
 
 
-def _tune_one(shape, bucket, gen) -> PrefillConfig:
+def _tune_one(shape, bucket, gen, space, previous=None):
+    """Fastest correct candidate for one key, and a record of every timing (with the
+    heuristic's and the ``previous`` table entry's, when they were candidates)."""
     num_seqs, context = BATCH_FOR_BUCKET[bucket]
     seqs = [(bucket, context + bucket)] * num_seqs
     batch = _make_batch(seqs=seqs, gen=gen, **shape)
@@ -223,7 +254,14 @@ def _tune_one(shape, bucket, gen) -> PrefillConfig:
     num_q_heads = NUM_KV_HEADS * shape["group"]
     flops = 4 * shape["head_size"] * num_q_heads * visible_pairs
     best, best_ms, timings = None, math.inf, {}
-    for config in _candidates(shape["head_size"], shape["kv_dtype"], shape["group"]):
+    candidates = _candidates(
+        shape["head_size"],
+        shape["kv_dtype"],
+        shape["group"],
+        shape["block_size"],
+        space,
+    )
+    for config in candidates:
         try:
             if not _is_correct(config, small, shape["head_size"]):
                 print("  wrong result, skipped:", config)
@@ -250,7 +288,26 @@ def _tune_one(shape, bucket, gen) -> PrefillConfig:
         f"  best {best}: {best_ms:.3f} ms ({flops / best_ms * 1e-9:.0f} TFLOP/s); "
         f"heuristic {fallback}: {timings.get(fallback, math.nan):.3f} ms"
     )
-    return best
+    previous = PrefillConfig(**previous) if previous else None
+
+    def timing(config):
+        ms = timings.get(config)
+        return (
+            None
+            if ms is None
+            else {"ms": round(ms, 4), "tflops": round(flops / ms * 1e-9, 1)}
+        )
+
+    return best, {
+        "batch": {"num_seqs": num_seqs, "query_len": bucket, "context_len": context},
+        "best": asdict(best),
+        "best_timing": timing(best),
+        "heuristic": asdict(fallback),
+        "heuristic_timing": timing(fallback),
+        "previous": previous and asdict(previous),
+        "previous_timing": previous and timing(previous),
+        "candidates": [{**asdict(c), **timing(c)} for c in timings],
+    }
 
 
 if __name__ == "__main__":
