@@ -12,7 +12,9 @@
 #   kernel-bench   benchmarks/kernels/bench_kernels.py $KB_ARGS (ours/FA3/stock)
 #   setup          model dirs under $MODELS, versions of both installs     (~10 s)
 #   train          train the tiny accuracy model (~3 min)                   -> $STATE/accuracy-model
-#   accuracy       accuracy of FLASH_ATTN, TRITON_ATTN stock, fork           (~3-5 min)
+#   accuracy       accuracy of FLASH_ATTN, TRITON_ATTN stock, fork: each start of the
+#                  tiny model took ~2.5 min on a fresh machine, so one backend or two
+#                  per call (rerun to resume)
 #   e2e-quick      issue #6 offline throughput, scale 0.25, 3 backends       (2 calls of ~8 min)
 #   serving-quick  issue #4 serving benchmark, quick mode, FA + fork         (~5-8 min)
 #   e2e-full | serving-full   full sizes, for longer sessions (resume across calls)
@@ -122,7 +124,7 @@ case "$STEP" in
     ;;
   accuracy)
     "$PY" benchmarks/accuracy/eval.py --model-dir "$(acc_model)" \
-      --out-dir "$STATE/results/accuracy" --timeout-s $((BUDGET / 3)) ${ACC_ARGS:-} || rc=$?
+      --out-dir "$STATE/results/accuracy" --budget-s "$BUDGET" ${ACC_ARGS:-} || rc=$?
     collect; exit "${rc:-0}"
     ;;
   e2e-quick|e2e-full)

@@ -131,6 +131,10 @@ def serving_section(items, plot_dir: Path | None, doc_dir: Path) -> list[str]:
         for inst, env in sorted(body.get("environment", {}).items()):
             lines.append(f"- {inst} install: {_env_line(env)}")
         lines.append(f"- command: `{body.get('command', '?')}`")
+        if body.get("command_full"):
+            lines.append(f"- session step: `{body['command_full']}`")
+        if body.get("provenance"):
+            lines.append(f"- provenance: {body['provenance']}")
         lines.append("")
         ratios = serving_results.ratio_to_baseline(body["records"])
         if ratios:
@@ -200,6 +204,10 @@ def e2e_section(items) -> list[str]:
             f"{body.get('max_model_len')}, startup s: {body.get('startup_s')}"
         )
         lines.append(f"- command: `{body.get('command', '?')}`")
+        if body.get("command_full"):
+            lines.append(f"- session step: `{body['command_full']}`")
+        if body.get("provenance"):
+            lines.append(f"- provenance: {body['provenance']}")
         lines.append("")
         lines.append(e2e_results.format_table(body["records"]))
         lines.append("")
@@ -250,26 +258,41 @@ def accuracy_section(items) -> list[str]:
     return lines
 
 
-def _fmt(x) -> str:
-    return "-" if x is None else f"{x:.2f}"
+def _fmt(x, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def kernels_section(items) -> list[str]:
-    """The kernel roofline table of the newest full (non-quick) microbenchmark."""
+    """One roofline table per full (non-quick) microbenchmark file, newest first
+    (ratios to FA3 are only comparable within one file: one sitting)."""
     lines = ["## Kernels (`benchmarks/kernels/bench_kernels.py`)", ""]
     full = [(p, b) for p, b in items if "quick" not in p.name]
     if not full:
         return lines + ["No kernel results yet.", ""]
-    path, body = newest_by(full, lambda b: "all")[0]
+    full.sort(key=lambda item: (item[1].get("date", ""), item[0].name), reverse=True)
+    for path, body in full:
+        lines += _kernel_table(path, body)
+    return lines
+
+
+def _kernel_table(path: Path, body: dict) -> list[str]:
     copy = body.get("copy_bandwidth_gbs")
     peak = body.get("bf16_dense_peak_tflops")
-    lines += [
+    lines = [
+        f"### `{path.name}`",
+        "",
         (
-            f"`{path.name}`: {_env_line(body)}. Decode in GB/s of K/V read (plus q and "
+            f"{_env_line(body)}. Decode in GB/s of K/V read (plus q and "
             f"out), prefill in TFLOP/s of causally visible work (formulas in "
             f"docs/kernels.md). Ceilings: device copy {copy:.0f} GB/s measured in the "
             f"same run, bf16 dense {peak:.0f} TFLOP/s. `%roof` = ours / ceiling."
         ),
+        "",
+    ]
+    if body.get("provenance"):
+        lines += [f"Provenance: {body['provenance']}.", ""]
+    lines += [
+        f"Command: `{body.get('command')}`",
         "",
         (
             "| kernel | model | page | batch | q | ctx | kv | ours | FA3 "
@@ -296,6 +319,57 @@ def kernels_section(items) -> list[str]:
         "",
     ]
     return lines
+
+
+def tuning_section(items) -> list[str]:
+    """Per tuning record with timings of the previous table entry: the winner."""
+    lines = ["## Prefill tuning runs (`tune_prefix_prefill --record`)", ""]
+    recorded = [(p, b) for p, b in items if b.get("records") and "space" in b]
+    if not recorded:
+        return lines + ["No recorded tuning runs yet.", ""]
+    for path, body in recorded:
+        lines += [
+            (
+                f"`{path.name}`: {_env_line(body)}. Batch per bucket as in "
+                "tune_prefix_prefill.BATCH_FOR_BUCKET; TFLOP/s of causally "
+                "visible work."
+            ),
+            "",
+            (
+                "| key (head, group, page, q bucket) | best config | TFLOP/s "
+                "| previous entry | TFLOP/s | heuristic TFLOP/s |"
+            ),
+            "|---|---|---|---|---|---|",
+        ]
+        for r in body["records"]:
+            k = r["key"]
+            prev = r.get("previous_timing") or {}
+            lines.append(
+                f"| {k['head_size']}, {k['group']}, {k['block_size']}, "
+                f"{k['max_query_len']} | {_cfg(r['best'])} "
+                f"| {r['best_timing']['tflops']:.0f} | {_cfg(r.get('previous'))} "
+                f"| {_fmt(prev.get('tflops'), 0)} "
+                f"| {_fmt((r.get('heuristic_timing') or {}).get('tflops'), 0)} |"
+            )
+        lines.append("")
+    return lines
+
+
+def _cfg(config: dict | None) -> str:
+    if not config:
+        return "-"
+    text = (
+        f"{config['block_m']}x{config['block_n']} w{config['num_warps']} "
+        f"s{config['num_stages']}"
+    )
+    return text + (" tma" if config.get("use_tma") else "")
+
+
+def notes_section(path: Path) -> list[str]:
+    """The hand-written analysis (what moved the numbers), kept next to the data."""
+    if not path.is_file():
+        return []
+    return [path.read_text().rstrip(), ""]
 
 
 def agreement_section(items) -> list[str]:
@@ -360,10 +434,12 @@ def build(results_dir: Path, doc: Path, plots: bool) -> str:
         ),
         "",
     ]
+    lines += notes_section(results_dir / "NOTES.md")
     lines += serving_section(serving, plot_dir, doc.parent)
     lines += e2e_section(e2e)
     lines += accuracy_section(acc)
     lines += kernels_section(_load((results_dir / "kernels").glob("*.json")))
+    lines += tuning_section(_load((results_dir / "tuning").glob("*.json")))
     lines += agreement_section(_load((results_dir / "agreement").glob("*.json")))
     lines += smoke_section(_load((results_dir / "serving-smoke").glob("*.json")))
     return "\n".join(lines).rstrip() + "\n"

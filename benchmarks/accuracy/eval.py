@@ -145,6 +145,12 @@ def worker(args) -> int:
         )
         for p in problems
     ]
+    total = sum(len(x["prompt_token_ids"]) for x in prompts)
+    print(
+        f"[accuracy {args.label}] engine up in {load_s:.0f}s; generating "
+        f"{len(prompts)} answers ({total} prompt tokens)",
+        flush=True,
+    )
     t1 = time.monotonic()
     outs = llm.generate(prompts, params, use_tqdm=False)
     gen_s = time.monotonic() - t1
@@ -188,7 +194,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip torch.compile/CUDA graphs (faster start, less realistic)",
     )
-    p.add_argument("--timeout-s", type=float, default=300.0, help="per backend")
+    p.add_argument("--timeout-s", type=float, default=420.0, help="per backend")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="bound this invocation: a backend starts only with --start-allowance-s "
+        "left and gets at most the rest (rerun to resume with the others)",
+    )
+    p.add_argument("--start-allowance-s", type=float, default=240.0)
     p.add_argument("--site-stock")
     p.add_argument("--site-fork")
     p.add_argument("--redo", action="store_true", help="ignore existing result files")
@@ -211,10 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.kv_cache_dtype == "auto" else f"-kv{args.kv_cache_dtype}"
     failed = []
+    budget = harness.Budget(args.budget_s)
     for b in backends:
         result = args.out_dir / f"{b.name}{suffix}.json"
         if result.is_file() and not args.redo:
             print(f"[accuracy] {b.name}: have {result}, skipping (--redo to rerun)")
+            continue
+        if not budget.allows(args.start_allowance_s):
+            print(f"[accuracy] budget spent; {b.name} not started (rerun to resume)")
+            failed.append(b.name)
             continue
         problem = harness.site_problem(b, sites)
         if problem:
@@ -250,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd,
             env=harness.backend_env(b, sites),
             log=args.out_dir / f"{b.name}{suffix}.log",
-            timeout_s=args.timeout_s,
+            timeout_s=budget.timeout(args.timeout_s),
             what=f"accuracy {b.name}",
             cwd=Path("/tmp"),
         )

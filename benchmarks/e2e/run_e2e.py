@@ -50,6 +50,13 @@ WORKLOAD_ALLOWANCE_S = 60.0
 WARMUP_TOKENS = 16  # output tokens of each warm-up request
 
 
+def start_allowance(scale: float, num_workloads: int) -> float:
+    """Seconds a backend needs to be worth starting: the engine start plus about a
+    minute per workload at full size (two passes); starting it with less wastes the
+    start-up (seen on 2026-11-30: a 140 s start cut off before its first result)."""
+    return STARTUP_ALLOWANCE_S + WORKLOAD_ALLOWANCE_S * max(1.0, scale * num_workloads)
+
+
 def stop_after(timeout_s: float) -> float:
     """Seconds after which a worker with ``timeout_s`` starts no further workload (the
     first one always runs: the engine start must not be wasted)."""
@@ -282,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         if not todo:
             print(f"[e2e] {b.name}: all workloads done ({partial}), skipping")
             continue
-        if not budget.allows(STARTUP_ALLOWANCE_S):
+        if not budget.allows(start_allowance(args.scale, len(todo))):
             print(f"[e2e] budget spent; {b.name} not started (rerun to resume)")
             failed.append(b.name)
             continue

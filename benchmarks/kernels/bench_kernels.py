@@ -789,6 +789,7 @@ def main() -> None:
         return
     start = time.time()
     result = environment(args, files)
+    result["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
     result["bf16_dense_peak_tflops"] = BF16_DENSE_PEAK_TFLOPS
     if on_gpu:
         result["copy_bandwidth_gbs"] = copy_bandwidth_gbs()

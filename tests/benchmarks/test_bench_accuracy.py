@@ -157,7 +157,7 @@ def test_train_tiny_toy_cpu(tmp_path):
     assert torch.isfinite(logits).all()
 
 
-def _run_eval(tmp_path, model_dir, extra_env=None):
+def _run_eval(tmp_path, model_dir, extra_env=None, extra_args=()):
     import os
 
     env = dict(os.environ, **(extra_env or {}))
@@ -173,6 +173,7 @@ def _run_eval(tmp_path, model_dir, extra_env=None):
             "20",
             "--timeout-s",
             "60",
+            *extra_args,
         ],
         env=env,
         check=False,
@@ -203,3 +204,21 @@ def test_eval_detects_a_wrong_backend(tmp_path, fake_sites):
     r = _run_eval(tmp_path, model_dir, {"FAKE_VLLM_WRONG": "TRITON_ATTN"})
     assert r.returncode == 2, r.stdout + r.stderr
     assert "ACCURACY FAIL" in r.stdout
+
+
+def test_eval_budget_starts_only_what_fits(tmp_path, fake_sites):
+    """With less budget left than a backend start needs, nothing more starts; the
+    rerun resumes with the backends not done."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    # Budget 100 s (20 s margin): FLASH_ATTN starts with 80 s left, takes 25 s,
+    # which leaves less than the 60 s a start needs.
+    tight = ("--budget-s", "100", "--start-allowance-s", "60")
+    r = _run_eval(tmp_path, model_dir, {"FAKE_VLLM_START_S": "25"}, extra_args=tight)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "budget spent; TRITON_ATTN-stock not started" in r.stdout
+    assert (tmp_path / "acc" / "FLASH_ATTN.json").is_file()
+    r2 = _run_eval(tmp_path, model_dir)
+    assert r2.returncode == 0, r2.stdout + r2.stderr
+    assert r2.stdout.count("skipping") == 1

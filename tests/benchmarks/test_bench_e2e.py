@@ -180,3 +180,15 @@ def test_missing_install_fails_loudly_but_others_run(
         "TRITON_ATTN-stock",
     }
     assert body["complete"] is False
+
+
+def test_a_backend_starts_only_with_time_for_a_result():
+    from benchmarks.e2e import run_e2e
+
+    # Start-up plus about a minute per full-size workload.
+    full = run_e2e.start_allowance(1.0, 3)
+    assert full == run_e2e.STARTUP_ALLOWANCE_S + 3 * run_e2e.WORKLOAD_ALLOWANCE_S
+    assert run_e2e.start_allowance(0.25, 3) < full
+    assert run_e2e.start_allowance(0.25, 1) == (
+        run_e2e.STARTUP_ALLOWANCE_S + run_e2e.WORKLOAD_ALLOWANCE_S
+    )

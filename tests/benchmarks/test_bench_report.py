@@ -159,3 +159,73 @@ def test_plots(results_dir, tmp_path):
     assert [p.name for p in pngs] == ["llama-3.1-8b-quick-sharegpt-like.png"]
     assert pngs[0].stat().st_size > 1000
     assert "![llama-3.1-8b-quick-sharegpt-like](" in text
+
+
+def _kernel_body(date, ours):
+    record = {
+        "kernel": "prefill",
+        "model": "llama-3.1-8b",
+        "block_size": 64,
+        "batch": 1,
+        "query_len": 8192,
+        "context": 8192,
+        "kv_dtype": "bfloat16",
+        "ours": ours,
+        "unit": "TFLOP/s",
+        "fa3": 500.0,
+        "stock_triton": 80.0,
+        "ratio_vs_fa3": ours / 500.0,
+        "ratio_vs_stock_triton": ours / 80.0,
+        "max_abs_err": {"ours": 1e-4},
+    }
+    return {
+        "date": date,
+        "gpu": "NVIDIA H200",
+        "commit": "abc",
+        "command": "bench_kernels.py",
+        "copy_bandwidth_gbs": 4300.0,
+        "bf16_dense_peak_tflops": 989.0,
+        "records": [record],
+    }
+
+
+def test_kernel_tables_newest_first_with_tuning_and_notes(results_dir, tmp_path):
+    """Every kernel file gets its own table (FA3 ratios only compare within one
+    sitting), newest first; recorded tuning runs and the hand-written notes show."""
+    kernels = results_dir / "kernels"
+    kernels.mkdir()
+    (kernels / "a-old.json").write_text(json.dumps(_kernel_body("2026-01-01", 300.0)))
+    (kernels / "b-new.json").write_text(json.dumps(_kernel_body("2026-02-01", 450.0)))
+    (kernels / "c-quick.json").write_text(json.dumps(_kernel_body("2026-03-01", 1.0)))
+    tuning = results_dir / "tuning"
+    tuning.mkdir()
+    key = {"head_size": 128, "group": 4, "block_size": 64, "max_query_len": 16384}
+    cfg = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
+    (tuning / "t.json").write_text(
+        json.dumps(
+            {
+                "gpu": "NVIDIA H200",
+                "space": {},
+                "records": [
+                    {
+                        "key": key,
+                        "best": {**cfg, "use_tma": True},
+                        "best_timing": {"ms": 1.0, "tflops": 450.0},
+                        "previous": cfg,
+                        "previous_timing": {"ms": 1.1, "tflops": 416.0},
+                        "heuristic": cfg,
+                        "heuristic_timing": None,
+                    }
+                ],
+            }
+        )
+    )
+    (results_dir / "NOTES.md").write_text("## What moved the numbers\n\nTMA did.\n")
+    text = report.build(results_dir, tmp_path / "performance.md", plots=False)
+    assert text.index("### `b-new.json`") < text.index("### `a-old.json`")
+    assert "c-quick.json" not in text
+    assert "| 450 TFLOP/s | 500.00 |" in text and "| 300 TFLOP/s | 500.00 |" in text
+    assert (
+        "| 128, 4, 64, 16384 | 64x64 w4 s2 tma | 450 | 64x64 w4 s2 | 416 | - |" in text
+    )
+    assert text.index("TMA did.") < text.index("## Serving")

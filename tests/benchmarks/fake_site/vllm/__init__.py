@@ -7,6 +7,7 @@ attention backend answers every 10th problem wrong (the harness must then FAIL).
 """
 
 import os
+import time
 from dataclasses import dataclass, field
 
 __version__ = "0.0.fake"
@@ -51,6 +52,8 @@ def _solve(ids):
 
 class LLM:
     def __init__(self, model, attention_backend=None, **kwargs):
+        # A slow engine start, for the budget tests.
+        time.sleep(float(os.environ.get("FAKE_VLLM_START_S", "0")))
         self.model = model
         self.attention_backend = attention_backend
         self.kwargs = kwargs

@@ -19,6 +19,7 @@ import datetime
 import itertools
 import json
 import math
+import sys
 import time
 from dataclasses import asdict
 
@@ -220,7 +221,14 @@ def main() -> None:
         if args.untuned
         else "triton.testing.do_bench median (ms), fastest correct candidate",
         "date": datetime.date.today().isoformat(),
+        "command": " ".join(
+            ["python3 -m vllm.attention.ops.tuning.tune_prefix_prefill", *sys.argv[1:]]
+        ),
     }
+    earlier = data.get("provenance")
+    if earlier:
+        # Entries of earlier runs stay in the file: keep how they were made.
+        provenance["earlier"] = {k: v for k, v in earlier.items() if k != "earlier"}
     with open(path, "w") as f:
         f.write(_table_text(provenance, [entries[k] for k in sorted(entries)]))
     print(f"wrote {path} ({len(entries)} entries, {tuned} tuned now)")
