@@ -283,6 +283,10 @@ def _tune_one(shape, bucket, gen, space, previous=None):
         except triton.runtime.errors.OutOfResources as exc:
             print("  out of resources, skipped:", config, exc)
             continue
+        except (triton.compiler.errors.CompilationError, RuntimeError) as exc:
+            # a candidate the compiler rejects must not end the whole sweep
+            print("  does not compile, skipped:", config, type(exc).__name__, exc)
+            continue
         print(f"  {config}: {ms:.3f} ms, {flops / ms * 1e-9:.0f} TFLOP/s")
         timings[config] = ms
         if ms < best_ms:
