@@ -245,11 +245,23 @@ def main(argv: list[str] | None = None) -> int:
         max_len=rec_len[1],
         min_distance=rec_len[2],
     )
+    # Short-range recall tells apart "no lookup learned at all" from "lookup learned,
+    # but not over 4k+ tokens" (the first GPU run, 2026-11-30, had 0.02 at >= 4k).
+    short = (200, 300, 64) if args.toy else (1024, 2048, 256)
+    rec_short = tasks.recall_problems(
+        max(2, n_add // 4),
+        seed=args.seed + 3,
+        min_len=short[0],
+        max_len=short[1],
+        min_distance=short[2],
+    )
     acc_add = teacher_forced_accuracy(model, add, device, batch=64)
     acc_rec = teacher_forced_accuracy(model, rec, device, batch=8)
+    acc_short = teacher_forced_accuracy(model, rec_short, device, batch=16)
     print(
         f"train_tiny: {step} steps in {train_s:.0f}s; HF check: addition "
-        f"{acc_add:.3f} (n={len(add)}), recall>=4k {acc_rec:.3f} (n={len(rec)})",
+        f"{acc_add:.3f} (n={len(add)}), recall>={short[2]} {acc_short:.3f}, "
+        f"recall>={rec_len[2]} {acc_rec:.3f} (n={len(rec)} each)",
         flush=True,
     )
 
@@ -278,7 +290,11 @@ def main(argv: list[str] | None = None) -> int:
             "lr": args.lr,
             "toy": args.toy,
             "torch": torch.__version__,
-            "hf_check": {"addition": acc_add, "recall": acc_rec},
+            "hf_check": {
+                "addition": acc_add,
+                "recall": acc_rec,
+                f"recall_min_distance_{short[2]}": acc_short,
+            },
             "log": log,
         },
     )

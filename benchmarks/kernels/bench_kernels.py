@@ -274,7 +274,10 @@ def caller_ours(s: Shape, inp: Inputs) -> Runner:
             else 132
         )
         splits = ops.choose_num_splits(
-            num_seqs=s.batch, num_kv_heads=s.num_kv_heads, num_sms=num_sms
+            num_seqs=s.batch,
+            num_kv_heads=s.num_kv_heads,
+            num_sms=num_sms,
+            max_splits=DECODE_MAX_SPLITS or ops.MAX_NUM_SPLITS,
         )
         workspace = torch.empty(
             ops.decode_workspace_shape(
@@ -409,6 +412,7 @@ def caller_stock_triton(s: Shape, inp: Inputs) -> Runner:
 
 CALLERS = {"ours": caller_ours, "fa3": caller_fa3, "stock_triton": caller_stock_triton}
 OVERRIDE_DECODE_CONFIG = None  # set by --retune-decode
+DECODE_MAX_SPLITS = None  # set by --decode-max-splits (None: the kernel's default cap)
 
 
 # ----------------------------------------------------------------------------------
@@ -672,7 +676,7 @@ def import_modules(args) -> dict:
     from vllm.attention.ops.reference import ref_paged_attention
 
     for name in ("choose_num_splits", "decode_workspace_shape", "WORKSPACE_DTYPE",
-                 "paged_decode_attention"):  # fmt: skip
+                 "paged_decode_attention", "MAX_NUM_SPLITS"):  # fmt: skip
         setattr(ops, name, getattr(dec, name))
     ops.prefix_prefill_attention = prefix_prefill_attention
     ops.ref_paged_attention = ref_paged_attention
@@ -740,6 +744,13 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a ~2 minute subset")
     p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run)")
     p.add_argument(
+        "--decode-max-splits",
+        type=int,
+        default=None,
+        help="cap of choose_num_splits for our decode (default: MAX_NUM_SPLITS); "
+        "to measure a different cap against FA3 in the same sitting",
+    )
+    p.add_argument(
         "--kernels",
         nargs="+",
         default=["decode", "prefill"],
@@ -777,6 +788,8 @@ def main() -> None:
     if not on_gpu and not args.interpret:
         sys.exit("no GPU: use --interpret --tiny for a CPU smoke run")
     shapes = [s for s in sweep(args) if s.kernel in args.kernels]
+    global DECODE_MAX_SPLITS
+    DECODE_MAX_SPLITS = args.decode_max_splits
     out_dir = Path(args.results_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.retune_decode:

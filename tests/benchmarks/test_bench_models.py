@@ -107,3 +107,17 @@ def test_char_tokenizer_matches_task_encoding(tmp_path):
 def test_unknown_model_is_a_clear_error(tmp_path):
     with pytest.raises(KeyError, match="known models"):
         make_model_dir("llama-9000", tmp_path)
+
+
+def test_accuracy_model_fits_what_a_device_call_returns():
+    """The trained model's bf16 safetensors must come back from a device call (16 MiB
+    per file) to be committed (20 MB): count its parameters from the config."""
+    from benchmarks.models.configs import ACCURACY_MODEL
+
+    c = ACCURACY_MODEL
+    h, i, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+    vocab = 72  # the character tokenizer (tasks.ALPHABET + 4 specials)
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
+    params = c["num_hidden_layers"] * per_layer + 2 * vocab * h + h
+    assert params * 2 < 16 * 2**20

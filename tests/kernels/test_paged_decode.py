@@ -32,6 +32,7 @@ from tests.kernels.conftest import (
 from vllm.attention.ops.reference import ref_paged_attention
 from vllm.attention.ops.triton_paged_decode_attention_2d import (
     MAX_NUM_SPLITS,
+    SPLIT_LIMIT,
     SPLIT_TARGET_WAVES,
     WORKSPACE_DTYPE,
     choose_num_splits,
@@ -188,7 +189,7 @@ def test_decode_features(case, num_splits):
     )
 
 
-@pytest.mark.parametrize("num_splits", [2, 3, MAX_NUM_SPLITS])
+@pytest.mark.parametrize("num_splits", [2, 3, MAX_NUM_SPLITS, 64])
 def test_split_counts_and_empty_splits(num_splits):
     # 3 splits: uneven shares; 16 splits over <= 5 tiles: most splits are empty and
     # must contribute nothing. The workspace starts as NaN (no stale reads).
@@ -347,7 +348,7 @@ def _call(batch, **over):
         ({"block_size": 8}, {}, "block size 8"),
         ({"q_dtype": torch.float16, "cache_dtype": torch.bfloat16}, {}, "cache dtype"),
         ({"cache_dtype": torch.float8_e4m3fn}, {"k_scale": None}, "k_scale"),
-        ({}, {"num_splits": 17}, "num_splits"),
+        ({}, {"num_splits": SPLIT_LIMIT + 1}, "num_splits"),
         ({}, {"num_splits": 2, "workspace": torch.empty(1, 4, 2, 64)}, "workspace"),
         ({}, {"sliding_window": 0}, "sliding_window"),
         ({}, {"logits_soft_cap": -1.0}, "logits_soft_cap"),
@@ -367,7 +368,7 @@ def _call(batch, **over):
         "bs8",
         "dtype_mix",
         "fp8_no_scale",
-        "splits17",
+        "splits-past-limit",
         "bad_workspace",
         "window0",
         "softcap_neg",
@@ -667,3 +668,14 @@ def test_cuda_graph_replay_with_growing_contexts():
             rtol=rtol,
             what=f"graph replay, seq_lens={lens}",
         )
+
+
+def test_choose_num_splits_cap_is_an_argument():
+    """max_splits raises or lowers the cap only; the count still depends only on
+    the batch shape."""
+    wide = {
+        b: choose_num_splits(num_seqs=b, num_kv_heads=8, num_sms=132, max_splits=64)
+        for b in (1, 2, 8, 50)
+    }
+    assert wide == {1: 64, 2: 32, 8: 8, 50: 1}
+    assert choose_num_splits(num_seqs=1, num_kv_heads=8, num_sms=132, max_splits=4) == 4

@@ -63,6 +63,9 @@ from vllm.attention.ops.tuning.tables import device_gpu_name
 # CUDA graphs): 16 shares of a 128k context are still 8k keys each, while the
 # workspace and merge cost grow with the count.
 MAX_NUM_SPLITS = 16
+# What a launch accepts (any count up to this): choose_num_splits(max_splits=...)
+# can go past the default cap, e.g. for benchmarking batch-1 long-context decode.
+SPLIT_LIMIT = 256
 # choose_num_splits makes the grid cover the SMs at least this many times. A decode
 # program streams K/V with a few tiles in flight; several resident programs per SM
 # are needed to keep enough bytes in flight to saturate HBM.
@@ -375,14 +378,21 @@ def _merge_splits_kernel(
 # ----------------------------------------------------------------------------------
 
 
-def choose_num_splits(*, num_seqs: int, num_kv_heads: int, num_sms: int) -> int:
-    """Number of KV splits for a decode batch; a power of two in [1, MAX_NUM_SPLITS].
+def choose_num_splits(
+    *,
+    num_seqs: int,
+    num_kv_heads: int,
+    num_sms: int,
+    max_splits: int = MAX_NUM_SPLITS,
+) -> int:
+    """Number of KV splits for a decode batch; a power of two in [1, max_splits].
 
     Depends only on the batch shape, never on context lengths (they change between
     CUDA-graph replays of one captured batch size; the grid must not). The 2D grid
     has ``num_seqs * num_kv_heads`` programs; the smallest power of two that brings
     the grid to ``SPLIT_TARGET_WAVES * num_sms`` programs is chosen (so the grid ends
-    up between 3 and 6 waves), capped at ``MAX_NUM_SPLITS``; batches that reach the
+    up between 3 and 6 waves), capped at ``max_splits`` (default ``MAX_NUM_SPLITS``,
+    a power of two <= ``SPLIT_LIMIT``); batches that reach the
     target alone get 1 (no workspace traffic, no merge). Short contexts lose little
     to splitting: shares past the end of a context are empty and exit at once.
     """
@@ -391,7 +401,7 @@ def choose_num_splits(*, num_seqs: int, num_kv_heads: int, num_sms: int) -> int:
     if work >= target:
         return 1
     want = -(-target // work)  # ceil
-    return min(MAX_NUM_SPLITS, 1 << (want - 1).bit_length())
+    return min(max_splits, 1 << (want - 1).bit_length())
 
 
 def decode_workspace_shape(
@@ -638,10 +648,10 @@ def paged_decode_attention(
             f"paged_decode_attention: sequences [{seq_start}, {seq_start + num_seqs}) "
             f"exceed seq_lens ({seq_lens.shape[0]}) or query rows ({query.shape[0]})."
         )
-    if not 1 <= num_splits <= MAX_NUM_SPLITS:
+    if not 1 <= num_splits <= SPLIT_LIMIT:
         raise ValueError(
             f"paged_decode_attention: num_splits {num_splits} must be in "
-            f"[1, {MAX_NUM_SPLITS}]; use choose_num_splits(...)."
+            f"[1, {SPLIT_LIMIT}]; use choose_num_splits(...)."
         )
     if sliding_window is not None and sliding_window <= 0:
         raise ValueError(
@@ -714,6 +724,7 @@ def paged_decode_attention(
 
 __all__ = [
     "MAX_NUM_SPLITS",
+    "SPLIT_LIMIT",
     "WORKSPACE_DTYPE",
     "choose_num_splits",
     "decode_workspace_shape",
