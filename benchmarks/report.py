@@ -427,8 +427,9 @@ def build(results_dir: Path, doc: Path, plots: bool) -> str:
         ),
         "",
         (
-            "Reproduce on the GPU host, one step per call: `bash "
-            "benchmarks/gpu_session.sh setup`, then `train`, `accuracy`, `e2e-quick`, "
+            "Reproduce on the GPU host, one step per call (the call sequence with "
+            "times: `benchmarks/gpu/README.md`): `bash benchmarks/gpu_session.sh "
+            "prefill-tune`, `fork`, `kernel-bench`, `e2e-full`, `train`, `accuracy`, "
             "`serving-quick` (see the script's header); copy `$OUT/results` into "
             "`benchmarks/results/` and run `python3 benchmarks/report.py`."
         ),
