@@ -15,7 +15,7 @@
 #   accuracy       accuracy of FLASH_ATTN, TRITON_ATTN stock, fork: each start of the
 #                  tiny model took ~2.5 min on a fresh machine, so one backend or two
 #                  per call (rerun to resume)
-#   e2e-quick      issue #6 offline throughput, scale 0.25, 3 backends       (2 calls of ~8 min)
+#   e2e-quick      issue #6 offline throughput, scale 0.25, 4 backends (resume across calls)
 #   serving-quick  issue #4 serving benchmark, quick mode, FA + fork         (~5-8 min)
 #   e2e-full | serving-full   full sizes, for longer sessions (resume across calls)
 #   serving-70b    the seed PR's 70B runs (10k/100, 5k/100), quick sizes, TP 2: needs the

@@ -40,7 +40,7 @@ from benchmarks.e2e.workloads import (  # noqa: E402
     token_counts,
 )
 
-DEFAULT_BACKENDS = "FLASH_ATTN,TRITON_ATTN-stock,TRITON_ATTN-fork"
+DEFAULT_BACKENDS = "FLASH_ATTN,TRITON_ATTN-stock,ROCM_ATTN-stock,TRITON_ATTN-fork"
 HEAD_TOKENS = 32  # output tokens kept per request for the agreement check
 # Budget planning: a backend is not started with less than STARTUP_ALLOWANCE_S left
 # (a cold torch.compile start of the 8B model takes ~140 s), and a worker starts no

@@ -51,7 +51,7 @@ from benchmarks.serving.workloads import (  # noqa: E402
     serve_command,
 )
 
-DEFAULT_BACKENDS = "FLASH_ATTN,TRITON_ATTN-stock,TRITON_ATTN-fork"
+DEFAULT_BACKENDS = "FLASH_ATTN,TRITON_ATTN-stock,ROCM_ATTN-stock,TRITON_ATTN-fork"
 QUICK_BACKENDS = "FLASH_ATTN,TRITON_ATTN-fork"
 # Budget planning: no server start with less than STARTUP_ALLOWANCE_S left (cold
 # torch.compile start ~140 s), no bench pass with less than PASS_ALLOWANCE_S left.
