@@ -30,9 +30,13 @@ of a Triton Attention Kernel", arXiv 2511.11581):
 * Grid ``(q_blocks, num_seqs, num_kv_heads)``; programs past the end of a shorter
   sequence's query exit at once. The q-block index runs backwards so that the
   longest programs (last query blocks, most keys) start first.
-* KV tiles of ``BLOCK_N`` keys are addressed through the block table key by key
-  (``paged_row_offsets``), so a tile may span several pages or part of one, and
-  ``BLOCK_N`` is tuned independently of the page size. Offsets are int64.
+* KV tiles of ``BLOCK_N`` keys are addressed through the block table: key by key
+  (``paged_row_offsets``) when a tile may span pages, once per tile
+  (``page_tile_offset``, constexpr ``TILE_IN_PAGE``) when ``BLOCK_N`` divides the
+  page size. ``BLOCK_N`` is tuned independently of the page size. Offsets are
+  int64. With ``use_tma`` in the config (NVIDIA sm_90+, tile inside a page,
+  power-of-two head size) the page-slice tiles are loaded by TMA through host-side
+  descriptors of the caches seen as ``[rows, head_size]`` matrices.
 * The key range a program visits is ``[first, pos_hi]``: ``first`` skips whole
   tiles left of every row's sliding window. It is cut into tiles that need a mask
   (window edge, causal diagonal) and tiles fully visible to every row; the inner
