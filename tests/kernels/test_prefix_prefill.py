@@ -656,3 +656,27 @@ def test_block_offsets_past_int32():
         atol=TOLERANCES[torch.bfloat16][1],
         rtol=TOLERANCES[torch.bfloat16][2],
     )
+
+
+def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
+    """The tuner sweeps exactly PrefillConfig's fields, and drops use_tma candidates
+    whose tile spans pages (they would time the pointer loads twice)."""
+    import dataclasses
+
+    from vllm.attention.ops.tuning import tune_prefix_prefill as tune
+
+    fields = tuple(f.name for f in dataclasses.fields(PrefillConfig))
+    assert fields == tune.SPACE_FIELDS
+    space = {
+        "block_m": (64,),
+        "block_n": (32, 128),
+        "num_warps": (4,),
+        "num_stages": (2,),
+        "use_tma": (False, True),
+    }
+    got = list(tune._candidates(128, torch.bfloat16, 4, 64, space))
+    assert got == [
+        PrefillConfig(64, 32, 4, 2, False),
+        PrefillConfig(64, 32, 4, 2, True),
+        PrefillConfig(64, 128, 4, 2, False),
+    ]

@@ -42,7 +42,8 @@ from vllm.attention.ops.tuning.prefill_configs import (
 
 NUM_KV_HEADS = 8
 KEY_FIELDS = tuple(PREFILL_TABLE.key_fields)
-SPACE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "use_tma")
+# The swept fields, in PrefillConfig order (the space declares them).
+SPACE_FIELDS = tuple(PREFILL_CONFIG_SPACE)
 # (num_seqs, context_len) of the timed batch per query-length bucket: about 16k new
 # tokens (fewer for the short buckets) over realistic contexts.
 BATCH_FOR_BUCKET = {
