@@ -28,7 +28,7 @@ from benchmarks import harness  # noqa: E402
 from benchmarks.accuracy import tasks  # noqa: E402
 
 DEFAULT_BACKENDS = "FLASH_ATTN,TRITON_ATTN-stock,TRITON_ATTN-fork"
-TASK_VERSION = 1
+TASK_VERSION = 2
 
 
 def problem_set(n: int, seed: int) -> list[tasks.Problem]:

@@ -3,19 +3,22 @@
 The model reads one character-level stream of items, each ending in ``;``:
 
 - addition: ``123+45=168;`` (operands of 1-3 digits),
-- key-value pair: ``Q07;`` (a one-letter key, a two-digit value).
+- key-value record: ``kqzv:07;`` (a key of ``KEY_LEN`` random lowercase letters, a
+  two-digit value).
 
-Within one stream every key keeps one value, so whenever a key comes back its value is
-predictable from its earlier occurrence, however far back. Training streams contain
-a few "rare" keys that occur once early and once more near the end, so the model
-learns recall over thousands of positions. Eval problems:
+Within one stream a key keeps its value, and training streams repeat earlier records
+often (any earlier record, so distances span the whole stream), so whenever a record
+comes back its key's tail and its value are predictable by copying from the earlier
+occurrence: the "induction" lookup small transformers learn quickly from repeated
+segments. (Version 1 used one-letter keys repeated sparsely; CPU probes and the first
+H200 model never learned that lookup, see benchmarks/results/NOTES.md.) Eval problems:
 
 - ``addition``: a few random items, then ``a+b=``; the answer is ``str(a+b)``.
-- ``recall``: a stream of ``context_len`` tokens in which the queried key occurs exactly
-  once, at least ``min_distance`` (4096) tokens before the query; filler is addition
-  items and pairs of other keys; the prompt ends with the key, the answer is its two
-  digits. This runs long prompts through many KV pages, chunked prefill and split-KV
-  decode.
+- ``recall``: a stream of ``context_len`` characters in which the queried key occurs
+  exactly once, at least ``min_distance`` (4096) characters before the query; filler is
+  addition items and records of other keys (with repeats); the prompt ends with
+  ``key:``, the answer is the two digits. This runs long prompts through many KV pages,
+  chunked prefill and split-KV decode.
 
 A greedy answer is correct iff the generated characters up to ``;`` equal the answer.
 """
@@ -26,9 +29,11 @@ import random
 from dataclasses import dataclass
 
 DIGITS = "0123456789"
-KEYS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-ALPHABET = DIGITS + "+=;" + KEYS
+KEYS = "abcdefghijklmnopqrstuvwxyz"
+KEY_LEN = 4
+ALPHABET = DIGITS + "+=;:" + KEYS
 END = ";"
+SEP = ":"
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,8 @@ class Problem:
     task: str  # "addition" | "recall"
     prompt: str  # characters after BOS
     answer: str  # expected characters before the closing ";"
-    distance: int = 0  # recall: tokens between the key's only occurrence and the query
+    distance: int = 0  # recall: characters between the key's only occurrence and the
+    # end of the prompt
 
 
 def addition_item(rng: random.Random) -> tuple[str, str]:
@@ -46,50 +52,63 @@ def addition_item(rng: random.Random) -> tuple[str, str]:
     return f"{a}+{b}=", str(a + b)
 
 
-def pair_item(key: str, value: int) -> str:
-    return f"{key}{value:02d}{END}"
+def record_item(key: str, value: int) -> str:
+    return f"{key}{SEP}{value:02d}{END}"
 
 
-def random_dictionary(rng: random.Random) -> dict[str, int]:
-    return {k: rng.randrange(100) for k in KEYS}
+def new_key(rng: random.Random, taken: set[str]) -> str:
+    while True:
+        key = "".join(rng.choice(KEYS) for _ in range(KEY_LEN))
+        if key not in taken:
+            taken.add(key)
+            return key
 
 
-def training_stream(rng: random.Random, length: int, p_pair: float = 0.5) -> str:
-    """One training stream of exactly ``length`` characters (BOS not included).
-
-    4-12 rare keys occur once at random points of the first 55% and once more,
-    interleaved with filler, in the last 10%: long-range recall. The other keys repeat
-    throughout with consistent values: recall at short and middle distances.
-    """
-    values = random_dictionary(rng)
-    keys = list(KEYS)
-    rng.shuffle(keys)
-    n_rare = rng.randint(4, 12)
-    rare, common = keys[:n_rare], keys[n_rare:]
-    place_at = sorted(rng.uniform(0.0, 0.55) * length for _ in rare)
-    recall_from = 0.9 * length
+def _filler_stream(
+    rng: random.Random,
+    length: int,
+    taken: set[str],
+    p_new: float,
+    p_repeat: float,
+    insert_at: int = -1,
+    insert: str = "",
+) -> tuple[str, int]:
+    """Items until ``length`` characters: new records with probability ``p_new``,
+    repeats of an earlier record of this stream with ``p_repeat``, otherwise addition.
+    ``insert`` (one item) goes in once the stream reaches ``insert_at`` characters;
+    returns (stream, position of ``insert`` or -1)."""
     parts: list[str] = []
+    records: list[str] = []
     size = 0
-    n_placed = 0
-    to_recall: list[str] = []
+    inserted_at = -1
     while size < length:
-        if n_placed < n_rare and size >= place_at[n_placed]:
-            key = rare[n_placed]
-            n_placed += 1
-            to_recall.append(key)
-            item = pair_item(key, values[key])
-        elif to_recall and size >= recall_from and rng.random() < 0.5:
-            key = to_recall.pop(rng.randrange(len(to_recall)))
-            item = pair_item(key, values[key])
-        elif rng.random() < p_pair:
-            key = rng.choice(common)
-            item = pair_item(key, values[key])
+        r = rng.random()
+        if insert and inserted_at < 0 and size >= insert_at:
+            inserted_at = size
+            item = insert
+        elif r < p_new or (r < p_new + p_repeat and not records):
+            item = record_item(new_key(rng, taken), rng.randrange(100))
+            records.append(item)
+        elif r < p_new + p_repeat:
+            item = rng.choice(records)
         else:
             q, a = addition_item(rng)
             item = q + a + END
         parts.append(item)
         size += len(item)
-    return "".join(parts)[:length]
+    return "".join(parts), inserted_at
+
+
+def training_stream(
+    rng: random.Random, length: int, p_new: float = 0.25, p_repeat: float = 0.55
+) -> str:
+    """One training stream of exactly ``length`` characters (BOS not included).
+
+    Records repeat uniformly from all earlier ones, so lookups over every distance up
+    to the stream length are trained; 20% of items are addition. Repeats are dense
+    (55% of items): with sparse ones (v1) the lookup never formed in 3 GPU minutes."""
+    stream, _ = _filler_stream(rng, length, set(), p_new, p_repeat)
+    return stream[:length]
 
 
 def addition_problems(n: int, seed: int) -> list[Problem]:
@@ -106,33 +125,25 @@ def addition_problems(n: int, seed: int) -> list[Problem]:
 
 
 def recall_problem(rng: random.Random, context_len: int, min_distance: int) -> Problem:
-    """Prompt of about ``context_len`` characters; the queried key occurs only once,
-    at least ``min_distance`` characters before the query."""
+    """Prompt of about ``context_len`` characters ending in ``key:``; the key occurs
+    once before, at least ``min_distance`` characters before the end of the prompt."""
     if context_len < min_distance + 64:
         raise ValueError("context_len must exceed min_distance by at least 64")
-    values = random_dictionary(rng)
-    keys = list(KEYS)
-    rng.shuffle(keys)
-    target, others = keys[0], keys[1:]
-    latest_needle = context_len - min_distance - 4
-    needle_at = rng.randrange(0, max(1, latest_needle))
-    parts: list[str] = []
-    size = 0
-    needle_pos = -1
-    while size < context_len - 1:
-        if needle_pos < 0 and size >= needle_at:
-            needle_pos = size
-            item = pair_item(target, values[target])
-        elif rng.random() < 0.5:
-            key = rng.choice(others)
-            item = pair_item(key, values[key])
-        else:
-            q, a = addition_item(rng)
-            item = q + a + END
-        parts.append(item)
-        size += len(item)
-    prompt = "".join(parts) + target
-    return Problem("recall", prompt, f"{values[target]:02d}", len(prompt) - needle_pos)
+    taken: set[str] = set()
+    target = new_key(rng, taken)
+    value = rng.randrange(100)
+    latest = context_len - min_distance - KEY_LEN - 1
+    stream, at = _filler_stream(
+        rng,
+        context_len - KEY_LEN - 1,
+        taken,
+        p_new=0.25,
+        p_repeat=0.55,
+        insert_at=rng.randrange(0, max(1, latest)),
+        insert=record_item(target, value),
+    )
+    prompt = stream + target + SEP
+    return Problem("recall", prompt, f"{value:02d}", len(prompt) - at)
 
 
 def recall_problems(

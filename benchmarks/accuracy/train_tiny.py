@@ -1,9 +1,11 @@
 """Train the tiny Llama of the accuracy harness (addition + long-range key recall).
 
 Plain torch loop over ``transformers.LlamaForCausalLM`` (SDPA attention, bf16 autocast,
-fp32 master weights, AdamW, cosine schedule over a wall-clock budget), fixed seed. Steps
-alternate between short streams (2048 tokens, many problems per step) and long streams
-(9216 tokens) so RoPE positions past 8k and recall over 4k+ tokens are trained. Saves
+fp32 master weights, AdamW, cosine schedule over a wall-clock budget), fixed seed. A
+curriculum: the first part of the budget trains on short streams (512 tokens, many
+lookups per step, where the copy-from-earlier-occurrence lookup forms), the rest
+alternates 2048-token and 9216-token streams so RoPE positions past 8k and recall over
+4k+ tokens are trained. Saves
 safetensors + config + character tokenizer in HF Llama format, so vLLM loads it like
 any checkpoint, then checks exact-match accuracy with the trained model itself
 (teacher-forced argmax over the answer, which equals greedy decoding's verdict).
@@ -38,10 +40,11 @@ from benchmarks.models.tokenizer import (  # noqa: E402
     special_ids,
 )
 
-# (stream length, batch) per step kind, alternating; both about 131k tokens per step.
-FULL_SCHEDULE = [(2048, 64), (9216, 14)]
+# Curriculum: (end of the phase as a fraction of the budget, [(stream length, batch),
+# ...] alternating within the phase); each step is about 131k tokens.
+FULL_SCHEDULE = [(0.35, [(512, 256)]), (1.0, [(2048, 64), (9216, 14)])]
 # Toy sizes for the CPU smoke test.
-TOY_SCHEDULE = [(128, 2), (256, 1)]
+TOY_SCHEDULE = [(0.5, [(128, 2)]), (1.0, [(128, 2), (256, 1)])]
 TOY_MODEL = {
     "hidden_size": 64,
     "num_hidden_layers": 2,
@@ -80,11 +83,24 @@ def make_batch(rng: random.Random, length: int, batch: int):
     return torch.tensor(rows, dtype=torch.long)
 
 
-def batch_producer(seed: int, schedule, out: queue.Queue, stop: threading.Event):
+def phase_shapes(schedule, progress: float) -> list[tuple[int, int]]:
+    """The (length, batch) list of the curriculum phase ``progress`` falls in."""
+    for end, shapes in schedule:
+        if progress < end:
+            return shapes
+    return schedule[-1][1]
+
+
+def batch_producer(
+    seed: int, schedule, progress: list, out: queue.Queue, stop: threading.Event
+):
+    """Fills ``out`` with batches of the phase that ``progress[0]`` (set by the
+    training loop) is in."""
     rng = random.Random(seed)
     step = 0
     while not stop.is_set():
-        length, batch = schedule[step % len(schedule)]
+        shapes = phase_shapes(schedule, progress[0])
+        length, batch = shapes[step % len(shapes)]
         item = make_batch(rng, length, batch)
         while not stop.is_set():
             try:
@@ -191,8 +207,11 @@ def main(argv: list[str] | None = None) -> int:
 
     batches: queue.Queue = queue.Queue(maxsize=4)
     stop = threading.Event()
+    progress_box = [0.0]
     producer = threading.Thread(
-        target=batch_producer, args=(args.seed, schedule, batches, stop), daemon=True
+        target=batch_producer,
+        args=(args.seed, schedule, progress_box, batches, stop),
+        daemon=True,
     )
     producer.start()
     log = []
@@ -204,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             progress = max(step / args.max_steps, elapsed / args.time_budget_s)
             if progress >= 1.0:
                 break
+            progress_box[0] = progress
             lr = lr_at(progress, args.lr)
             for g in opt.param_groups:
                 g["lr"] = lr

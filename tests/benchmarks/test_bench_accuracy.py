@@ -22,34 +22,48 @@ def test_addition_answers_are_sums():
 
 
 def test_recall_needle_is_far_and_unique():
-    """The answer must depend on a token >= 4096 positions back and nowhere closer."""
+    """The answer must depend on a record >= 4096 positions back and nowhere closer."""
     for p in tasks.recall_problems(20, seed=2, min_len=4500, max_len=6000):
-        key = p.prompt[-1]
-        assert key in tasks.KEYS
-        assert p.prompt[:-1].count(key) == 1
-        at = p.prompt.index(key)
-        assert p.prompt[at + 1 : at + 3] == p.answer
+        key = p.prompt[-tasks.KEY_LEN - 1 : -1]
+        assert p.prompt.endswith(key + tasks.SEP) and set(key) <= set(tasks.KEYS)
+        body = p.prompt[: -tasks.KEY_LEN - 1]
+        assert body.count(key) == 1
+        at = body.index(key)
+        assert (
+            at == 0 or body[at - 1] == tasks.END
+        )  # a whole record, not a substring of one
+        assert body[at : at + tasks.KEY_LEN + 3] == f"{key}{tasks.SEP}{p.answer}"
         assert len(p.prompt) - at == p.distance >= 4096
 
 
 def test_training_stream_is_consistent():
-    """Every key keeps one value within a stream, so repeats are predictable."""
+    """Every key keeps one value within a stream, and records do repeat (at short and
+    long distances), so lookups are learnable."""
     rng = random.Random(3)
     for length in (300, 5000):
         s = tasks.training_stream(rng, length)
         assert len(s) == length
-        seen = {}
+        seen, first_at, gaps, pos = {}, {}, [], 0
         for item in s.split(";")[:-1]:
-            if item and item[0] in tasks.KEYS:
-                assert seen.setdefault(item[0], item[1:]) == item[1:]
+            if tasks.SEP in item:
+                key, value = item.split(tasks.SEP)
+                assert len(key) == tasks.KEY_LEN
+                assert seen.setdefault(key, value) == value
+                if key in first_at:
+                    gaps.append(pos - first_at[key])
+                first_at.setdefault(key, pos)
             elif "=" in item:
                 q, a = item.split("=")
                 x, y = q.split("+")
                 assert int(a) == int(x) + int(y)
+            pos += len(item) + 1
+        assert len(gaps) >= length // 40
+        if length == 5000:
+            assert max(gaps) > 2000 and min(gaps) < 200
 
 
 def test_encode_decode_roundtrip():
-    text = "12+3=15;aZ09;"
+    text = "12+3=15;abqz:09;"
     assert tasks.decode(tasks.encode(text)) == text
     assert tasks.decode([0, 2]) == "??"
     with pytest.raises(ValueError, match="outside the alphabet"):
@@ -71,7 +85,10 @@ def test_stderr_and_table():
     assert s["addition"]["acc"] == 0.75
     assert math.isclose(s["addition"]["stderr"], math.sqrt(0.75 * 0.25 / 4))
     table = acc_eval.lm_eval_table("FLASH_ATTN", s)
-    assert "|addition|1|exact|0|exact_match|↑|0.7500|±|0.2165|" in table
+    assert (
+        f"|addition|{acc_eval.TASK_VERSION}|exact|0|exact_match|↑|0.7500|±|0.2165|"
+        in table
+    )
 
 
 def _res(acc_by_task, n=400, gen=None):
@@ -222,3 +239,13 @@ def test_eval_budget_starts_only_what_fits(tmp_path, fake_sites):
     r2 = _run_eval(tmp_path, model_dir)
     assert r2.returncode == 0, r2.stdout + r2.stderr
     assert r2.stdout.count("skipping") == 1
+
+
+def test_curriculum_phases():
+    from benchmarks.accuracy.train_tiny import FULL_SCHEDULE, phase_shapes
+
+    assert phase_shapes(FULL_SCHEDULE, 0.0) == [(512, 256)]
+    assert phase_shapes(FULL_SCHEDULE, 0.5) == [(2048, 64), (9216, 14)]
+    assert phase_shapes(FULL_SCHEDULE, 1.0) == [(2048, 64), (9216, 14)]
+    # The last phase trains lookups over 4k+ tokens and positions past 8k.
+    assert max(length for length, _ in FULL_SCHEDULE[-1][1]) > 8192

@@ -45,9 +45,12 @@ def _solve(ids):
     if text.endswith("="):
         a, b = text.split(";")[-1][:-1].split("+")
         return str(int(a) + int(b))
-    key = text[-1]
-    at = text[:-1].find(key)
-    return text[at + 1 : at + 3] if at >= 0 else None
+    if text.endswith(tasks.SEP):
+        # recall: the value after the key's one earlier occurrence
+        key = text[-tasks.KEY_LEN - 1 :]
+        at = text[: -tasks.KEY_LEN - 1].find(key)
+        return text[at + len(key) : at + len(key) + 2] if at >= 0 else None
+    return None
 
 
 class LLM:
