@@ -223,7 +223,7 @@ def e2e_section(items) -> list[str]:
 
 
 def accuracy_section(items) -> list[str]:
-    from benchmarks.accuracy.eval import lm_eval_table
+    from benchmarks.accuracy.eval import lm_eval_table, not_informative_note
 
     lines = ["## Accuracy (tiny trained Llama through vLLM)", ""]
     if not items:
@@ -251,9 +251,16 @@ def accuracy_section(items) -> list[str]:
                 f"- {r['backend']} {r['task']}: {r['acc']:.4f} vs "
                 f"{r['baseline_acc']:.4f} (stderr {r['baseline_stderr']:.4f}) "
                 f"{'PASS' if r['pass'] else 'FAIL'}"
+                + ("" if r.get("informative", True) else not_informative_note(r))
             )
     lines.append("")
-    lines.append(f"Overall: {'PASS' if body.get('pass') else 'FAIL or incomplete'}")
+    weak = sorted(
+        {r["task"] for r in body.get("comparison", []) if r.get("informative") is False}
+    )
+    overall = "PASS" if body.get("pass") else "FAIL or incomplete"
+    if weak:
+        overall += f"; not informative (model did not learn it): {', '.join(weak)}"
+    lines.append(f"Overall: {overall}")
     lines.append("")
     return lines
 

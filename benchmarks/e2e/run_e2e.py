@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         "output_agreement": agree,
         "complete": not failed,
     }
-    date = time.strftime("%Y%m%d", time.gmtime())
+    date = time.strftime("%Y-%m-%d", time.gmtime())
     kv = "" if args.kv_cache_dtype == "auto" else f"-kv{args.kv_cache_dtype}"
     scale = "" if args.scale == 1.0 else f"-s{args.scale:g}"
     out = args.results_dir / f"{date}-{env['commit']}{kv}{scale}.json"

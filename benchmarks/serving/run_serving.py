@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         "complete": not failed,
         "records": records,
     }
-    date = time.strftime("%Y%m%d", time.gmtime())
+    date = time.strftime("%Y-%m-%d", time.gmtime())
     out = (
         args.results_dir
         / f"{date}-{commit}-{model}{'-quick' if args.quick else ''}.json"

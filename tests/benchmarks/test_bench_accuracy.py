@@ -115,6 +115,22 @@ def test_compare_pass_and_fail():
         acc_eval.compare({"TRITON_ATTN-fork": ok})
 
 
+def test_a_task_the_model_cannot_do_is_flagged_not_informative(tmp_path):
+    """Chance-level accuracy on both sides 'passes' the stderr test; the report must
+    say that this comparison tests nothing."""
+    base = _res({"addition": 0.8, "recall": 0.01})
+    fork = _res({"addition": 0.8, "recall": 0.012})
+    rows = acc_eval.compare({"FLASH_ATTN": base, "TRITON_ATTN-fork": fork})
+    verdict = {r["task"]: r for r in rows if r["task"] != "*"}
+    assert verdict["addition"]["informative"] and verdict["recall"]["pass"]
+    assert not verdict["recall"]["informative"]
+    for name, res in (("FLASH_ATTN", base), ("TRITON_ATTN-fork", fork)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(res))
+    text = acc_eval.build_report(tmp_path)["text"]
+    assert "recall: 0.0120 vs 0.0100" in text and "NOT INFORMATIVE" in text
+    assert text.endswith("ACCURACY PASS (not informative: recall)")
+
+
 class _Oracle:
     """Stand-in model whose argmax is the true next token (or a wrong one)."""
 

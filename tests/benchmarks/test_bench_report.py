@@ -5,6 +5,7 @@ import json
 import pytest
 
 from benchmarks import report
+from benchmarks.accuracy.eval import TASK_VERSION
 from benchmarks.e2e import results as e2e_res
 from benchmarks.serving import results as sres
 
@@ -131,7 +132,7 @@ def test_report_text(results_dir, tmp_path):
     assert (
         "| decode | steady | auto | TRITON_ATTN-stock | stock | 500 | 0.50x |" in text
     )
-    assert "|addition|1|exact|0|exact_match|↑|0.9800|±|0.0063|" in text
+    assert f"|addition|{TASK_VERSION}|exact|0|exact_match|↑|0.9800|±|0.0063|" in text
     assert "Overall: PASS" in text
     assert text.count("Serving Benchmark Result") == 4
 
