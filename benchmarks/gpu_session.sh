@@ -18,6 +18,8 @@
 #   e2e-quick      issue #6 offline throughput, scale 0.25, 4 backends (resume across calls)
 #   serving-quick  issue #4 serving benchmark, quick mode, FA + fork         (~5-8 min)
 #   e2e-full | serving-full   full sizes, for longer sessions (resume across calls)
+#   soak           issue #5 serving soak of the fork for $SOAK_S seconds (default 420,
+#                  one call; a 30-minute soak does not fit a 30-minute device lease)
 #   serving-70b    the seed PR's 70B runs (10k/100, 5k/100), quick sizes, TP 2: needs the
 #                  nvidia-h200-x2 machine
 #   report         docs/performance.md from everything in $STATE/results
@@ -33,7 +35,7 @@
 # $OUT/accuracy-model into benchmarks/accuracy/model if it is under 20 MB), then run
 # `python3 benchmarks/report.py` there to regenerate docs/performance.md and the plots.
 set -euo pipefail
-STEP=${1:?usage: gpu_session.sh prefill-tune|fork|kernel-bench|setup|train|accuracy|e2e-quick|serving-quick|e2e-full|serving-full|serving-70b|report|collect}
+STEP=${1:?usage: gpu_session.sh prefill-tune|fork|kernel-bench|setup|train|accuracy|e2e-quick|serving-quick|e2e-full|serving-full|soak|serving-70b|report|collect}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$REPO/gpu-out}
 STATE=${STATE:-/tmp/bench-state}
@@ -141,6 +143,12 @@ case "$STEP" in
     "$PY" benchmarks/serving/run_serving.py $mode --model-dir "$MODELS/llama-3.1-8b" \
       --work-dir "$STATE/results/serving/work" --results-dir "$STATE/results/serving" \
       --budget-s "$BUDGET" ${SERVING_ARGS:-} || rc=$?
+    collect; exit "${rc:-0}"
+    ;;
+  soak)
+    need_model llama-3.1-8b
+    "$PY" benchmarks/soak/run_soak.py --model-dir "$MODELS/llama-3.1-8b" \
+      --duration-s "${SOAK_S:-420}" --out-dir "$STATE/results/soak" ${SOAK_ARGS:-} || rc=$?
     collect; exit "${rc:-0}"
     ;;
   serving-70b)

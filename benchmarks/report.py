@@ -450,7 +450,11 @@ def build(results_dir: Path, doc: Path, plots: bool) -> str:
     lines += tuning_section(_load((results_dir / "tuning").glob("*.json")))
     lines += agreement_section(_load((results_dir / "agreement").glob("*.json")))
     lines += smoke_section(_load((results_dir / "serving-smoke").glob("*.json")))
-    return "\n".join(lines).rstrip() + "\n"
+    # Per-line rstrip: the seed PRs' result blocks pad their values with spaces.
+    return (
+        "\n".join(line.rstrip() for line in "\n".join(lines).split("\n")).rstrip()
+        + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,8 +90,9 @@ def serve_command(
     port: int,
     attention_backend: str,
     tp: int,
+    prefix_caching: bool = False,
 ) -> list[str]:
-    return [
+    cmd = [
         python,
         "-m",
         "vllm.entrypoints.cli.main",
@@ -107,9 +108,6 @@ def serve_command(
         str(SERVER_MAX_MODEL_LEN),
         "--attention-backend",
         attention_backend,
-        # The steady pass repeats the first pass's prompts; a prefix-cache hit would
-        # skip their prefill and hide the attention kernels being measured.
-        "--no-enable-prefix-caching",
         "--tensor-parallel-size",
         str(tp),
         "--host",
@@ -119,6 +117,11 @@ def serve_command(
         "--seed",
         "0",
     ]
+    if not prefix_caching:
+        # The steady pass repeats the first pass's prompts; a prefix-cache hit would
+        # skip their prefill and hide the attention kernels being measured.
+        cmd.append("--no-enable-prefix-caching")
+    return cmd
 
 
 def bench_command(

@@ -23,7 +23,11 @@ def fake_sites(monkeypatch):
     monkeypatch.setenv("BENCH_SITE_STOCK", str(FAKE_SITE))
     monkeypatch.setenv("BENCH_SITE_FORK", str(FAKE_SITE))
     monkeypatch.setenv("BENCH_COMMIT", "testcommit")
-    for var in ("FAKE_VLLM_WRONG", "FAKE_VLLM_SERVE_FAIL"):
+    for var in (
+        "FAKE_VLLM_WRONG",
+        "FAKE_VLLM_SERVE_FAIL",
+        "FAKE_VLLM_SOAK_ERROR_EVERY",
+    ):
         monkeypatch.delenv(var, raising=False)
     return FAKE_SITE
 

@@ -75,3 +75,14 @@ def test_accuracy_needs_a_model_then_runs(session_env, tmp_path):
 def test_unknown_step(session_env):
     r = _step(session_env, "bogus")
     assert r.returncode == 2 and "unknown step" in r.stderr
+
+
+def test_soak_step(session_env, tmp_path):
+    env = dict(session_env, SOAK_S="3", SOAK_ARGS="--concurrency 2 --sample-s 1")
+    r = _step(env, "soak")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (result,) = (tmp_path / "out" / "results" / "soak").glob(
+        "*-TRITON_ATTN-fork-*.json"
+    )
+    assert json.loads(result.read_text())["pass"]
+    assert list((tmp_path / "out" / "logs" / "soak").glob("*server.log"))

@@ -134,6 +134,10 @@ def test_command_lines():
         "--max-model-len 12288",
     ):
         assert flag in srv, flag
+    soak = serve_command(
+        "py", "/m", "llama", 8123, "TRITON_ATTN", 1, prefix_caching=True
+    )
+    assert "prefix-caching" not in " ".join(soak)
 
 
 def _rec(backend, tps, ttft):

@@ -1,20 +1,56 @@
-"""Fake ``vllm serve`` (answers /health) and ``vllm bench serve`` (writes a result)."""
+"""Fake ``vllm serve`` and ``vllm bench serve`` (writes a result).
+
+The server answers /health, /metrics and /v1/completions (streamed or not; the text is
+a function of the prompt). ``FAKE_VLLM_SOAK_ERROR_EVERY=n`` makes every n-th completion
+fail with HTTP 500."""
 
 import json
 import os
 import sys
+import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def _arg(argv, name, default=None):
     return argv[argv.index(name) + 1] if name in argv else default
 
 
+_COUNT = [0]
+_LOCK = threading.Lock()
+
+
 class _Health(BaseHTTPRequestHandler):
     def do_GET(self):
+        if self.path == "/metrics":
+            body = b'vllm:num_requests_running{model_name="m"} 1.0\n'
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+            return
         self.send_response(200 if self.path == "/health" else 404)
         self.end_headers()
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with _LOCK:
+            _COUNT[0] += 1
+            n = _COUNT[0]
+        every = int(os.environ.get("FAKE_VLLM_SOAK_ERROR_EVERY", "0"))
+        if self.path != "/v1/completions" or (every and n % every == 0):
+            self.send_response(500)
+            self.end_headers()
+            return
+        text = " ".join(str(t % 97) for t in req["prompt"][: req["max_tokens"]])
+        self.send_response(200)
+        self.end_headers()
+        if not req.get("stream"):
+            self.wfile.write(json.dumps({"choices": [{"text": text}]}).encode())
+            return
+        for i in range(min(req["max_tokens"], 10)):
+            chunk = {"choices": [{"text": str(i)}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
 
     def log_message(self, *args):
         pass
@@ -26,7 +62,9 @@ def serve(argv):
         sys.exit(3)
     print(f"fake serve: {argv}", flush=True)
     time.sleep(0.3)
-    HTTPServer(("127.0.0.1", int(_arg(argv, "--port"))), _Health).serve_forever()
+    ThreadingHTTPServer(
+        ("127.0.0.1", int(_arg(argv, "--port"))), _Health
+    ).serve_forever()
 
 
 def bench(argv):

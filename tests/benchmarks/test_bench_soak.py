@@ -1,0 +1,86 @@
+"""Soak harness (issue #5) against the fake vLLM server: load, cancellations, the
+verdict's parts, and the memory rule."""
+
+import json
+import random
+import subprocess
+import sys
+
+from benchmarks.harness import REPO
+from benchmarks.soak import run_soak
+
+
+def _soak(tmp_path, model_dir, env_extra=None):
+    import os
+
+    env = dict(os.environ, **(env_extra or {}))
+    env.pop("PYTHONPATH", None)
+    out = tmp_path / "soak"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks/soak/run_soak.py"),
+            "--model-dir",
+            str(model_dir),
+            "--duration-s",
+            "4",
+            "--concurrency",
+            "4",
+            "--sample-s",
+            "1",
+            "--settle-s",
+            "0",
+            "--out-dir",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    files = sorted(out.glob("*-TRITON_ATTN-fork-0min.json"))
+    return r, (json.loads(files[-1].read_text()) if files else None)
+
+
+def test_soak_passes_on_a_healthy_server(tmp_path, fake_sites, model_dir_8b):
+    r, body = _soak(tmp_path, model_dir_8b)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert body["pass"] and body["requests"]["errors"] == 0
+    assert body["requests"]["ok"] > 0 and body["requests"]["cancelled"] > 0
+    assert body["fixed_request_same_answer"] and body["server_healthy_at_end"]
+    assert body["samples"] and "vllm:num_requests_running" in body["samples"][0]
+    assert "prefix-caching" not in body["server_command"]
+
+
+def test_soak_fails_on_request_errors(tmp_path, fake_sites, model_dir_8b):
+    r, body = _soak(tmp_path, model_dir_8b, {"FAKE_VLLM_SOAK_ERROR_EVERY": "7"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert not body["pass"] and body["requests"]["errors"] > 0
+    assert "HTTP 500" in body["requests"]["error_examples"][0]
+
+
+def test_memory_growth_rule():
+    flat = [{"t": t, "gpu_mib": [1000]} for t in range(0, 300, 10)]
+    assert run_soak.memory_verdict(flat, 120, 256)["ok"]
+    grow = [{"t": t, "gpu_mib": [1000 + 4 * t]} for t in range(0, 300, 10)]
+    v = run_soak.memory_verdict(grow, 120, 256)
+    assert not v["ok"] and v["growth_mib"] == 4 * 290 - 4 * 120
+    assert not run_soak.memory_verdict([{"t": 0, "gpu_mib": []}], 120, 256)["checked"]
+
+
+def test_same_answer_rule():
+    cold, cached = {"text": "a b"}, {"text": "a c"}
+    assert run_soak.same_answer([cold, cached], {"text": "a c"})
+    assert run_soak.same_answer([cold, cached], {"text": "a b"})
+    assert not run_soak.same_answer([cold, cached], {"text": "x"})
+    assert not run_soak.same_answer([{"error": "HTTP 500"}] * 2, {"error": "HTTP 500"})
+
+
+def test_request_mix_fits_the_server():
+    from benchmarks.serving.workloads import SERVER_MAX_MODEL_LEN
+
+    rng = random.Random(0)
+    prefixes = [[1] * 2048]
+    longest = max(len(run_soak.make_request(rng, prefixes)[0]) for _ in range(3000))
+    assert longest + run_soak.MAX_OUTPUT_TOKENS <= SERVER_MAX_MODEL_LEN
+    assert sum(share for share, _, _ in run_soak.LENGTH_MIX) == 1.0
