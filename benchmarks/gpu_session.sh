@@ -18,6 +18,9 @@
 #   e2e-quick      issue #6 offline throughput, scale 0.25, 4 backends (resume across calls)
 #   serving-quick  issue #4 serving benchmark, quick mode, FA + fork         (~5-8 min)
 #   e2e-full | serving-full   full sizes, for longer sessions (resume across calls)
+#   agreement      greedy agreement, fork TRITON_ATTN vs stock FLASH_ATTN, on
+#                  $AGREE_MODEL (llama-3.1-8b; mistral-7b-sw, gemma-2-9b-softcap) with
+#                  $AGREE_ARGS (e.g. "--tp 2", "--kv-cache-dtype fp8")     (~5 min)
 #   soak           issue #5 serving soak of the fork for $SOAK_S seconds (default 420,
 #                  one call; a 30-minute soak does not fit a 30-minute device lease)
 #   serving-70b    the seed PR's 70B runs (10k/100, 5k/100), quick sizes, TP 2: needs the
@@ -35,7 +38,7 @@
 # $OUT/accuracy-model into benchmarks/accuracy/model if it is under 20 MB), then run
 # `python3 benchmarks/report.py` there to regenerate docs/performance.md and the plots.
 set -euo pipefail
-STEP=${1:?usage: gpu_session.sh prefill-tune|fork|kernel-bench|setup|train|accuracy|e2e-quick|serving-quick|e2e-full|serving-full|soak|serving-70b|report|collect}
+STEP=${1:?usage: gpu_session.sh prefill-tune|fork|kernel-bench|setup|train|accuracy|e2e-quick|serving-quick|e2e-full|serving-full|agreement|soak|serving-70b|report|collect}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$REPO/gpu-out}
 STATE=${STATE:-/tmp/bench-state}
@@ -143,6 +146,18 @@ case "$STEP" in
     "$PY" benchmarks/serving/run_serving.py $mode --model-dir "$MODELS/llama-3.1-8b" \
       --work-dir "$STATE/results/serving/work" --results-dir "$STATE/results/serving" \
       --budget-s "$BUDGET" ${SERVING_ARGS:-} || rc=$?
+    collect; exit "${rc:-0}"
+    ;;
+  agreement)
+    m=${AGREE_MODEL:-llama-3.1-8b}
+    need_model "$m"
+    mkdir -p "$STATE/results/agreement"
+    # shellcheck disable=SC2086
+    "$PY" -m benchmarks.agreement.agreement --model "$m" --model-dir "$MODELS/$m" \
+      --reference-pythonpath "$BENCH_SITE_STOCK" --backend-pythonpath "$BENCH_SITE_FORK" \
+      ${AGREE_ARGS:-} --out "$STATE/results/agreement/$(date -u +%F)-${BENCH_COMMIT:-unknown}-$m${AGREE_TAG:-}.json" \
+      > "$STATE/results/agreement/$m${AGREE_TAG:-}.log" 2>&1 || rc=$?
+    tail -n 25 "$STATE/results/agreement/$m${AGREE_TAG:-}.log"
     collect; exit "${rc:-0}"
     ;;
   soak)

@@ -120,6 +120,7 @@ def run_worker(args) -> None:
         seed=0,
         gpu_memory_utilization=0.85,
         enable_prefix_caching=True,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     startup_s = time.perf_counter() - start
     compiled_at_startup = _triton_compiles()
@@ -195,6 +196,8 @@ def _run_side(args, backend, pythonpath, prompts_file, model_dir, out):
         str(args.max_model_len),
         "--tp",
         str(args.tp),
+        "--kv-cache-dtype",
+        args.kv_cache_dtype,
     ]
     print(f"[agreement] {backend}: {' '.join(cmd[3:])}", flush=True)
     subprocess.run(cmd, env=env, cwd=REPO, check=True)
@@ -231,19 +234,6 @@ def compare(ref: dict, new: dict) -> dict:
     }
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("FORK_COMMIT", "unknown")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reference", default=DEFAULT_PAIR[0])
@@ -259,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--tp", type=int, default=1)
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="both sides (e.g. fp8: the fork's fp8 cache against FLASH_ATTN's)",
+    )
     p.add_argument("--out", type=Path, default=None)
     # worker mode (internal)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -301,13 +296,17 @@ def main(argv: list[str] | None = None) -> int:
             tmp / "new.json",
         )
 
-    commit = _commit()
+    sys.path.insert(0, str(REPO))
+    from benchmarks.harness import git_commit
+
+    commit = git_commit()
     report = {
         "reference": args.reference,
         "backend": args.backend,
         "prompts": len(prompts),
         **compare(ref, new),
         "tp": args.tp,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "commit": commit,
         "gpu": new["gpu"],
         "model": args.model,
@@ -336,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
             if (args.reference, args.backend) == DEFAULT_PAIR
             else (f"-{args.reference}-vs-{args.backend}")
         )
+        suffix += "" if args.model == "llama-3.1-8b" else f"-{args.model}"
+        suffix += "" if args.tp == 1 else f"-tp{args.tp}"
+        suffix += "" if args.kv_cache_dtype == "auto" else f"-kv{args.kv_cache_dtype}"
         out = RESULTS / f"{day}-{commit}{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

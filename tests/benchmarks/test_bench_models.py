@@ -99,7 +99,8 @@ def test_char_tokenizer_matches_task_encoding(tmp_path):
 
     make_char_tokenizer(tmp_path, tasks.ALPHABET, 16384)
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
-    text = "123+45=168;Q07;z"
+    key = tasks.KEYS[0] * tasks.KEY_LEN
+    text = "123+45=168;" + tasks.record_item(key, 7) + tasks.KEYS[-1]
     assert tok.encode(text) == [tasks.BOS_ID] + tasks.encode(text)
     assert tok.decode(tasks.encode(text)) == text
 
