@@ -29,7 +29,7 @@ from benchmarks import harness  # noqa: E402
 from benchmarks.accuracy import tasks  # noqa: E402
 
 DEFAULT_BACKENDS = "FLASH_ATTN,TRITON_ATTN-stock,TRITON_ATTN-fork"
-TASK_VERSION = 2
+TASK_VERSION = 3
 # A task tests the backends only if the model can do it: below this FLASH_ATTN accuracy
 # (chance is 0.01 for recall's two digits) its comparison is reported as not
 # informative instead of as a pass.

@@ -3,21 +3,24 @@
 The model reads one character-level stream of items, each ending in ``;``:
 
 - addition: ``123+45=168;`` (operands of 1-3 digits),
-- key-value record: ``kqzv:07;`` (a key of ``KEY_LEN`` random lowercase letters, a
-  two-digit value).
+- key-value record: ``K07;``: a key, one symbol of ``KEYS`` (512 CJK characters, one
+  token each), then a two-digit value.
 
 Within one stream a key keeps its value, and training streams repeat earlier records
-often (any earlier record, so distances span the whole stream), so whenever a record
-comes back its key's tail and its value are predictable by copying from the earlier
-occurrence: the "induction" lookup small transformers learn quickly from repeated
-segments. (Version 1 used one-letter keys repeated sparsely; CPU probes and the first
-H200 model never learned that lookup, see benchmarks/results/NOTES.md.) Eval problems:
+densely (any earlier record, so distances span the whole stream): whenever a record
+comes back its value can be copied from the key's earlier occurrence. With one-token
+keys that is multi-query associative recall (MQAR), the lookup attention layers are
+known to learn from such data; the training loss is taken on the predictable
+positions only (values of repeated records, addition answers), so the gradient is not
+drowned in random characters. Earlier versions (v1: 52 one-letter keys with sparse
+repeats, whole-stream loss; v2: four-letter keys ``kqzv:07;``, whole-stream loss)
+formed no lookup in 3 GPU minutes (benchmarks/results/NOTES.md). Eval problems:
 
 - ``addition``: a few random items, then ``a+b=``; the answer is ``str(a+b)``.
 - ``recall``: a stream of ``context_len`` characters in which the queried key occurs
   exactly once, at least ``min_distance`` (4096) characters before the query; filler is
-  addition items and records of other keys (with repeats); the prompt ends with
-  ``key:``, the answer is the two digits. This runs long prompts through many KV pages,
+  addition items and records of other keys (with repeats); the prompt ends with the
+  key, the answer is its two digits. This runs long prompts through many KV pages,
   chunked prefill and split-KV decode.
 
 A greedy answer is correct iff the generated characters up to ``;`` equal the answer.
@@ -29,11 +32,11 @@ import random
 from dataclasses import dataclass
 
 DIGITS = "0123456789"
-KEYS = "abcdefghijklmnopqrstuvwxyz"
-KEY_LEN = 4
-ALPHABET = DIGITS + "+=;:" + KEYS
+KEYS = "".join(chr(0x4E00 + i) for i in range(512))
+KEY_LEN = 1
+SEP = ""
+ALPHABET = DIGITS + "+=;" + KEYS
 END = ";"
-SEP = ":"
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ def record_item(key: str, value: int) -> str:
 
 
 def new_key(rng: random.Random, taken: set[str]) -> str:
+    if len(taken) >= len(KEYS) ** KEY_LEN:
+        raise ValueError("every key is taken")
     while True:
         key = "".join(rng.choice(KEYS) for _ in range(KEY_LEN))
         if key not in taken:
@@ -72,43 +77,57 @@ def _filler_stream(
     p_repeat: float,
     insert_at: int = -1,
     insert: str = "",
-) -> tuple[str, int]:
-    """Items until ``length`` characters: new records with probability ``p_new``,
-    repeats of an earlier record of this stream with ``p_repeat``, otherwise addition.
-    ``insert`` (one item) goes in once the stream reaches ``insert_at`` characters;
-    returns (stream, position of ``insert`` or -1)."""
+) -> tuple[str, int, list[int]]:
+    """Items until ``length`` characters: new records with probability ``p_new`` (while
+    keys are left), repeats of an earlier record of this stream with ``p_repeat``,
+    otherwise addition. ``insert`` (one item) goes in once the stream reaches
+    ``insert_at`` characters. Returns (stream, position of ``insert`` or -1, mask):
+    ``mask[i]`` is 1 where character ``i`` is predictable from what precedes it: the
+    value and ``;`` of a repeated record, the answer and ``;`` of an addition."""
     parts: list[str] = []
+    mask: list[int] = []
     records: list[str] = []
     size = 0
     inserted_at = -1
+    keys_left = len(KEYS) ** KEY_LEN
     while size < length:
         r = rng.random()
         if insert and inserted_at < 0 and size >= insert_at:
             inserted_at = size
-            item = insert
-        elif r < p_new or (r < p_new + p_repeat and not records):
+            item, known = insert, 0
+        elif (r < p_new or (r < p_new + p_repeat and not records)) and len(
+            taken
+        ) < keys_left:
             item = record_item(new_key(rng, taken), rng.randrange(100))
             records.append(item)
-        elif r < p_new + p_repeat:
+            known = 0
+        elif r < p_new + p_repeat and records:
             item = rng.choice(records)
+            known = len(item) - KEY_LEN - len(SEP)
         else:
             q, a = addition_item(rng)
             item = q + a + END
+            known = len(a) + 1
         parts.append(item)
+        mask += [0] * (len(item) - known) + [1] * known
         size += len(item)
-    return "".join(parts), inserted_at
+    return "".join(parts), inserted_at, mask
 
 
-def training_stream(
+def training_example(
     rng: random.Random, length: int, p_new: float = 0.25, p_repeat: float = 0.55
-) -> str:
-    """One training stream of exactly ``length`` characters (BOS not included).
+) -> tuple[str, list[int]]:
+    """One training stream of exactly ``length`` characters (BOS not included) and its
+    loss mask (see ``_filler_stream``).
 
     Records repeat uniformly from all earlier ones, so lookups over every distance up
-    to the stream length are trained; 20% of items are addition. Repeats are dense
-    (55% of items): with sparse ones (v1) the lookup never formed in 3 GPU minutes."""
-    stream, _ = _filler_stream(rng, length, set(), p_new, p_repeat)
-    return stream[:length]
+    to the stream length are trained; 20% of items are addition."""
+    stream, _, mask = _filler_stream(rng, length, set(), p_new, p_repeat)
+    return stream[:length], mask[:length]
+
+
+def training_stream(rng: random.Random, length: int, **kwargs) -> str:
+    return training_example(rng, length, **kwargs)[0]
 
 
 def addition_problems(n: int, seed: int) -> list[Problem]:
@@ -133,7 +152,7 @@ def recall_problem(rng: random.Random, context_len: int, min_distance: int) -> P
     target = new_key(rng, taken)
     value = rng.randrange(100)
     latest = context_len - min_distance - KEY_LEN - 1
-    stream, at = _filler_stream(
+    stream, at, _ = _filler_stream(
         rng,
         context_len - KEY_LEN - 1,
         taken,
@@ -176,11 +195,14 @@ BOS_ID = 1
 FIRST_CHAR_ID = 4
 
 
+_IDS = {ch: FIRST_CHAR_ID + i for i, ch in enumerate(ALPHABET)}
+
+
 def encode(text: str) -> list[int]:
     """Character ids of ``text`` (no BOS)."""
     try:
-        return [FIRST_CHAR_ID + ALPHABET.index(ch) for ch in text]
-    except ValueError as e:
+        return [_IDS[ch] for ch in text]
+    except KeyError as e:
         raise ValueError(f"text has characters outside the alphabet: {text!r}") from e
 
 

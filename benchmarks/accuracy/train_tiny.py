@@ -1,7 +1,8 @@
 """Train the tiny Llama of the accuracy harness (addition + long-range key recall).
 
 Plain torch loop over ``transformers.LlamaForCausalLM`` (SDPA attention, bf16 autocast,
-fp32 master weights, AdamW, cosine schedule over a wall-clock budget), fixed seed. A
+fp32 master weights, AdamW, cosine schedule over a wall-clock budget), fixed seed; the
+loss is taken on the predictable positions only (``tasks.training_example``). A
 curriculum: the first part of the budget trains on short streams (512 tokens, many
 lookups per step, where the copy-from-earlier-occurrence lookup forms), the rest
 alternates 2048-token and 9216-token streams so RoPE positions past 8k and recall over
@@ -74,13 +75,30 @@ def model_config(toy: bool) -> dict:
 
 
 def make_batch(rng: random.Random, length: int, batch: int):
+    """(token ids [batch, length + 1] with BOS first, loss weights [batch, length] of
+    the next-token targets: 1 where the target is predictable, see tasks)."""
     import torch
 
-    rows = [
-        [tasks.BOS_ID] + tasks.encode(tasks.training_stream(rng, length))
-        for _ in range(batch)
-    ]
-    return torch.tensor(rows, dtype=torch.long)
+    rows, weights = [], []
+    for _ in range(batch):
+        text, mask = tasks.training_example(rng, length)
+        rows.append([tasks.BOS_ID] + tasks.encode(text))
+        weights.append(mask)
+    return torch.tensor(rows, dtype=torch.long), torch.tensor(
+        weights, dtype=torch.float
+    )
+
+
+def masked_loss(logits, targets, weights):
+    """Cross-entropy averaged over the positions of weight 1."""
+    import torch
+
+    ce = torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]),
+        targets.reshape(-1),
+        reduction="none",
+    )
+    return (ce * weights.reshape(-1)).sum() / weights.sum().clamp(min=1.0)
 
 
 def phase_shapes(schedule, progress: float) -> list[tuple[int, int]]:
@@ -227,14 +245,12 @@ def main(argv: list[str] | None = None) -> int:
             lr = lr_at(progress, args.lr)
             for g in opt.param_groups:
                 g["lr"] = lr
-            x = batches.get().to(device, non_blocking=True)
+            x, w = (t.to(device, non_blocking=True) for t in batches.get())
             with torch.autocast(
                 device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
             ):
                 logits = model(input_ids=x[:, :-1], use_cache=False).logits
-            loss = torch.nn.functional.cross_entropy(
-                logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)
-            )
+            loss = masked_loss(logits, x[:, 1:], w)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

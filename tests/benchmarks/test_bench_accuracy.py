@@ -23,16 +23,15 @@ def test_addition_answers_are_sums():
 
 def test_recall_needle_is_far_and_unique():
     """The answer must depend on a record >= 4096 positions back and nowhere closer."""
+    tail = tasks.KEY_LEN + len(tasks.SEP)
     for p in tasks.recall_problems(20, seed=2, min_len=4500, max_len=6000):
-        key = p.prompt[-tasks.KEY_LEN - 1 : -1]
+        key = p.prompt[-tail:][: tasks.KEY_LEN]
         assert p.prompt.endswith(key + tasks.SEP) and set(key) <= set(tasks.KEYS)
-        body = p.prompt[: -tasks.KEY_LEN - 1]
+        body = p.prompt[:-tail]
         assert body.count(key) == 1
         at = body.index(key)
-        assert (
-            at == 0 or body[at - 1] == tasks.END
-        )  # a whole record, not a substring of one
-        assert body[at : at + tasks.KEY_LEN + 3] == f"{key}{tasks.SEP}{p.answer}"
+        assert at == 0 or body[at - 1] == tasks.END  # a whole record
+        assert body[at : at + tail + 3] == key + tasks.SEP + p.answer + tasks.END
         assert len(p.prompt) - at == p.distance >= 4096
 
 
@@ -45,25 +44,56 @@ def test_training_stream_is_consistent():
         assert len(s) == length
         seen, first_at, gaps, pos = {}, {}, [], 0
         for item in s.split(";")[:-1]:
-            if tasks.SEP in item:
-                key, value = item.split(tasks.SEP)
-                assert len(key) == tasks.KEY_LEN
+            if "=" in item:
+                q, a = item.split("=")
+                x, y = q.split("+")
+                assert int(a) == int(x) + int(y)
+            else:
+                key = item[: tasks.KEY_LEN]
+                value = item[tasks.KEY_LEN + len(tasks.SEP) :]
+                assert set(key) <= set(tasks.KEYS) and len(value) == 2
                 assert seen.setdefault(key, value) == value
                 if key in first_at:
                     gaps.append(pos - first_at[key])
                 first_at.setdefault(key, pos)
-            elif "=" in item:
-                q, a = item.split("=")
-                x, y = q.split("+")
-                assert int(a) == int(x) + int(y)
             pos += len(item) + 1
         assert len(gaps) >= length // 40
         if length == 5000:
             assert max(gaps) > 2000 and min(gaps) < 200
 
 
+def test_training_mask_marks_exactly_the_predictable_characters():
+    """Weight 1 on a repeated record's value and ';' and on an addition's answer and
+    ';'; 0 on keys, new records' values and operands."""
+    rng = random.Random(4)
+    text, mask = tasks.training_example(rng, 3000)
+    assert len(mask) == len(text) == 3000
+    pos, seen = 0, {}
+    for item in text.split(";")[:-1]:
+        m = mask[pos : pos + len(item) + 1]
+        if "=" in item:
+            q = item.index("=") + 1
+            assert m == [0] * q + [1] * (len(item) + 1 - q)
+        else:
+            key, value = item[: tasks.KEY_LEN], item[tasks.KEY_LEN :]
+            if key in seen:
+                assert seen[key] == value
+                assert m == [0] * tasks.KEY_LEN + [1] * (len(value) + 1)
+            else:
+                seen[key] = value
+                assert m == [0] * (len(item) + 1)
+        pos += len(item) + 1
+    assert 0.3 < sum(mask) / len(mask) < 0.8
+
+
+def test_keys_run_out_gracefully():
+    """A stream longer than the key set allows falls back to repeats and addition."""
+    text, mask = tasks.training_example(random.Random(5), 20000)
+    assert len(text) == 20000 and sum(mask) > 0
+
+
 def test_encode_decode_roundtrip():
-    text = "12+3=15;abqz:09;"
+    text = "12+3=15;" + tasks.record_item(tasks.KEYS[7], 9)
     assert tasks.decode(tasks.encode(text)) == text
     assert tasks.decode([0, 2]) == "??"
     with pytest.raises(ValueError, match="outside the alphabet"):

@@ -118,7 +118,10 @@ def test_accuracy_model_fits_what_a_device_call_returns():
     c = ACCURACY_MODEL
     h, i, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
     q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
-    vocab = 72  # the character tokenizer (tasks.ALPHABET + 4 specials)
+    from benchmarks.accuracy import tasks
+    from benchmarks.models.tokenizer import char_vocab_size
+
+    vocab = char_vocab_size(tasks.ALPHABET)
     per_layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
     params = c["num_hidden_layers"] * per_layer + 2 * vocab * h + h
     assert params * 2 < 16 * 2**20
