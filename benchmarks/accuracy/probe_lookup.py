@@ -1,0 +1,243 @@
+"""Learnability probe for the accuracy tasks: torch only (no transformers, no vLLM).
+
+Trains a Llama-shaped model of ``ACCURACY_MODEL``'s sizes (RMSNorm, RoPE,
+grouped-query attention through ``scaled_dot_product_attention``, SwiGLU) on
+``tasks.training_example`` with the curriculum, loss mask and optimiser of
+``train_tiny.py``, and prints teacher-forced accuracy on addition and on recall at
+>= 256 and >= 4096 tokens every ``--check-every-s``. It answers "does this task
+design form a lookup within the training budget?" on a GPU host that has torch but
+not the vLLM bundle (a few device minutes); the model is not saved.
+
+    python3 benchmarks/accuracy/probe_lookup.py --time-budget-s 150 --out $OUT/p.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import random
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
+
+from benchmarks.accuracy import tasks  # noqa: E402
+from benchmarks.accuracy.train_tiny import (  # noqa: E402
+    FULL_SCHEDULE,
+    lr_at,
+    phase_shapes,
+)
+from benchmarks.models.configs import ACCURACY_MODEL  # noqa: E402
+from benchmarks.models.tokenizer import char_vocab_size  # noqa: E402
+
+
+def build_model(vocab: int):
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    c = ACCURACY_MODEL
+    h, heads, kv, d = (
+        c["hidden_size"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["head_dim"],
+    )
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2 = nn.RMSNorm(h, eps=1e-5), nn.RMSNorm(h, eps=1e-5)
+            self.q = nn.Linear(h, heads * d, bias=False)
+            self.kv = nn.Linear(h, 2 * kv * d, bias=False)
+            self.o = nn.Linear(heads * d, h, bias=False)
+            self.up = nn.Linear(h, 2 * c["intermediate_size"], bias=False)
+            self.down = nn.Linear(c["intermediate_size"], h, bias=False)
+
+        def forward(self, x, cos, sin):
+            b, t, _ = x.shape
+            y = self.n1(x)
+            q = self.q(y).view(b, t, heads, d).transpose(1, 2)
+            k, v = self.kv(y).view(b, t, 2, kv, d).permute(2, 0, 3, 1, 4)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = x + self.o(a.transpose(1, 2).reshape(b, t, heads * d))
+            g, u = self.up(self.n2(x)).chunk(2, dim=-1)
+            return x + self.down(F.silu(g) * u)
+
+    def rope(x, cos, sin):
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, h)
+            self.blocks = nn.ModuleList(Block() for _ in range(c["num_hidden_layers"]))
+            self.norm = nn.RMSNorm(h, eps=1e-5)
+            self.head = nn.Linear(h, vocab, bias=False)
+            inv = 1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2).float() / d))
+            self.register_buffer("inv_freq", inv, persistent=False)
+
+        def forward(self, ids):
+            pos = torch.arange(ids.shape[1], device=ids.device).float()
+            ang = torch.outer(pos, self.inv_freq)
+            cos, sin = ang.cos()[None, None], ang.sin()[None, None]
+            x = self.emb(ids)
+            for blk in self.blocks:
+                x = blk(x, cos.to(x.dtype), sin.to(x.dtype))
+            return self.head(self.norm(x))
+
+    model = Model()
+    for p in model.parameters():
+        if p.dim() == 2:
+            torch.nn.init.normal_(p, std=0.02)
+    return model
+
+
+def _make(args):
+    seed, length, batch = args
+    rng = random.Random(seed)
+    rows, masks = [], []
+    for _ in range(batch):
+        text, mask = tasks.training_example(rng, length)
+        rows.append([tasks.BOS_ID] + tasks.encode(text))
+        masks.append(mask)
+    return rows, masks
+
+
+def accuracy(model, problems, device, batch: int) -> float:
+    import torch
+
+    correct = 0
+    for i in range(0, len(problems), batch):
+        chunk = problems[i : i + batch]
+        rows = [
+            [tasks.BOS_ID] + tasks.encode(p.prompt + p.answer + tasks.END)
+            for p in chunk
+        ]
+        width = max(map(len, rows))
+        x = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, row in enumerate(rows):
+            x[r, : len(row)] = torch.tensor(row)
+        with (
+            torch.no_grad(),
+            torch.autocast(
+                device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
+            ),
+        ):
+            pred = model(x.to(device)).argmax(-1).cpu()
+        for r, (p, row) in enumerate(zip(chunk, rows)):
+            start = len(row) - len(p.answer) - 1
+            correct += pred[r, start - 1 : len(row) - 1].tolist() == row[start:]
+    return correct / len(problems)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--time-budget-s", type=float, default=150.0)
+    p.add_argument("--check-every-s", type=float, default=30.0)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--check-problems", type=int, default=64, help="per recall check")
+    p.add_argument("--device", default="cuda", help="cpu: a smoke test only")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+
+    import torch
+
+    torch.manual_seed(args.seed)
+    dev = torch.device(args.device)
+    model = build_model(char_vocab_size(tasks.ALPHABET)).to(dev)
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        weight_decay=0.1,
+        fused=dev.type == "cuda",
+    )
+    n = args.check_problems
+    checks = {
+        "addition": tasks.addition_problems(3 * n, seed=args.seed + 1),
+        "recall>=256": tasks.recall_problems(
+            n, seed=args.seed + 3, min_len=1024, max_len=2048, min_distance=256
+        ),
+        "recall>=4096": tasks.recall_problems(n, seed=args.seed + 2),
+    }
+    log = []
+
+    def check(step: int, elapsed: float, loss: float) -> None:
+        model.eval()
+        rec = {"step": step, "elapsed_s": round(elapsed, 1), "loss": round(loss, 4)}
+        for name, probs in checks.items():
+            rec[name] = accuracy(model, probs, dev, 64 if name == "addition" else 8)
+        model.train()
+        log.append(rec)
+        print(f"probe: {rec}", flush=True)
+
+    pool = mp.get_context("fork").Pool(args.workers)
+    t0 = time.monotonic()
+    step, next_check, loss_v = 0, args.check_every_s, math.nan
+    pending = []
+    while True:
+        elapsed = time.monotonic() - t0
+        progress = elapsed / args.time_budget_s
+        if progress >= 1.0:
+            break
+        shapes = phase_shapes(FULL_SCHEDULE, progress)
+        while len(pending) < 2 * args.workers:
+            length, batch = shapes[(step + len(pending)) % len(shapes)]
+            seed = args.seed * 1_000_003 + step + len(pending)
+            pending.append(pool.apply_async(_make, ((seed, length, batch),)))
+        rows, masks = pending.pop(0).get()
+        x = torch.tensor(rows, device=dev)
+        w = torch.tensor(masks, device=dev, dtype=torch.float)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(progress, args.lr)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            logits = model(x[:, :-1])
+        ce = torch.nn.functional.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]),
+            x[:, 1:].reshape(-1),
+            reduction="none",
+        )
+        loss = (ce * w.reshape(-1)).sum() / w.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if elapsed >= next_check:
+            loss_v = loss.item()
+            check(step, elapsed, loss_v)
+            next_check += args.check_every_s
+    pool.terminate()
+    check(step, time.monotonic() - t0, loss.item())
+    if args.out:
+        args.out.write_text(
+            json.dumps(
+                {
+                    "gpu": torch.cuda.get_device_name()
+                    if dev.type == "cuda"
+                    else "cpu",
+                    "torch": torch.__version__,
+                    "task_design": "tasks.py v3 (one-token keys, masked loss)",
+                    "command": " ".join(sys.argv),
+                    "log": log,
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
