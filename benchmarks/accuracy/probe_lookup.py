@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import multiprocessing as mp
-import random
 import sys
 import time
 from pathlib import Path
@@ -29,8 +26,9 @@ if str(REPO) not in sys.path:
 from benchmarks.accuracy import tasks  # noqa: E402
 from benchmarks.accuracy.train_tiny import (  # noqa: E402
     FULL_SCHEDULE,
+    BatchSource,
     lr_at,
-    phase_shapes,
+    masked_loss,
 )
 from benchmarks.models.configs import ACCURACY_MODEL  # noqa: E402
 from benchmarks.models.tokenizer import char_vocab_size  # noqa: E402
@@ -98,17 +96,6 @@ def build_model(vocab: int):
         if p.dim() == 2:
             torch.nn.init.normal_(p, std=0.02)
     return model
-
-
-def _make(args):
-    seed, length, batch = args
-    rng = random.Random(seed)
-    rows, masks = [], []
-    for _ in range(batch):
-        text, mask = tasks.training_example(rng, length)
-        rows.append([tasks.BOS_ID] + tasks.encode(text))
-        masks.append(mask)
-    return rows, masks
 
 
 def accuracy(model, problems, device, batch: int) -> float:
@@ -183,43 +170,29 @@ def main(argv: list[str] | None = None) -> int:
         log.append(rec)
         print(f"probe: {rec}", flush=True)
 
-    pool = mp.get_context("fork").Pool(args.workers)
+    batches = BatchSource(args.seed, FULL_SCHEDULE, args.workers)
     t0 = time.monotonic()
-    step, next_check, loss_v = 0, args.check_every_s, math.nan
-    pending = []
+    step, next_check = 0, args.check_every_s
     while True:
         elapsed = time.monotonic() - t0
         progress = elapsed / args.time_budget_s
         if progress >= 1.0:
             break
-        shapes = phase_shapes(FULL_SCHEDULE, progress)
-        while len(pending) < 2 * args.workers:
-            length, batch = shapes[(step + len(pending)) % len(shapes)]
-            seed = args.seed * 1_000_003 + step + len(pending)
-            pending.append(pool.apply_async(_make, ((seed, length, batch),)))
-        rows, masks = pending.pop(0).get()
-        x = torch.tensor(rows, device=dev)
-        w = torch.tensor(masks, device=dev, dtype=torch.float)
+        x, w = (t.to(dev) for t in batches.next(progress))
         for g in opt.param_groups:
             g["lr"] = lr_at(progress, args.lr)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             logits = model(x[:, :-1])
-        ce = torch.nn.functional.cross_entropy(
-            logits.float().reshape(-1, logits.shape[-1]),
-            x[:, 1:].reshape(-1),
-            reduction="none",
-        )
-        loss = (ce * w.reshape(-1)).sum() / w.sum()
+        loss = masked_loss(logits, x[:, 1:], w)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
         if elapsed >= next_check:
-            loss_v = loss.item()
-            check(step, elapsed, loss_v)
+            check(step, elapsed, loss.item())
             next_check += args.check_every_s
-    pool.terminate()
+    batches.close()
     check(step, time.monotonic() - t0, loss.item())
     if args.out:
         args.out.write_text(

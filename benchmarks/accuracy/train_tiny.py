@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import queue
+import multiprocessing as mp
 import random
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -74,19 +73,55 @@ def model_config(toy: bool) -> dict:
     return cfg
 
 
-def make_batch(rng: random.Random, length: int, batch: int):
-    """(token ids [batch, length + 1] with BOS first, loss weights [batch, length] of
-    the next-token targets: 1 where the target is predictable, see tasks)."""
-    import torch
-
-    rows, weights = [], []
+def make_rows(job: tuple[int, int, int]) -> tuple[list, list]:
+    """``(seed, length, batch)`` -> (token id rows with BOS first, loss masks of the
+    next-token targets: 1 where the target is predictable, see tasks). Pure Python, so
+    worker processes can make batches while the GPU trains."""
+    seed, length, batch = job
+    rng = random.Random(seed)
+    rows, masks = [], []
     for _ in range(batch):
         text, mask = tasks.training_example(rng, length)
         rows.append([tasks.BOS_ID] + tasks.encode(text))
-        weights.append(mask)
-    return torch.tensor(rows, dtype=torch.long), torch.tensor(
-        weights, dtype=torch.float
-    )
+        masks.append(mask)
+    return rows, masks
+
+
+class BatchSource:
+    """Batches of the curriculum phase the training is in, made ahead by ``workers``
+    processes (0: in this process). One Python process cannot keep up with an H200."""
+
+    def __init__(self, seed: int, schedule, workers: int):
+        self.seed, self.schedule, self.step = seed, schedule, 0
+        self.pool = mp.get_context("fork").Pool(workers) if workers else None
+        self.pending: list = []
+        self.depth = 2 * workers
+
+    def _job(self, shapes, k: int) -> tuple[int, int, int]:
+        length, batch = shapes[k % len(shapes)]
+        return (self.seed * 1_000_003 + k, length, batch)
+
+    def next(self, progress: float):
+        import torch
+
+        shapes = phase_shapes(self.schedule, progress)
+        if self.pool is None:
+            rows, masks = make_rows(self._job(shapes, self.step))
+        else:
+            # Batches made ahead for an earlier phase are dropped: step k always gets
+            # the batch of seed k in the shape of its own phase, with or without a pool.
+            self.pending = [(sh, job) for sh, job in self.pending if sh == shapes]
+            while len(self.pending) < self.depth:
+                k = self.step + len(self.pending)
+                job = self.pool.apply_async(make_rows, (self._job(shapes, k),))
+                self.pending.append((shapes, job))
+            rows, masks = self.pending.pop(0)[1].get()
+        self.step += 1
+        return torch.tensor(rows), torch.tensor(masks, dtype=torch.float)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
 
 
 def masked_loss(logits, targets, weights):
@@ -107,26 +142,6 @@ def phase_shapes(schedule, progress: float) -> list[tuple[int, int]]:
         if progress < end:
             return shapes
     return schedule[-1][1]
-
-
-def batch_producer(
-    seed: int, schedule, progress: list, out: queue.Queue, stop: threading.Event
-):
-    """Fills ``out`` with batches of the phase that ``progress[0]`` (set by the
-    training loop) is in."""
-    rng = random.Random(seed)
-    step = 0
-    while not stop.is_set():
-        shapes = phase_shapes(schedule, progress[0])
-        length, batch = shapes[step % len(shapes)]
-        item = make_batch(rng, length, batch)
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=0.5)
-                break
-            except queue.Full:
-                continue
-        step += 1
 
 
 def lr_at(progress: float, peak: float, warmup: float = 0.05) -> float:
@@ -188,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--toy", action="store_true", help="toy sizes for a CPU smoke test")
     p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="batch-making processes (default 8 on CUDA, 0 on CPU)",
+    )
+    p.add_argument(
         "--check-problems",
         type=int,
         default=200,
@@ -200,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
+    if args.workers is None:
+        args.workers = 8 if device.type == "cuda" else 0
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(
             "train_tiny: CUDA requested but not available; use --device cpu"
@@ -223,15 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
 
-    batches: queue.Queue = queue.Queue(maxsize=4)
-    stop = threading.Event()
-    progress_box = [0.0]
-    producer = threading.Thread(
-        target=batch_producer,
-        args=(args.seed, schedule, progress_box, batches, stop),
-        daemon=True,
-    )
-    producer.start()
+    batches = BatchSource(args.seed, schedule, args.workers)
     log = []
     t0 = time.monotonic()
     step = 0
@@ -241,11 +256,10 @@ def main(argv: list[str] | None = None) -> int:
             progress = max(step / args.max_steps, elapsed / args.time_budget_s)
             if progress >= 1.0:
                 break
-            progress_box[0] = progress
             lr = lr_at(progress, args.lr)
             for g in opt.param_groups:
                 g["lr"] = lr
-            x, w = (t.to(device, non_blocking=True) for t in batches.get())
+            x, w = (t.to(device, non_blocking=True) for t in batches.next(progress))
             with torch.autocast(
                 device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
             ):
@@ -267,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                 log.append(rec)
                 print(f"train_tiny: {rec}", flush=True)
     finally:
-        stop.set()
+        batches.close()
     train_s = time.monotonic() - t0
 
     model.eval()

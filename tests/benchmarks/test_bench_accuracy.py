@@ -295,3 +295,17 @@ def test_curriculum_phases():
     assert phase_shapes(FULL_SCHEDULE, 1.0) == [(2048, 64), (9216, 14)]
     # The last phase trains lookups over 4k+ tokens and positions past 8k.
     assert max(length for length, _ in FULL_SCHEDULE[-1][1]) > 8192
+
+
+def test_batch_source_is_deterministic_with_or_without_workers():
+    from benchmarks.accuracy.train_tiny import TOY_SCHEDULE, BatchSource
+
+    inline, pooled = BatchSource(9, TOY_SCHEDULE, 0), BatchSource(9, TOY_SCHEDULE, 2)
+    try:
+        for progress in (0.0, 0.1, 0.6, 0.7):
+            (xa, wa), (xb, wb) = inline.next(progress), pooled.next(progress)
+            assert xa.tolist() == xb.tolist() and wa.tolist() == wb.tolist()
+            assert xa.shape[1] == wa.shape[1] + 1  # BOS + targets
+    finally:
+        pooled.close()
+    assert xa.shape == (1, 257)  # the second shape of the last toy phase
