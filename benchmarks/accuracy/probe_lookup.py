@@ -18,6 +18,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
@@ -29,6 +30,7 @@ from benchmarks.accuracy.train_tiny import (  # noqa: E402
     BatchSource,
     lr_at,
     masked_loss,
+    teacher_forced_accuracy,
 )
 from benchmarks.models.configs import ACCURACY_MODEL  # noqa: E402
 from benchmarks.models.tokenizer import char_vocab_size  # noqa: E402
@@ -82,47 +84,22 @@ def build_model(vocab: int):
             inv = 1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2).float() / d))
             self.register_buffer("inv_freq", inv, persistent=False)
 
-        def forward(self, ids):
+        def forward(self, input_ids, use_cache=False):
+            """transformers' call convention, so train_tiny's checks can use it."""
+            ids = input_ids
             pos = torch.arange(ids.shape[1], device=ids.device).float()
             ang = torch.outer(pos, self.inv_freq)
             cos, sin = ang.cos()[None, None], ang.sin()[None, None]
             x = self.emb(ids)
             for blk in self.blocks:
                 x = blk(x, cos.to(x.dtype), sin.to(x.dtype))
-            return self.head(self.norm(x))
+            return SimpleNamespace(logits=self.head(self.norm(x)))
 
     model = Model()
     for p in model.parameters():
         if p.dim() == 2:
             torch.nn.init.normal_(p, std=0.02)
     return model
-
-
-def accuracy(model, problems, device, batch: int) -> float:
-    import torch
-
-    correct = 0
-    for i in range(0, len(problems), batch):
-        chunk = problems[i : i + batch]
-        rows = [
-            [tasks.BOS_ID] + tasks.encode(p.prompt + p.answer + tasks.END)
-            for p in chunk
-        ]
-        width = max(map(len, rows))
-        x = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, row in enumerate(rows):
-            x[r, : len(row)] = torch.tensor(row)
-        with (
-            torch.no_grad(),
-            torch.autocast(
-                device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
-            ),
-        ):
-            pred = model(x.to(device)).argmax(-1).cpu()
-        for r, (p, row) in enumerate(zip(chunk, rows)):
-            start = len(row) - len(p.answer) - 1
-            correct += pred[r, start - 1 : len(row) - 1].tolist() == row[start:]
-    return correct / len(problems)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         model.eval()
         rec = {"step": step, "elapsed_s": round(elapsed, 1), "loss": round(loss, 4)}
         for name, probs in checks.items():
-            rec[name] = accuracy(model, probs, dev, 64 if name == "addition" else 8)
+            rec[name] = teacher_forced_accuracy(
+                model, probs, dev, 64 if name == "addition" else 8
+            )
         model.train()
         log.append(rec)
         print(f"probe: {rec}", flush=True)
@@ -182,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         for g in opt.param_groups:
             g["lr"] = lr_at(progress, args.lr)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            logits = model(x[:, :-1])
+            logits = model(input_ids=x[:, :-1]).logits
         loss = masked_loss(logits, x[:, 1:], w)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -309,3 +309,19 @@ def test_batch_source_is_deterministic_with_or_without_workers():
     finally:
         pooled.close()
     assert xa.shape == (1, 257)  # the second shape of the last toy phase
+
+
+def test_probe_model_speaks_the_checks_convention():
+    """probe_lookup's torch-only model is scored by train_tiny's own check."""
+    import torch
+
+    from benchmarks.accuracy.probe_lookup import build_model
+    from benchmarks.accuracy.train_tiny import teacher_forced_accuracy
+    from benchmarks.models.tokenizer import char_vocab_size
+
+    vocab = char_vocab_size(tasks.ALPHABET)
+    model = build_model(vocab)
+    ids = torch.tensor([[tasks.BOS_ID] + tasks.encode("12+34=46;")])
+    assert model(input_ids=ids).logits.shape == (1, ids.shape[1], vocab)
+    probs = tasks.addition_problems(2, seed=0)
+    assert teacher_forced_accuracy(model, probs, torch.device("cpu"), 2) in (0, 0.5, 1)
