@@ -151,9 +151,11 @@ case "$STEP" in
   agreement)
     m=${AGREE_MODEL:-llama-3.1-8b}
     need_model "$m"
+    # Mistral's and Gemma-2's windows are 4096 tokens: prompts up to 8k reach past them.
+    len=4096; case "$m" in mistral-*|gemma-*) len=8192 ;; esac
     mkdir -p "$STATE/results/agreement"
     # shellcheck disable=SC2086
-    "$PY" -m benchmarks.agreement.agreement --model "$m" --model-dir "$MODELS/$m" \
+    "$PY" -m benchmarks.agreement.agreement --model "$m" --model-dir "$MODELS/$m" --max-model-len "$len" \
       --reference-pythonpath "$BENCH_SITE_STOCK" --backend-pythonpath "$BENCH_SITE_FORK" \
       ${AGREE_ARGS:-} --out "$STATE/results/agreement/$(date -u +%F)-${BENCH_COMMIT:-unknown}-$m${AGREE_TAG:-}.json" \
       > "$STATE/results/agreement/$m${AGREE_TAG:-}.log" 2>&1 || rc=$?
