@@ -153,7 +153,11 @@ def run_worker(args) -> None:
         json.dumps(
             {
                 "backend": args.backend,
-                "gpu": torch.cuda.get_device_name(),
+                "gpu": (
+                    torch.cuda.get_device_name()
+                    if torch.cuda.is_available()
+                    else "none (CPU)"
+                ),
                 "startup_s": round(startup_s, 1),
                 "generate_s": round(generate_s, 1),
                 "triton_kernels_compiled_at_startup": compiled_at_startup,

@@ -1,9 +1,10 @@
 """A stand-in for vLLM used by tests/benchmarks: the harnesses' plumbing (processes,
 PYTHONPATH per install, resume, result files) runs on the CPU against it.
 
-``LLM.generate`` returns deterministic token ids; for the accuracy task's character
-prompts it answers correctly, except that with ``FAKE_VLLM_WRONG=<backend>`` that
-attention backend answers every 10th problem wrong (the harness must then FAIL).
+``LLM.generate`` returns deterministic token ids (and top-5 logprobs when asked); for
+the accuracy task's character prompts it answers correctly, except that with
+``FAKE_VLLM_WRONG=<backend>`` that attention backend answers every 10th problem wrong
+and changes a token of every 10th other prompt (the harnesses must then notice).
 """
 
 import os
@@ -21,11 +22,18 @@ class SamplingParams:
     detokenize: bool = True
     stop_token_ids: list = field(default_factory=list)
     include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+
+
+@dataclass
+class _Logprob:
+    logprob: float
 
 
 @dataclass
 class _Completion:
     token_ids: list
+    logprobs: list | None = None
 
 
 @dataclass
@@ -58,8 +66,13 @@ class LLM:
         # A slow engine start, for the budget tests.
         time.sleep(float(os.environ.get("FAKE_VLLM_START_S", "0")))
         self.model = model
-        self.attention_backend = attention_backend
+        self.attention_backend = attention_backend or kwargs.get(
+            "attention_config", {}
+        ).get("backend")
         self.kwargs = kwargs
+        print(
+            f"fake LLM: backend {self.attention_backend}, kwargs {kwargs}", flush=True
+        )
         self.calls = 0
 
     def generate(self, prompts, params, use_tqdm=True):
@@ -78,6 +91,14 @@ class LLM:
                 toks = tasks.encode(answer + ";")[: sp.max_tokens]
             else:
                 toks = [(sum(ids) + k) % 1000 for k in range(sp.max_tokens)]
-            outs.append(_Output([_Completion(toks)]))
+                if wrong and i % 10 == 0 and len(toks) > 5:
+                    toks[5] += 1
+            logprobs = None
+            if sp.logprobs:
+                logprobs = [
+                    {t + j: _Logprob(-0.1 * (j + 1)) for j in range(sp.logprobs)}
+                    for t in toks
+                ]
+            outs.append(_Output([_Completion(toks, logprobs)]))
         self.calls += 1
         return outs

@@ -1,0 +1,99 @@
+"""Greedy agreement driver (issue #5) against the fake vLLM: the two sides, the
+comparison, the result keys the issue names, and the options reaching the engine."""
+
+import json
+import os
+import subprocess
+import sys
+
+from benchmarks.agreement import agreement
+from benchmarks.harness import REPO
+
+REQUIRED = (
+    "reference",
+    "backend",
+    "prompts",
+    "tokens_compared",
+    "tokens_equal",
+    "fraction_equal",
+    "tp",
+    "commit",
+    "gpu",
+)
+
+
+def _agree(tmp_path, model_dir, fake_sites, *extra, env_extra=None):
+    env = dict(os.environ, **(env_extra or {}))
+    out = tmp_path / "agree.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.agreement.agreement",
+            "--model-dir",
+            str(model_dir),
+            "--reference-pythonpath",
+            str(fake_sites),
+            "--backend-pythonpath",
+            str(fake_sites),
+            "--prompts",
+            "20",
+            "--tokens",
+            "8",
+            "--out",
+            str(out),
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout, json.loads(out.read_text())
+
+
+def test_identical_sides_agree_fully(tmp_path, fake_sites, model_dir_8b):
+    stdout, body = _agree(tmp_path, model_dir_8b, fake_sites, "--kv-cache-dtype", "fp8")
+    assert all(k in body for k in REQUIRED)
+    assert body["fraction_equal"] == 1.0 and body["tokens_compared"] == 20 * 8
+    assert body["kv_cache_dtype"] == "fp8"
+    assert stdout.count("'kv_cache_dtype': 'fp8'") == 2  # both engines got it
+    assert "backend FLASH_ATTN" in stdout and "backend TRITON_ATTN" in stdout
+
+
+def test_a_differing_backend_is_counted(tmp_path, fake_sites, model_dir_8b):
+    _, body = _agree(
+        tmp_path,
+        model_dir_8b,
+        fake_sites,
+        env_extra={"FAKE_VLLM_WRONG": "TRITON_ATTN"},
+    )
+    assert body["prompts_diverged"] == 2  # prompts 0 and 10
+    assert body["tokens_equal"] == body["tokens_compared"] - 2
+    assert body["fraction_equal"] < 1.0
+
+
+def test_compare_counts_near_ties():
+    def side(tokens, tops):
+        return {"results": [{"tokens": tokens, "top": tops}]}
+
+    close = {"1": -0.70, "2": -0.72}
+    far = {"1": -0.1, "2": -3.0}
+    ref = side([1, 1], [close, close])
+    tie = agreement.compare(ref, side([1, 2], [close, close]))
+    assert tie["prompts_diverged"] == 1 and tie["divergences_at_near_ties"] == 1
+    wide = agreement.compare(side([1, 1], [far, far]), side([1, 2], [far, far]))
+    assert wide["divergences_at_near_ties"] == 0
+    assert wide["mean_matching_prefix_tokens"] == 1.0
+
+
+def test_prompts_mix_lengths_and_share_a_prefix():
+    prompts = agreement.make_prompts(100, 3900, 32000)
+    lengths = sorted(map(len, prompts))
+    assert len(prompts) == 100 and lengths[0] >= 8 and lengths[-1] <= 3900
+    assert sum(n > 2048 for n in lengths) >= 5
+    shared = [p for p in prompts if len(p) > agreement.SHARED_PREFIX_LEN]
+    prefix = shared[0][: agreement.SHARED_PREFIX_LEN]
+    assert sum(p[: agreement.SHARED_PREFIX_LEN] == prefix for p in shared) >= 3
