@@ -179,6 +179,10 @@ def serving_section(items, plot_dir: Path | None, doc_dir: Path) -> list[str]:
     return lines
 
 
+# Issue #6's steady-state goals per workload (fork TRITON_ATTN / FLASH_ATTN).
+ISSUE6_GOALS = {"sharegpt": 1.05, "long10k": 1.00, "decode": 1.05}
+
+
 def e2e_section(items) -> list[str]:
     lines = ["## End-to-end offline throughput (`vllm.LLM`, issue #6)", ""]
     if not items:
@@ -189,6 +193,14 @@ def e2e_section(items) -> list[str]:
             ),
             "",
         ]
+    full = [body for _, body in items if body.get("scale") == 1.0]
+    if full:
+        lines.append(
+            "### Across sittings (full size; issue #6 asks for three: median, spread)"
+        )
+        lines.append("")
+        lines.append(e2e_results.across_sittings(full, ISSUE6_GOALS))
+        lines.append("")
     for path, body in newest_by(
         items, lambda b: (b.get("scale"), b.get("kv_cache_dtype"))
     ):

@@ -4,6 +4,7 @@ agreement of greedy outputs across backends."""
 from __future__ import annotations
 
 import hashlib
+import statistics
 
 BASELINE = "FLASH_ATTN"
 
@@ -53,6 +54,48 @@ def format_table(records: list[dict]) -> str:
             f"| {r['workload']} | {r['pass']} | {r.get('kv_cache_dtype', 'auto')} | "
             f"{r['backend']} | {r['install']} | {r['total_tok_per_s']:,.0f} | "
             f"{'-' if ratio is None else f'{ratio:.2f}x'} | {r['elapsed_s']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def across_sittings(bodies: list[dict], goals: dict[str, float] | None = None) -> str:
+    """Issue #6's table over sittings: per (KV cache dtype, workload, pass, backend) of
+    the full-size runs (scale 1), the median ratio to FLASH_ATTN of the same sitting,
+    its spread (min-max) and the number of sittings, and the median tok/s. A sitting
+    is one result file; ratios are never formed across files."""
+    groups: dict[tuple, list[tuple[float, float]]] = {}
+    for body in bodies:
+        for r in add_ratios(body["records"]):
+            if r.get("scale") != 1.0 or r["backend"] == BASELINE:
+                continue
+            if r.get("ratio_to_flash_attn") is None:
+                continue
+            key = (
+                r.get("kv_cache_dtype", "auto"),
+                r["workload"],
+                r["pass"],
+                r["backend"],
+            )
+            groups.setdefault(key, []).append(
+                (r["ratio_to_flash_attn"], r["total_tok_per_s"])
+            )
+    lines = [
+        (
+            "| kv cache | workload | pass | backend | sittings | ratio to FLASH_ATTN "
+            "(median) | spread (min-max) | tok/s (median) | goal |"
+        ),
+        "|---|---|---|---|---:|---:|---|---:|---:|",
+    ]
+    order = {"first": 0, "steady": 1}
+    for key in sorted(groups, key=lambda k: (k[0], k[1], order.get(k[2], 9), k[3])):
+        vals = groups[key]
+        ratios = [v[0] for v in vals]
+        goal = (goals or {}).get(key[1]) if key[2] == "steady" else None
+        lines.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {len(vals)} | "
+            f"{statistics.median(ratios):.2f}x | {min(ratios):.2f}-{max(ratios):.2f} | "
+            f"{statistics.median(v[1] for v in vals):,.0f} | "
+            f"{'-' if goal is None else f'{goal:.2f}x'} |"
         )
     return "\n".join(lines)
 

@@ -195,3 +195,33 @@ def test_a_backend_starts_only_with_time_for_a_result():
     assert run_e2e.start_allowance(0.25, 1) == (
         run_e2e.STARTUP_ALLOWANCE_S + run_e2e.WORKLOAD_ALLOWANCE_S
     )
+
+
+def test_across_sittings_median_and_spread():
+    def sitting(fa, fork, scale=1.0):
+        recs = []
+        for backend, tps in (("FLASH_ATTN", fa), ("TRITON_ATTN-fork", fork)):
+            recs.append(
+                {
+                    "workload": "long10k",
+                    "pass": "steady",
+                    "backend": backend,
+                    "install": "stock" if backend == "FLASH_ATTN" else "fork",
+                    "kv_cache_dtype": "auto",
+                    "scale": scale,
+                    "total_tok_per_s": tps,
+                }
+            )
+        return {"records": recs}
+
+    bodies = [
+        sitting(100, 90),
+        sitting(200, 210),
+        sitting(50, 50),
+        sitting(10, 99, 0.25),
+    ]
+    table = res.across_sittings(bodies, {"long10k": 1.0})
+    row = [line for line in table.splitlines() if "long10k" in line]
+    # ratios 0.90, 1.05, 1.00 (the quarter-size run is left out); tok/s 90, 210, 50
+    want = "| auto | long10k | steady | TRITON_ATTN-fork | 3 | 1.00x | 0.90-1.05 | 90 "
+    assert row == [want + "| 1.00x |"]
