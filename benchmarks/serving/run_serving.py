@@ -27,6 +27,7 @@ docs/performance.md + plots.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import socket
 import subprocess
@@ -99,6 +100,28 @@ def wait_healthy(
                 f"[{what}] waiting for /health: {elapsed:.0f}s; log: {last}", flush=True
             )
         time.sleep(0.5 if elapsed < 10 else 2.0)
+
+
+@contextlib.contextmanager
+def running_server(
+    cmd: list[str], env, port: int, log: Path, timeout_s: float, what: str
+):
+    """Start ``vllm serve`` (own process group, output to ``log``), wait for /health;
+    yields the process, or None if it did not come up (the log tail is printed). The
+    server's process group is killed on exit."""
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd="/tmp",
+            start_new_session=True,
+        )
+        try:
+            yield proc if wait_healthy(proc, port, log, timeout_s, what) else None
+        finally:
+            harness.kill_group(proc)
 
 
 def _fail(what: str, why: str, log: Path) -> None:
@@ -181,63 +204,52 @@ def run_backend(
     what = f"serving {b.name}"
     print(f"[{what}] $ {shlex.join(cmd)}\n[{what}] server log: {log}", flush=True)
     ok = True
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            cwd="/tmp",
-            start_new_session=True,
-        )
-        try:
-            if not wait_healthy(
-                proc, port, log, budget.timeout(args.startup_timeout_s), what
-            ):
-                return False
-            served_here: set[str] = set()  # (workload, rate) passed on this server
-            for run in todo:
-                if not budget.allows(PASS_ALLOWANCE_S):
-                    print(
-                        f"[{what}] budget spent; {run.key} and later passes "
-                        "left for a rerun"
-                    )
-                    ok = False
-                    break
-                group = run.key.rsplit("-", 1)[0]
-                if run.pass_name == "steady" and group not in served_here:
-                    # Resumed after its first pass ran on an earlier server: the
-                    # steady pass still needs an untimed pass over its requests here.
-                    bench_pass(
-                        run,
-                        f"{group}-warmup",
-                        env,
-                        args,
-                        work,
-                        served,
-                        port,
-                        budget,
-                        what,
-                    )
-                    (work / f"{group}-warmup.bench.json").unlink(missing_ok=True)
-                bcmd, rc = bench_pass(
-                    run, run.key, env, args, work, served, port, budget, what
+    with running_server(
+        cmd, env, port, log, budget.timeout(args.startup_timeout_s), what
+    ) as proc:
+        if proc is None:
+            return False
+        served_here: set[str] = set()  # (workload, rate) passed on this server
+        for run in todo:
+            if not budget.allows(PASS_ALLOWANCE_S):
+                print(
+                    f"[{what}] budget spent; {run.key} and later passes "
+                    "left for a rerun"
                 )
-                served_here.add(group)
-                tmp = work / f"{run.key}.bench.json"
-                if rc != 0 or not tmp.is_file():
-                    _fail(what, f"bench pass {run.key} failed (exit {rc})", log)
-                    ok = False
-                    if proc.poll() is not None:
-                        break
-                    continue
-                meta = {"command": shlex.join(bcmd), "server_command": shlex.join(cmd)}
-                body = harness.read_json(tmp)
-                body["_meta"] = meta
-                harness.write_json(work / f"{run.key}.json", body)
-                tmp.unlink()
-        finally:
-            harness.kill_group(proc)
+                ok = False
+                break
+            group = run.key.rsplit("-", 1)[0]
+            if run.pass_name == "steady" and group not in served_here:
+                # Resumed after its first pass ran on an earlier server: the
+                # steady pass still needs an untimed pass over its requests here.
+                bench_pass(
+                    run,
+                    f"{group}-warmup",
+                    env,
+                    args,
+                    work,
+                    served,
+                    port,
+                    budget,
+                    what,
+                )
+                (work / f"{group}-warmup.bench.json").unlink(missing_ok=True)
+            bcmd, rc = bench_pass(
+                run, run.key, env, args, work, served, port, budget, what
+            )
+            served_here.add(group)
+            tmp = work / f"{run.key}.bench.json"
+            if rc != 0 or not tmp.is_file():
+                _fail(what, f"bench pass {run.key} failed (exit {rc})", log)
+                ok = False
+                if proc.poll() is not None:
+                    break
+                continue
+            meta = {"command": shlex.join(bcmd), "server_command": shlex.join(cmd)}
+            body = harness.read_json(tmp)
+            body["_meta"] = meta
+            harness.write_json(work / f"{run.key}.json", body)
+            tmp.unlink()
     return ok
 
 

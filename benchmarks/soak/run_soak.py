@@ -39,7 +39,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks import harness  # noqa: E402
 from benchmarks.models.configs import BENCH_TOKENIZER_VOCAB  # noqa: E402
-from benchmarks.serving.run_serving import free_port, wait_healthy  # noqa: E402
+from benchmarks.serving.run_serving import free_port, running_server  # noqa: E402
 from benchmarks.serving.workloads import serve_command  # noqa: E402
 
 # Request mix, as data: (share, min prompt tokens, max prompt tokens).
@@ -336,25 +336,15 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(FIXED_PROMPT_LEN)
     ]
     started = time.monotonic()
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(
-            cmd,
-            env=harness.backend_env(backend, sites),
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            cwd="/tmp",
-            start_new_session=True,
-        )
-        try:
-            if not wait_healthy(proc, port, log, args.startup_timeout_s, "soak"):
-                return 1
-            server_up_s = time.monotonic() - started
-            before = [greedy_text(port, model, fixed) for _ in range(2)]
-            run_load(args, port, model, tally, samples)
-            healthy_end = proc.poll() is None and healthy(port)
-            after = greedy_text(port, model, fixed)
-        finally:
-            harness.kill_group(proc)
+    env = harness.backend_env(backend, sites)
+    with running_server(cmd, env, port, log, args.startup_timeout_s, "soak") as proc:
+        if proc is None:
+            return 1
+        server_up_s = time.monotonic() - started
+        before = [greedy_text(port, model, fixed) for _ in range(2)]
+        run_load(args, port, model, tally, samples)
+        healthy_end = proc.poll() is None and healthy(port)
+        after = greedy_text(port, model, fixed)
 
     memory = memory_verdict(samples, args.settle_s, args.max_growth_mib)
     unchanged = same_answer(before, after)
