@@ -86,3 +86,21 @@ def test_soak_step(session_env, tmp_path):
     )
     assert json.loads(result.read_text())["pass"]
     assert list((tmp_path / "out" / "logs" / "soak").glob("*server.log"))
+
+
+def test_agreement_step_on_a_sliding_window_config(session_env, tmp_path):
+    env = dict(
+        session_env,
+        AGREE_MODEL="mistral-7b-sw",
+        AGREE_ARGS="--prompts 10 --tokens 4",
+        AGREE_TAG="-sw",
+        BENCH_COMMIT="abc1234",
+    )
+    r = _step(env, "agreement")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (result,) = (tmp_path / "out" / "results" / "agreement").glob(
+        "*-abc1234-mistral-7b-sw-sw.json"
+    )
+    body = json.loads(result.read_text())
+    assert body["model"] == "mistral-7b-sw" and body["max_model_len"] == 8192
+    assert body["fraction_equal"] == 1.0 and body["commit"] == "abc1234"
