@@ -24,6 +24,17 @@ log-sum-exp (base 2) to a workspace; ``_merge_splits_kernel`` then combines the 
 (and the attention sink, if any) into the output. With ``NUM_SPLITS == 1`` the same
 kernel writes the output directly: one kernel, a constexpr flag, no copied variant.
 
+fp8 caches
+----------
+With an e4m3 cache both products run in fp16, whatever the query dtype: Hopper turns
+e4m3 into fp16 with one instruction but reaches bf16 only through fp16 (a second
+conversion per element, which made the fp8 decode conversion-bound), and fp16 holds
+every e4m3 value and the probabilities ``p`` in [0, 1] exactly or with more mantissa
+than bf16. The query is multiplied by ``softmax_scale`` before its one rounding to
+fp16, so it would overflow only past ``|q| > 65504 * sqrt(head_size)`` (about 7e5 at
+head size 128), far outside what an attention layer produces; k_scale stays in the
+fp32 score scale and v_scale in the final normalisation.
+
 Layouts (docs/design.md)
 ------------------------
 query, output: ``[num_tokens, num_q_heads, head_size]``; row ``s`` holds the one query
@@ -244,7 +255,10 @@ def _paged_decode_kernel(
     qk_scale = softmax_scale
     v_scale = 1.0
     if IS_FP8:
-        qk_scale = qk_scale * tl.load(k_scale_ptr)
+        # Both dots run in fp16 (see "fp8 caches" in the module docstring): q is
+        # pre-scaled by softmax_scale (<= 1) and rounded to fp16 once.
+        q = (q.to(tl.float32) * softmax_scale).to(tl.float16)
+        qk_scale = tl.load(k_scale_ptr)
         v_scale = tl.load(v_scale_ptr)
     alibi_slope = None
     if USE_ALIBI:
