@@ -104,6 +104,12 @@ PREFERRED_BLOCK_SIZE = 64
 # "fp8" is e4m3 on every platform this fork supports (fp8_e5m2 is not supported).
 FP8_CACHE_DTYPES: tuple[str, ...] = ("fp8", "fp8_e4m3")
 _SIXTEEN_BIT_CACHE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+# Every --kv-cache-dtype the layout and kernels take ("auto": the model's dtype).
+KV_CACHE_DTYPES: tuple[str, ...] = (
+    "auto",
+    *_SIXTEEN_BIT_CACHE_DTYPES,
+    *FP8_CACHE_DTYPES,
+)
 # CUDA: bf16 tensor-core dots need SM 8.0; Triton's fp8 e4m3 conversions need 8.9.
 MIN_CUDA_CAPABILITY = (8, 0)
 MIN_CUDA_FP8_CAPABILITY = (8, 9)
@@ -574,15 +580,10 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
 
 
 class TritonAttentionBackend(AttentionBackend):
-    """Capabilities and KV-cache layout of TRITON_ATTN."""
+    """Capabilities and KV-cache layout of TRITON_ATTN. Model dtypes: the base
+    class's fp16 and bf16, which are the query dtypes the kernels take."""
 
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
-    supported_kv_cache_dtypes: ClassVar[list["CacheDType"]] = [
-        "auto",
-        "float16",
-        "bfloat16",
-        *FP8_CACHE_DTYPES,
-    ]
+    supported_kv_cache_dtypes: ClassVar[list["CacheDType"]] = list(KV_CACHE_DTYPES)
     # vLLM writes the cache through do_kv_cache_update before forward().
     forward_includes_kv_cache_update: bool = False
 
@@ -630,11 +631,7 @@ class TritonAttentionBackend(AttentionBackend):
                 f"TRITON_ATTN kernel block size {block_size} is not supported; "
                 f"use one of {SUPPORTED_BLOCK_SIZES} (--block-size)."
             )
-        if cache_dtype_str not in (
-            "auto",
-            *_SIXTEEN_BIT_CACHE_DTYPES,
-            *FP8_CACHE_DTYPES,
-        ):
+        if cache_dtype_str not in KV_CACHE_DTYPES:
             raise ValueError(
                 f"TRITON_ATTN has no KV-cache layout for --kv-cache-dtype "
                 f"{cache_dtype_str}; use auto, float16, bfloat16 or fp8."
