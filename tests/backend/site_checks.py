@@ -248,6 +248,8 @@ def check_selection_on_cuda_platform():
 
 @check
 def check_layout():
+    import torch
+
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend as B
 
     assert B.get_name() == "TRITON_ATTN"
@@ -280,6 +282,10 @@ def check_layout():
     assert B.get_supported_kernel_block_sizes() == [16, 32, 64, 128]
     assert not B.forward_includes_kv_cache_update
     assert B.supports_sink() and B.supports_sliding_window()
+    assert B.supported_dtypes == [torch.float16, torch.bfloat16]
+    assert B.supported_kv_cache_dtypes == [
+        "auto", "float16", "bfloat16", "fp8", "fp8_e4m3"
+    ]  # fmt: skip
     assert not B.supports_kv_connector() and not B.supports_batch_invariance()
     assert not B.supports_alibi_sqrt() and not B.supports_non_causal()
     assert not B.is_mla() and not B.supports_pcp()
