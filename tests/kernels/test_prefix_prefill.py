@@ -67,6 +67,16 @@ def _case(name, **overrides):
     return pytest.param(base, id=name)
 
 
+# Every optional feature at once on an fp8 cache (with pointer loads and with TMA).
+ALL_FEATURES_FP8 = {
+    "cache_dtype": torch.float8_e4m3fn,
+    "num_q_heads": 8,
+    "sliding_window": 7,
+    "alibi": True,
+    "soft_cap": 2.0,
+    "sinks": True,
+}
+
 CASES = [
     _case("base-bf16-d64-mha-bs16"),
     _case(
@@ -127,16 +137,7 @@ CASES = [
     _case("sinks-g2", sinks=True, num_q_heads=4),
     _case("fp8-e4m3fn-fp16", cache_dtype=torch.float8_e4m3fn, q_dtype=torch.float16),
     _case("fp8-e4m3fnuz", cache_dtype=torch.float8_e4m3fnuz),
-    _case(
-        "all-features-fp8-g4",
-        cache_dtype=torch.float8_e4m3fn,
-        num_q_heads=8,
-        sliding_window=7,
-        alibi=True,
-        soft_cap=2.0,
-        sinks=True,
-        seqs=[(5, 29), (1, 1), (12, 12)],
-    ),
+    _case("all-features-fp8-g4", **ALL_FEATURES_FP8, seqs=[(5, 29), (1, 1), (12, 12)]),
     # Pure prefills; a sequence with no query tokens this step (its programs exit).
     _case("empty-context-and-empty-query", seqs=[(5, 5), (0, 9), (17, 17), (1, 1)]),
     _case("single-token-rows-only", seqs=[(1, 1), (1, 35), (1, 16)]),
@@ -152,12 +153,7 @@ CASES = [
     ),
     _case(
         "tma-fp8-all-features-g4",
-        cache_dtype=torch.float8_e4m3fn,
-        num_q_heads=8,
-        sliding_window=7,
-        alibi=True,
-        soft_cap=2.0,
-        sinks=True,
+        **ALL_FEATURES_FP8,
         seqs=[(5, 29), (1, 1), (12, 12), (19, 50)],
         config=PrefillConfig(16, 16, 4, 1, use_tma=True),
     ),
