@@ -141,7 +141,12 @@ def main() -> None:
     parser.add_argument("--q-dtypes", nargs="+", default=["bfloat16"])
     parser.add_argument("--kv-dtypes", nargs="+", default=["same"])
     parser.add_argument(
-        "--query-lens", type=int, nargs="+", default=list(QUERY_LEN_BUCKETS)
+        "--query-lens",
+        type=int,
+        nargs="+",
+        default=list(QUERY_LEN_BUCKETS),
+        choices=QUERY_LEN_BUCKETS,
+        help="max_query_len buckets to tune (the table's keys)",
     )
     parser.add_argument("--budget-minutes", type=float, default=8.0)
     for name in SPACE_FIELDS:
@@ -150,7 +155,8 @@ def main() -> None:
             type=int,
             nargs="+",
             default=None,
-            help=f"restrict the sweep (default {PREFILL_CONFIG_SPACE[name]})",
+            help=f"restrict the sweep (default {PREFILL_CONFIG_SPACE[name]}"
+            + (", as 0/1)" if isinstance(PREFILL_CONFIG_SPACE[name][0], bool) else ")"),
         )
     parser.add_argument(
         "--untuned", action="store_true", help="write heuristic values, no timing"
