@@ -28,9 +28,10 @@ from benchmarks.accuracy import tasks  # noqa: E402
 from benchmarks.accuracy.train_tiny import (  # noqa: E402
     FULL_SCHEDULE,
     BatchSource,
+    check_sets,
     lr_at,
     masked_loss,
-    teacher_forced_accuracy,
+    run_checks,
 )
 from benchmarks.models.configs import ACCURACY_MODEL  # noqa: E402
 from benchmarks.models.tokenizer import char_vocab_size  # noqa: E402
@@ -111,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--check-problems", type=int, default=64, help="per recall check")
+    p.add_argument(
+        "--check-problems", type=int, default=256, help="addition; recall: 1/4 each"
+    )
     p.add_argument("--device", default="cuda", help="cpu: a smoke test only")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
@@ -128,23 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         weight_decay=0.1,
         fused=dev.type == "cuda",
     )
-    n = args.check_problems
-    checks = {
-        "addition": tasks.addition_problems(3 * n, seed=args.seed + 1),
-        "recall>=256": tasks.recall_problems(
-            n, seed=args.seed + 3, min_len=1024, max_len=2048, min_distance=256
-        ),
-        "recall>=4096": tasks.recall_problems(n, seed=args.seed + 2),
-    }
+    checks = check_sets(args.check_problems, args.seed)
     log = []
 
     def check(step: int, elapsed: float, loss: float) -> None:
         model.eval()
         rec = {"step": step, "elapsed_s": round(elapsed, 1), "loss": round(loss, 4)}
-        for name, probs in checks.items():
-            rec[name] = teacher_forced_accuracy(
-                model, probs, dev, 64 if name == "addition" else 8
-            )
+        rec.update(run_checks(model, checks, dev))
         model.train()
         log.append(rec)
         print(f"probe: {rec}", flush=True)

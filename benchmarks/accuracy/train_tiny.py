@@ -186,6 +186,34 @@ def teacher_forced_accuracy(model, problems, device, batch: int) -> float:
     return correct / max(1, len(problems))
 
 
+def check_sets(n: int, seed: int, toy: bool = False) -> dict[str, list]:
+    """The trainer's own checks, by name: ``n`` addition problems and ``n // 4``
+    recall problems over >= 256 and over >= 4096 tokens (toy: 64 and 300). Short-range
+    recall tells "no lookup learned" apart from "lookup learned, but not over 4k+
+    tokens"."""
+    ranges = (
+        [(200, 300, 64), (600, 900, 300)]
+        if toy
+        else [(1024, 2048, 256), (5000, 8192, 4096)]
+    )
+    sets = {"addition": tasks.addition_problems(n, seed=seed + 1)}
+    for k, (lo, hi, dist) in enumerate(ranges):
+        sets[f"recall>={dist}"] = tasks.recall_problems(
+            max(2, n // 4), seed=seed + 3 - k, min_len=lo, max_len=hi, min_distance=dist
+        )
+    return sets
+
+
+def run_checks(model, sets: dict[str, list], device) -> dict[str, float]:
+    """Teacher-forced accuracy per check set (long prompts in smaller batches)."""
+    return {
+        name: teacher_forced_accuracy(
+            model, problems, device, batch=64 if name == "addition" else 8
+        )
+        for name, problems in sets.items()
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -285,33 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     train_s = time.monotonic() - t0
 
     model.eval()
-    n_add = args.check_problems
-    add = tasks.addition_problems(n_add, seed=args.seed + 1)
-    rec_len = (600, 900, 300) if args.toy else (5000, 8192, 4096)
-    rec = tasks.recall_problems(
-        max(2, n_add // 4),
-        seed=args.seed + 2,
-        min_len=rec_len[0],
-        max_len=rec_len[1],
-        min_distance=rec_len[2],
-    )
-    # Short-range recall tells apart "no lookup learned at all" from "lookup learned,
-    # but not over 4k+ tokens" (the first GPU run, 2026-11-30, had 0.02 at >= 4k).
-    short = (200, 300, 64) if args.toy else (1024, 2048, 256)
-    rec_short = tasks.recall_problems(
-        max(2, n_add // 4),
-        seed=args.seed + 3,
-        min_len=short[0],
-        max_len=short[1],
-        min_distance=short[2],
-    )
-    acc_add = teacher_forced_accuracy(model, add, device, batch=64)
-    acc_rec = teacher_forced_accuracy(model, rec, device, batch=8)
-    acc_short = teacher_forced_accuracy(model, rec_short, device, batch=16)
+    checks = check_sets(args.check_problems, args.seed, toy=args.toy)
+    hf_check = run_checks(model, checks, device)
     print(
-        f"train_tiny: {step} steps in {train_s:.0f}s; HF check: addition "
-        f"{acc_add:.3f} (n={len(add)}), recall>={short[2]} {acc_short:.3f}, "
-        f"recall>={rec_len[2]} {acc_rec:.3f} (n={len(rec)} each)",
+        f"train_tiny: {step} steps in {train_s:.0f}s; HF check "
+        f"(n={ {k: len(v) for k, v in checks.items()} }): {hf_check}",
         flush=True,
     )
 
@@ -340,11 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             "lr": args.lr,
             "toy": args.toy,
             "torch": torch.__version__,
-            "hf_check": {
-                "addition": acc_add,
-                "recall": acc_rec,
-                f"recall_min_distance_{short[2]}": acc_short,
-            },
+            "hf_check": hf_check,
             "log": log,
         },
     )

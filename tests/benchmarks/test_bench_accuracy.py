@@ -205,6 +205,7 @@ def test_train_tiny_toy_cpu(tmp_path):
         assert (out / f).is_file(), f
     log = json.loads((out / "train_log.json").read_text())
     assert log["steps"] == 3 and all(math.isfinite(r["loss"]) for r in log["log"])
+    assert set(log["hf_check"]) == {"addition", "recall>=64", "recall>=300"}
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["vocab_size"] == 4 + len(tasks.ALPHABET) + 3
     # Loadable the way an inference engine loads it: weights + tokenizer from the dir.
