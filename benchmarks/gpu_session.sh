@@ -46,6 +46,8 @@ MODELS=${MODELS:-/tmp/models}
 BUDGET=${STEP_BUDGET_S:-500}
 PY=${PYTHON:-python3}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+# CUDA numbers GPUs as nvidia-smi does (the soak samples memory of CUDA_VISIBLE_DEVICES).
+export CUDA_DEVICE_ORDER=${CUDA_DEVICE_ORDER:-PCI_BUS_ID}
 export BENCH_SITE_STOCK=${BENCH_SITE_STOCK:-/tmp/site}
 export BENCH_SITE_FORK=${BENCH_SITE_FORK:-/tmp/site-fork}
 mkdir -p "$OUT" "$STATE/results" "$MODELS"

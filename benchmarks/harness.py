@@ -191,7 +191,21 @@ def environment(pythonpath: str | None = None) -> dict:
     }
     info.update(gpu_info())
     info.update(library_versions(pythonpath))
+    info["settings"] = run_settings()
     return info
+
+
+# Environment variables that change what a run does (device choice, vLLM and NCCL
+# options): recorded with each result so the command alone is not mistaken for all of it.
+RUN_SETTING_PREFIXES = ("VLLM_", "NCCL_", "TORCH_SYMM_MEM_", "CUDA_VISIBLE_DEVICES")
+
+
+def run_settings() -> dict[str, str]:
+    return {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k.startswith(RUN_SETTING_PREFIXES)
+    }
 
 
 def tail(path: Path, lines: int = 60) -> str:

@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     sys.path.insert(0, str(REPO))
-    from benchmarks.harness import git_commit
+    from benchmarks.harness import git_commit, run_settings
 
     commit = git_commit()
     report = {
@@ -318,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_model_len": args.max_model_len,
         "prompt_len_min_max": [min(map(len, prompts)), max(map(len, prompts))],
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "settings": run_settings(),
         "sides": {
             side["backend"] + ("" if i else " (reference)"): {
                 k: side[k]

@@ -828,6 +828,11 @@ def main() -> None:
     result["wall_s"] = time.time() - start
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
     suffix = "-tiny" if args.tiny else "-quick" if args.quick else ""
+    # runs of a subset or another split cap in the same minute must not overwrite
+    if sorted(set(args.kernels)) != ["decode", "prefill"]:
+        suffix += "-" + "-".join(sorted(set(args.kernels)))
+    if args.decode_max_splits is not None:
+        suffix += f"-splits{args.decode_max_splits}"
     path = out_dir / f"{stamp}-{result['commit']}{suffix}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print()

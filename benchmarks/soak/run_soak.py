@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import http.client
 import json
+import os
 import random
 import shlex
 import subprocess
@@ -189,10 +190,20 @@ def same_answer(before: list[dict], after: dict) -> bool:
     return "text" in after and any(b == after for b in before if "text" in b)
 
 
+def nvidia_smi_query(visible: str | None) -> list[str]:
+    """The memory query, limited to the server's GPUs when CUDA_VISIBLE_DEVICES names
+    them (another job may use the host's other GPUs). nvidia-smi counts GPUs in PCI
+    bus order: gpu_session.sh sets CUDA_DEVICE_ORDER=PCI_BUS_ID so the indices agree."""
+    cmd = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+    if visible and visible.strip():
+        cmd += ["-i", visible.strip()]
+    return cmd
+
+
 def gpu_memory_mib() -> list[int]:
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            nvidia_smi_query(os.environ.get("CUDA_VISIBLE_DEVICES")),
             capture_output=True,
             text=True,
             timeout=20,

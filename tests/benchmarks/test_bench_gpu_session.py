@@ -104,3 +104,35 @@ def test_agreement_step_on_a_sliding_window_config(session_env, tmp_path):
     body = json.loads(result.read_text())
     assert body["model"] == "mistral-7b-sw" and body["max_model_len"] == 8192
     assert body["fraction_equal"] == 1.0 and body["commit"] == "abc1234"
+
+
+def test_two_lanes_pin_one_gpu_each_and_report_failure(tmp_path):
+    lanes = REPO / "benchmarks" / "gpu" / "two_lanes.sh"
+    env = dict(os.environ, OUT=str(tmp_path))
+    job = 'echo "gpu=$CUDA_VISIBLE_DEVICES order=$CUDA_DEVICE_ORDER"'
+    ok = subprocess.run(
+        ["bash", str(lanes), job, job + "; X='a b' && echo $X"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "gpu=0 order=PCI_BUS_ID" in (tmp_path / "lane0.log").read_text()
+    assert "gpu=1 order=PCI_BUS_ID\na b" in (tmp_path / "lane1.log").read_text()
+    bad = subprocess.run(
+        ["bash", str(lanes), job, "exit 3"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 1 and "GPU 1 exit 3" in bad.stdout
+    assert (
+        subprocess.run(
+            ["bash", str(lanes), job], capture_output=True, timeout=60, check=False
+        ).returncode
+        == 2
+    )

@@ -74,3 +74,15 @@ def test_run_logged_reaps_leftover_children(tmp_path):
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_run_settings_records_device_and_vllm_variables(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setenv("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    monkeypatch.setenv("HOME_UNRELATED_SETTING", "x")
+    got = harness.run_settings()
+    assert got["CUDA_VISIBLE_DEVICES"] == "1"
+    assert got["VLLM_ALLREDUCE_USE_SYMM_MEM"] == "0"
+    assert got["NCCL_NVLS_ENABLE"] == "0"
+    assert "HOME_UNRELATED_SETTING" not in got

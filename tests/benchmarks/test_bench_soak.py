@@ -84,3 +84,10 @@ def test_request_mix_fits_the_server():
     longest = max(len(run_soak.make_request(rng, prefixes)[0]) for _ in range(3000))
     assert longest + run_soak.MAX_OUTPUT_TOKENS <= SERVER_MAX_MODEL_LEN
     assert sum(share for share, _, _ in run_soak.LENGTH_MIX) == 1.0
+
+
+def test_memory_query_limited_to_visible_gpus():
+    assert "-i" not in run_soak.nvidia_smi_query(None)
+    assert "-i" not in run_soak.nvidia_smi_query("")
+    assert run_soak.nvidia_smi_query("1")[-2:] == ["-i", "1"]
+    assert run_soak.nvidia_smi_query("0,1")[-2:] == ["-i", "0,1"]
