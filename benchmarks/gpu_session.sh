@@ -20,7 +20,8 @@
 #   e2e-full | serving-full   full sizes, for longer sessions (resume across calls)
 #   agreement      greedy agreement, fork TRITON_ATTN vs stock FLASH_ATTN, on
 #                  $AGREE_MODEL (llama-3.1-8b; mistral-7b-sw, gemma-2-9b-softcap) with
-#                  $AGREE_ARGS (e.g. "--tp 2", "--kv-cache-dtype fp8")     (~5 min)
+#                  $AGREE_ARGS (e.g. "--tp 2", "--kv-cache-dtype fp8")     (~5 min;
+#                  TP 2 ~10 min: rerun the step, a finished side is reused)
 #   soak           issue #5 serving soak of the fork for $SOAK_S seconds (default 420,
 #                  one call; a 30-minute soak does not fit a 30-minute device lease)
 #   serving-70b    the seed PR's 70B runs (10k/100, 5k/100), quick sizes, TP 2: needs the
@@ -48,6 +49,13 @@ PY=${PYTHON:-python3}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 # CUDA numbers GPUs as nvidia-smi does (the soak samples memory of CUDA_VISIBLE_DEVICES).
 export CUDA_DEVICE_ORDER=${CUDA_DEVICE_ORDER:-PCI_BUS_ID}
+# Tensor parallel on the device hosts: NVLink multicast must stay off there (it can take
+# the shared GPUs out of service). vLLM 0.26's default allreduce+RMSNorm fusion picks
+# FlashInfer's "mnnvl" workspace, which is built on NVSwitch multicast; in the first TP-2
+# sitting it ended in an illegal memory access during CUDA-graph capture. "trtllm" uses
+# CUDA IPC buffers instead, and torch symmetric memory is not used at all.
+export VLLM_FLASHINFER_ALLREDUCE_BACKEND=${VLLM_FLASHINFER_ALLREDUCE_BACKEND:-trtllm}
+export VLLM_ALLREDUCE_USE_SYMM_MEM=${VLLM_ALLREDUCE_USE_SYMM_MEM:-0}
 export BENCH_SITE_STOCK=${BENCH_SITE_STOCK:-/tmp/site}
 export BENCH_SITE_FORK=${BENCH_SITE_FORK:-/tmp/site-fork}
 mkdir -p "$OUT" "$STATE/results" "$MODELS"
@@ -159,6 +167,7 @@ case "$STEP" in
     # shellcheck disable=SC2086
     "$PY" -m benchmarks.agreement.agreement --model "$m" --model-dir "$MODELS/$m" --max-model-len "$len" \
       --reference-pythonpath "$BENCH_SITE_STOCK" --backend-pythonpath "$BENCH_SITE_FORK" \
+      --work-dir "$STATE/agreement-work/$m${AGREE_TAG:-}" \
       ${AGREE_ARGS:-} --out "$STATE/results/agreement/$(date -u +%F)-${BENCH_COMMIT:-unknown}-$m${AGREE_TAG:-}.json" \
       > "$STATE/results/agreement/$m${AGREE_TAG:-}.log" 2>&1 || rc=$?
     tail -n 25 "$STATE/results/agreement/$m${AGREE_TAG:-}.log"

@@ -303,8 +303,9 @@ def _kernel_table(path: Path, body: dict) -> list[str]:
         (
             f"{_env_line(body)}. Decode in GB/s of K/V read (plus q and "
             f"out), prefill in TFLOP/s of causally visible work (formulas in "
-            f"docs/kernels.md). Ceilings: device copy {copy:.0f} GB/s measured in the "
-            f"same run, bf16 dense {peak:.0f} TFLOP/s. `%roof` = ours / ceiling."
+            f"docs/kernels.md). Ceilings: device copy "
+            + (f"{copy:.0f} GB/s measured in the same run" if copy else "not recorded")
+            + f", bf16 dense {peak:.0f} TFLOP/s. `%roof` = ours / ceiling."
         ),
         "",
     ]
@@ -321,6 +322,7 @@ def _kernel_table(path: Path, body: dict) -> list[str]:
     ]
     for r in body["records"]:
         roof = copy if r["kernel"] == "decode" else peak
+        pct = f"{100 * r['ours'] / roof:.0f}%" if roof else "-"
         err = r["max_abs_err"]
         err = err.get("ours") if isinstance(err, dict) else err
         lines.append(
@@ -329,7 +331,7 @@ def _kernel_table(path: Path, body: dict) -> list[str]:
             f"| {r['ours']:.0f} {r['unit']} | {_fmt(r.get('fa3'))} "
             f"| {_fmt(r.get('stock_triton'))} | {_fmt(r.get('ratio_vs_fa3'))} "
             f"| {_fmt(r.get('ratio_vs_stock_triton'))} "
-            f"| {100 * r['ours'] / roof:.0f}% | {err:.1e} |"
+            f"| {pct} | {err:.1e} |"
         )
     ratios = [r["ratio_vs_stock_triton"] for r in body["records"]]
     lines += [

@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import random
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -208,6 +210,31 @@ def _run_side(args, backend, pythonpath, prompts_file, model_dir, out):
     return json.loads(Path(out).read_text())
 
 
+def side_key(args, prompts: list, model_dir) -> dict:
+    """What a side's output depends on: reused only when all of it is the same."""
+    digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
+    return {
+        "prompts_sha256": digest,
+        "model_dir": str(model_dir),
+        "tokens": args.tokens,
+        "max_model_len": args.max_model_len,
+        "tp": args.tp,
+        "kv_cache_dtype": args.kv_cache_dtype,
+    }
+
+
+def _reuse_or_run(args, backend, pythonpath, prompts_file, model_dir, out, key):
+    if out.is_file():
+        body = json.loads(out.read_text())
+        if body.get("key") == dict(key, backend=backend):
+            print(f"[agreement] {backend}: reusing {out}", flush=True)
+            return body
+    body = _run_side(args, backend, pythonpath, prompts_file, model_dir, out)
+    body["key"] = dict(key, backend=backend)
+    out.write_text(json.dumps(body))
+    return body
+
+
 def compare(ref: dict, new: dict) -> dict:
     compared = equal = prefix_total = first_equal = 0
     divergences = near_ties = 0
@@ -259,6 +286,14 @@ def main(argv: list[str] | None = None) -> int:
         help="both sides (e.g. fp8: the fork's fp8 cache against FLASH_ATTN's)",
     )
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="keep each side's output here and reuse a finished side when the run is "
+        "repeated with the same prompts and options (a TP-2 side takes ~5 minutes: "
+        "the two sides can then span two device calls); default: a temp dir",
+    )
     # worker mode (internal)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument(
@@ -283,27 +318,24 @@ def main(argv: list[str] | None = None) -> int:
         )
         prompts_file = tmp / "prompts.json"
         prompts_file.write_text(json.dumps(prompts))
-        ref = _run_side(
-            args,
-            args.reference,
-            args.reference_pythonpath,
-            prompts_file,
-            model_dir,
-            tmp / "ref.json",
-        )
-        new = _run_side(
-            args,
-            args.backend,
-            args.backend_pythonpath,
-            prompts_file,
-            model_dir,
-            tmp / "new.json",
-        )
+        work = args.work_dir or tmp
+        work.mkdir(parents=True, exist_ok=True)
+        key = side_key(args, prompts, model_dir)
+        ref = _reuse_or_run(
+            args, args.reference, args.reference_pythonpath, prompts_file, model_dir,
+            work / "reference.json", key,
+        )  # fmt: skip
+        new = _reuse_or_run(
+            args, args.backend, args.backend_pythonpath, prompts_file, model_dir,
+            work / "backend.json", key,
+        )  # fmt: skip
 
     sys.path.insert(0, str(REPO))
-    from benchmarks.harness import git_commit, run_settings
+    from benchmarks.harness import environment, git_commit, library_versions
 
     commit = git_commit()
+    env = environment(args.backend_pythonpath)
+    ref_versions = library_versions(args.reference_pythonpath)
     report = {
         "reference": args.reference,
         "backend": args.backend,
@@ -318,7 +350,13 @@ def main(argv: list[str] | None = None) -> int:
         "max_model_len": args.max_model_len,
         "prompt_len_min_max": [min(map(len, prompts)), max(map(len, prompts))],
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "settings": run_settings(),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "driver": env["driver"],
+        "num_gpus": env["num_gpus"],
+        "torch": env.get("torch"),
+        "triton": env.get("triton"),
+        "vllm": {"reference": ref_versions.get("vllm"), "backend": env.get("vllm")},
+        "settings": env["settings"],
         "sides": {
             side["backend"] + ("" if i else " (reference)"): {
                 k: side[k]

@@ -61,6 +61,10 @@ def test_identical_sides_agree_fully(tmp_path, fake_sites, model_dir_8b):
     assert body["kv_cache_dtype"] == "fp8"
     assert stdout.count("'kv_cache_dtype': 'fp8'") == 2  # both engines got it
     assert "backend FLASH_ATTN" in stdout and "backend TRITON_ATTN" in stdout
+    # what reproduces it and what it ran on
+    assert "--kv-cache-dtype fp8" in body["command"]
+    assert set(body["vllm"]) == {"reference", "backend"} and body["vllm"]["backend"]
+    assert "driver" in body and isinstance(body["settings"], dict)
 
 
 def test_a_differing_backend_is_counted(tmp_path, fake_sites, model_dir_8b):
@@ -97,3 +101,25 @@ def test_prompts_mix_lengths_and_share_a_prefix():
     shared = [p for p in prompts if len(p) > agreement.SHARED_PREFIX_LEN]
     prefix = shared[0][: agreement.SHARED_PREFIX_LEN]
     assert sum(p[: agreement.SHARED_PREFIX_LEN] == prefix for p in shared) >= 3
+
+
+def test_work_dir_reuses_a_finished_side_only_for_the_same_run(
+    tmp_path, fake_sites, model_dir_8b
+):
+    work = str(tmp_path / "work")
+    first, _ = _agree(tmp_path, model_dir_8b, fake_sites, "--work-dir", work)
+    assert "reusing" not in first
+    (tmp_path / "work" / "backend.json").unlink()  # as if the call ended mid-way
+    again, body = _agree(tmp_path, model_dir_8b, fake_sites, "--work-dir", work)
+    assert again.count("reusing") == 1 and "FLASH_ATTN: reusing" in again
+    assert body["fraction_equal"] == 1.0
+    other, _ = _agree(
+        tmp_path,
+        model_dir_8b,
+        fake_sites,
+        "--work-dir",
+        work,
+        "--kv-cache-dtype",
+        "fp8",
+    )
+    assert "reusing" not in other  # another KV dtype is another run

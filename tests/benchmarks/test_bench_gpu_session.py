@@ -104,6 +104,13 @@ def test_agreement_step_on_a_sliding_window_config(session_env, tmp_path):
     body = json.loads(result.read_text())
     assert body["model"] == "mistral-7b-sw" and body["max_model_len"] == 8192
     assert body["fraction_equal"] == 1.0 and body["commit"] == "abc1234"
+    # the device hosts' multicast rule reaches the engines' environment
+    assert body["settings"]["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "trtllm"
+    assert body["settings"]["VLLM_ALLREDUCE_USE_SYMM_MEM"] == "0"
+    again = _step(env, "agreement")  # a rerun reuses both finished sides
+    assert again.returncode == 0, again.stdout[-3000:]
+    log = tmp_path / "state" / "results" / "agreement" / "mistral-7b-sw-sw.log"
+    assert log.read_text().count("reusing") == 2
 
 
 def test_two_lanes_pin_one_gpu_each_and_report_failure(tmp_path):
