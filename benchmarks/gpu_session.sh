@@ -12,6 +12,7 @@
 #   kernel-bench   benchmarks/kernels/bench_kernels.py $KB_ARGS (ours/FA3/stock)
 #   setup          model dirs under $MODELS, versions of both installs     (~10 s)
 #   train          train the tiny accuracy model (~3 min)                   -> $STATE/accuracy-model
+#                  ($ACC_MODEL_DIR, seed $TRAIN_SEED: two seeds side by side on two GPUs)
 #   accuracy       accuracy of FLASH_ATTN, TRITON_ATTN stock, fork: each start of the
 #                  tiny model took ~2.5 min on a fresh machine, so one backend or two
 #                  per call (rerun to resume)
@@ -34,9 +35,9 @@
 # BENCH_SITE_STOCK (/tmp/site), BENCH_SITE_FORK (/tmp/site-fork), STEP_BUDGET_S (500),
 # and extra arguments per harness: ACC_ARGS, E2E_ARGS (e.g. "--backends
 # FLASH_ATTN,TRITON_ATTN-fork" or "--kv-cache-dtype fp8"), SERVING_ARGS.
-# Every step ends by copying $STATE/results to $OUT/results (logs to $OUT/logs): copy
-# that folder's contents into benchmarks/results/ of the repository (and
-# $OUT/accuracy-model into benchmarks/accuracy/model if it is under 20 MB), then run
+# Every step ends by packing $STATE/results into $OUT/results.tgz (logs: $OUT/logs.tgz;
+# a device call returns at most 8 files): unpack it into benchmarks/results/ of the
+# repository (and $OUT/accuracy-model.tgz into benchmarks/accuracy/model), then run
 # `python3 benchmarks/report.py` there to regenerate docs/performance.md and the plots.
 set -euo pipefail
 STEP=${1:?usage: gpu_session.sh prefill-tune|fork|kernel-bench|setup|train|accuracy|e2e-quick|serving-quick|e2e-full|serving-full|agreement|soak|serving-70b|report|collect}
@@ -66,7 +67,8 @@ cd "$REPO"
 unset PYTHONPATH
 
 acc_model() {
-  if [ -f "$STATE/accuracy-model/model.safetensors" ]; then echo "$STATE/accuracy-model"
+  if [ -n "${ACC_MODEL_DIR:-}" ]; then echo "$ACC_MODEL_DIR"
+  elif [ -f "$STATE/accuracy-model/model.safetensors" ]; then echo "$STATE/accuracy-model"
   elif [ -f "$REPO/benchmarks/accuracy/model/model.safetensors" ]; then
     echo "$REPO/benchmarks/accuracy/model"
   else echo "gpu_session: no tiny model; run the 'train' step first" >&2; exit 2; fi
@@ -78,12 +80,14 @@ need_model() {
 }
 
 collect() {
-  # Results (JSON) to $OUT/results, logs (server/worker output) to $OUT/logs.
-  mkdir -p "$OUT/results" "$OUT/logs"
-  (cd "$STATE/results" && find . -type f ! -name '*.log' -exec cp --parents {} "$OUT/results/" \;)
-  (cd "$STATE/results" && find . -type f -name '*.log' -exec cp --parents {} "$OUT/logs/" \;)
-  find "$OUT/logs" -name '*.log' -size +2M -exec truncate -s 2M {} + 2>/dev/null || true
-  echo "gpu_session: results in $OUT/results -> copy into benchmarks/results/ (logs: $OUT/logs)"
+  # A device call returns at most 8 files from $OUT: the results (JSON, plots, work
+  # files) and the logs (server/worker output) travel as two archives. Unpack them
+  # with `tar xzf results.tgz -C benchmarks/results` (logs.tgz: anywhere outside git).
+  mkdir -p "$OUT"
+  tar czf "$OUT/results.tgz" -C "$STATE/results" --exclude='*.log' .
+  (cd "$STATE/results" && find . -type f -name '*.log' -print0 |
+    tar czf "$OUT/logs.tgz" --null -T -)
+  echo "gpu_session: results in $OUT/results.tgz -> tar xzf results.tgz -C benchmarks/results (logs: $OUT/logs.tgz)"
 }
 
 case "$STEP" in
@@ -113,10 +117,11 @@ case "$STEP" in
     exec bash "$0" setup
     ;;
   kernel-bench)
-    mkdir -p "$OUT/kernels"
+    mkdir -p "$STATE/results/kernels"
     # shellcheck disable=SC2086
     TRITON_INTERPRET=0 "$PY" benchmarks/kernels/bench_kernels.py --stock-site "$BENCH_SITE_STOCK" \
-      --results-dir "$OUT/kernels" ${KB_ARGS:-}
+      --results-dir "$STATE/results/kernels" ${KB_ARGS:-} || rc=$?
+    collect; exit "${rc:-0}"
     ;;
   setup)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
@@ -130,12 +135,16 @@ case "$STEP" in
     done
     ;;
   train)
-    # transformers comes from the stock install (the GPU host has no separate copy).
+    # Needs torch, safetensors and tokenizers only (the stock install has them too).
+    model=${ACC_MODEL_DIR:-$STATE/accuracy-model}; seed=${TRAIN_SEED:-1234}
     PYTHONPATH=$BENCH_SITE_STOCK timeout "$BUDGET" "$PY" benchmarks/accuracy/train_tiny.py \
-      --out "$STATE/accuracy-model" --time-budget-s 170
-    mkdir -p "$OUT/accuracy-model"
-    cp "$STATE/accuracy-model"/* "$OUT/accuracy-model/"
-    du -sh "$OUT/accuracy-model"
+      --out "$model" --seed "$seed" --time-budget-s 170 ${TRAIN_ARGS:-}
+    mkdir -p "$STATE/results/accuracy"
+    cp "$model/train_log.json" \
+      "$STATE/results/accuracy/train-$(date -u +%F)-${BENCH_COMMIT:-unknown}-seed$seed.json"
+    tar czf "$OUT/accuracy-model-seed$seed.tgz" -C "$(dirname "$model")" "$(basename "$model")"
+    du -sh "$model" "$OUT/accuracy-model-seed$seed.tgz"
+    collect
     ;;
   accuracy)
     "$PY" benchmarks/accuracy/eval.py --model-dir "$(acc_model)" \

@@ -6,6 +6,7 @@ Inputs, all optional (sections without data say so):
 - ``benchmarks/results/accuracy/summary*.json`` (accuracy/eval.py)
 - ``benchmarks/results/kernels/*.json``  (kernels/bench_kernels.py; newest full run)
 - ``benchmarks/results/agreement/*.json`` (agreement/agreement.py)
+- ``benchmarks/results/soak/*.json``      (soak/run_soak.py)
 - ``benchmarks/results/serving-smoke/*.json`` (single-backend `vllm serve` checks)
 
     python3 benchmarks/report.py            # writes docs/performance.md + PNGs
@@ -393,21 +394,61 @@ def notes_section(path: Path) -> list[str]:
     return [path.read_text().rstrip(), ""]
 
 
+def _table(head: list[str], rows: list[list]) -> list[str]:
+    """A markdown table of ``head`` and ``rows`` (cells formatted by the caller)."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
 def agreement_section(items) -> list[str]:
     lines = ["## Greedy agreement with FLASH_ATTN", ""]
     if not items:
         return lines + ["No agreement results yet.", ""]
-    lines += [
-        "| file | reference | backend | tp | prompts | tokens equal | fraction |",
-        "|---|---|---|---|---|---|---|",
+    head = ["file", "model", "kv cache", "reference", "backend", "tp", "prompts"]
+    head += ["tokens equal", "fraction", "diverged (at near-ties)"]
+    rows = [
+        [
+            f"`{p.name}`",
+            b.get("model", "llama-3.1-8b"),
+            b.get("kv_cache_dtype", "auto"),
+            b["reference"],
+            b["backend"],
+            b["tp"],
+            b["prompts"],
+            f"{b['tokens_equal']}/{b['tokens_compared']}",
+            f"{b['fraction_equal']:.4f}",
+            "{} ({})".format(
+                b.get("prompts_diverged", "?"), b.get("divergences_at_near_ties", "?")
+            ),
+        ]
+        for p, b in items
     ]
+    return lines + _table(head, rows) + [""]
+
+
+def soak_section(items) -> list[str]:
+    lines = ["## Serving soak (`benchmarks/soak/run_soak.py`, issue #5)", ""]
+    if not items:
+        return lines + ["None yet.", ""]
+    head = ["file", "minutes", "clients", "completed", "cancelled", "errors"]
+    head += ["same answer after", "memory growth", "verdict"]
+    rows = []
     for p, b in items:
-        lines.append(
-            f"| `{p.name}` | {b['reference']} | {b['backend']} | {b['tp']} "
-            f"| {b['prompts']} | {b['tokens_equal']}/{b['tokens_compared']} "
-            f"| {b['fraction_equal']:.4f} |"
+        req, mem = b.get("requests", {}), b.get("memory", {})
+        rows.append(
+            [
+                f"`{p.name}`",
+                f"{b.get('duration_s', 0) / 60:.0f}",
+                b.get("concurrency"),
+                req.get("ok"),
+                req.get("cancelled"),
+                req.get("errors"),
+                b.get("fixed_request_same_answer"),
+                f"{mem['growth_mib']} MiB" if mem.get("checked") else "not checked",
+                "PASS" if b.get("pass") else "FAIL",
+            ]
         )
-    return lines + [""]
+    return lines + _table(head, rows) + [""]
 
 
 def smoke_section(items) -> list[str]:
@@ -451,7 +492,7 @@ def build(results_dir: Path, doc: Path, plots: bool) -> str:
             "Reproduce on the GPU host, one step per call (the call sequence with "
             "times: `benchmarks/gpu/README.md`): `bash benchmarks/gpu_session.sh "
             "prefill-tune`, `fork`, `kernel-bench`, `e2e-full`, `train`, `accuracy`, "
-            "`serving-quick` (see the script's header); copy `$OUT/results` into "
+            "`serving-quick` (see the script's header); unpack `results.tgz` into "
             "`benchmarks/results/` and run `python3 benchmarks/report.py`."
         ),
         "",
@@ -463,6 +504,7 @@ def build(results_dir: Path, doc: Path, plots: bool) -> str:
     lines += kernels_section(_load((results_dir / "kernels").glob("*.json")))
     lines += tuning_section(_load((results_dir / "tuning").glob("*.json")))
     lines += agreement_section(_load((results_dir / "agreement").glob("*.json")))
+    lines += soak_section(_load((results_dir / "soak").glob("*.json")))
     lines += smoke_section(_load((results_dir / "serving-smoke").glob("*.json")))
     # Per-line rstrip: the seed PRs' result blocks pad their values with spaces.
     return (

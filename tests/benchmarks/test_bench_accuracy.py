@@ -193,7 +193,7 @@ def test_train_tiny_toy_cpu(tmp_path):
 
     out = tmp_path / "m"
     args = ["--device", "cpu", "--toy", "--max-steps", "3", "--out", str(out)]
-    assert main([*args, "--check-problems", "8"]) == 0
+    assert main([*args, "--check-problems", "8", "--check-every-s", "1e-6"]) == 0
     for f in (
         "config.json",
         "model.safetensors",
@@ -205,7 +205,10 @@ def test_train_tiny_toy_cpu(tmp_path):
         assert (out / f).is_file(), f
     log = json.loads((out / "train_log.json").read_text())
     assert log["steps"] == 3 and all(math.isfinite(r["loss"]) for r in log["log"])
-    assert set(log["hf_check"]) == {"addition", "recall>=64", "recall>=300"}
+    assert set(log["check"]) == {"addition", "recall>=64", "recall>=300"}
+    # a check before each step after the first microsecond, and the final one
+    assert len(log["checks"]) >= 3 and log["checks"][-1]["check"] == log["check"]
+    assert log["seed"] == 1234 and "short_phase_ended_at" in log and "driver" in log
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["vocab_size"] == 4 + len(tasks.ALPHABET) + 3
     # Loadable the way an inference engine loads it: weights + tokenizer from the dir.
@@ -288,41 +291,64 @@ def test_eval_budget_starts_only_what_fits(tmp_path, fake_sites):
     assert r2.stdout.count("skipping") == 1
 
 
-def test_curriculum_phases():
-    from benchmarks.accuracy.train_tiny import FULL_SCHEDULE, phase_shapes
+def test_short_phase_waits_for_the_lookup():
+    from benchmarks.accuracy.train_tiny import CURRICULUM, ShortPhaseGate
 
-    assert phase_shapes(FULL_SCHEDULE, 0.0) == [(512, 256)]
-    assert phase_shapes(FULL_SCHEDULE, 0.5) == [(2048, 64), (9216, 14)]
-    assert phase_shapes(FULL_SCHEDULE, 1.0) == [(2048, 64), (9216, 14)]
-    # The last phase trains lookups over 4k+ tokens and positions past 8k.
-    assert max(length for length, _ in FULL_SCHEDULE[-1][1]) > 8192
+    c = CURRICULUM
+    passed, failed = {c.gate: 1.0}, {c.gate: 0.0}
+    gate = ShortPhaseGate(c)
+    assert gate.shapes(0.0) == c.short
+    gate.update(c.min_end / 2, passed)  # too early to move on, even if learned
+    assert gate.shapes(c.min_end / 2) == c.short and gate.ended_at is None
+    gate.update(c.min_end + 0.01, failed)  # not learned yet: stay
+    assert gate.shapes(c.min_end + 0.01) == c.short
+    gate.update(c.min_end + 0.05, passed)
+    assert gate.ended_at == c.min_end + 0.05 and gate.shapes(0.3) == c.long
+    gate.update(0.4, failed)  # no way back
+    assert gate.shapes(0.4) == c.long
+    never = ShortPhaseGate(c)
+    assert never.shapes(c.max_end) == c.long  # the bound, even between checks
+    # The long phase trains lookups over 4k+ tokens and positions past 8k.
+    assert max(length for length, _ in c.long) > 8192
 
 
 def test_batch_source_is_deterministic_with_or_without_workers():
-    from benchmarks.accuracy.train_tiny import TOY_SCHEDULE, BatchSource
+    from benchmarks.accuracy.train_tiny import TOY_CURRICULUM as C
+    from benchmarks.accuracy.train_tiny import BatchSource
 
-    inline, pooled = BatchSource(9, TOY_SCHEDULE, 0), BatchSource(9, TOY_SCHEDULE, 2)
+    inline, pooled = BatchSource(9, 0), BatchSource(9, 2)
     try:
-        for progress in (0.0, 0.1, 0.6, 0.7):
-            (xa, wa), (xb, wb) = inline.next(progress), pooled.next(progress)
+        for shapes in (C.short, C.short, C.long, C.long):
+            (xa, wa), (xb, wb) = inline.next(shapes), pooled.next(shapes)
             assert xa.tolist() == xb.tolist() and wa.tolist() == wb.tolist()
             assert xa.shape[1] == wa.shape[1] + 1  # BOS + targets
     finally:
         pooled.close()
-    assert xa.shape == (1, 257)  # the second shape of the last toy phase
+    assert xa.shape == (1, 257)  # step 3 takes the second long shape
 
 
-def test_probe_model_speaks_the_checks_convention():
-    """probe_lookup's torch-only model is scored by train_tiny's own check."""
-    import torch
+def test_export_is_transformers_llama_exactly():
+    """The torch model's weights under HF names give transformers' LlamaForCausalLM
+    the same logits: what vLLM loads is what was trained and checked."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from benchmarks.accuracy.train_tiny import build_model, hf_state_dict, model_config
 
-    from benchmarks.accuracy.probe_lookup import build_model
+    cfg = model_config(toy=True)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    for p in model.parameters():  # norms away from 1 too
+        p.data.add_(0.05 * torch.randn_like(p))
+    hf_cfg = transformers.LlamaConfig(**cfg)
+    hf_cfg._attn_implementation = "sdpa"
+    hf = transformers.LlamaForCausalLM(hf_cfg).eval()
+    hf.load_state_dict(hf_state_dict(model, cfg), strict=True)
+    ids = torch.randint(4, cfg["vocab_size"], (2, 300))
+    with torch.no_grad():
+        ours, theirs = model(input_ids=ids).logits, hf(input_ids=ids).logits
+    assert torch.allclose(ours, theirs, atol=1e-5, rtol=0)
+    # and the check scores it like any model with transformers' call convention
     from benchmarks.accuracy.train_tiny import teacher_forced_accuracy
-    from benchmarks.models.tokenizer import char_vocab_size
 
-    vocab = char_vocab_size(tasks.ALPHABET)
-    model = build_model(vocab)
-    ids = torch.tensor([[tasks.BOS_ID] + tasks.encode("12+34=46;")])
-    assert model(input_ids=ids).logits.shape == (1, ids.shape[1], vocab)
     probs = tasks.addition_problems(2, seed=0)
     assert teacher_forced_accuracy(model, probs, torch.device("cpu"), 2) in (0, 0.5, 1)

@@ -5,6 +5,8 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +32,9 @@ def session_env(tmp_path, fake_sites):
 
 
 def _step(env, step):
-    return subprocess.run(
+    """Run a step, then unpack its archives as a developer would: results.tgz into
+    $OUT/results, logs.tgz into $OUT/logs."""
+    r = subprocess.run(
         ["bash", str(SCRIPT), step],
         env=env,
         cwd="/tmp",
@@ -39,6 +43,25 @@ def _step(env, step):
         text=True,
         timeout=240,
     )
+    out = Path(env["OUT"])
+    for name in ("results", "logs"):
+        archive = out / f"{name}.tgz"
+        if archive.is_file():
+            (out / name).mkdir(exist_ok=True)
+            with tarfile.open(archive) as tar:
+                tar.extractall(out / name, filter="data")
+    return r
+
+
+def test_every_step_returns_few_files(session_env, tmp_path):
+    """A device call brings back at most 8 files from $OUT."""
+    r = subprocess.run(
+        ["bash", str(SCRIPT), "e2e-quick"], env=session_env, cwd="/tmp",
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    files = [f for f in (tmp_path / "out").rglob("*") if f.is_file()]
+    assert sorted(f.name for f in files) == ["logs.tgz", "results.tgz"]
 
 
 def test_e2e_quick_then_report(session_env, tmp_path):
@@ -70,6 +93,27 @@ def test_accuracy_needs_a_model_then_runs(session_env, tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = tmp_path / "out" / "results" / "accuracy" / "summary.json"
     assert json.loads(summary.read_text())["pass"]
+
+
+def test_train_step_with_a_seed_into_its_own_dir(session_env, tmp_path):
+    pytest.importorskip("transformers")
+    model = tmp_path / "state" / "acc-7"
+    env = dict(
+        session_env,
+        TRAIN_SEED="7",
+        ACC_MODEL_DIR=str(model),
+        BENCH_COMMIT="abc1234",
+        TRAIN_ARGS="--device cpu --toy --max-steps 2 --check-problems 8",
+        BENCH_SITE_STOCK="",
+    )
+    r = _step(env, "train")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (model / "model.safetensors").is_file()
+    (log,) = (tmp_path / "out" / "results" / "accuracy").glob(
+        "train-*-abc1234-seed7.json"
+    )
+    assert json.loads(log.read_text())["seed"] == 7
+    assert (tmp_path / "out" / "accuracy-model-seed7.tgz").is_file()
 
 
 def test_unknown_step(session_env):

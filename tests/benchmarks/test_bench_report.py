@@ -230,3 +230,31 @@ def test_kernel_tables_newest_first_with_tuning_and_notes(results_dir, tmp_path)
         "| 128, 4, 64, 16384 | 64x64 w4 s2 tma | 450 | 64x64 w4 s2 | 416 | - |" in text
     )
     assert text.index("TMA did.") < text.index("## Serving")
+
+
+def test_agreement_and_soak_rows(tmp_path):
+    root = tmp_path / "results"
+    (root / "agreement").mkdir(parents=True)
+    (root / "soak").mkdir()
+    (root / "agreement" / "a.json").write_text(
+        json.dumps(
+            {"reference": "FLASH_ATTN", "backend": "TRITON_ATTN", "tp": 1,
+             "prompts": 100, "tokens_equal": 3195, "tokens_compared": 3200,
+             "fraction_equal": 0.9984, "model": "gemma-2-9b-softcap",
+             "kv_cache_dtype": "auto", "prompts_diverged": 2,
+             "divergences_at_near_ties": 2}
+        )
+    )  # fmt: skip
+    soak = {
+        "duration_s": 300.0, "concurrency": 48, "pass": False,
+        "requests": {"ok": 10, "cancelled": 2, "errors": 1},
+        "fixed_request_same_answer": True,
+        "memory": {"checked": True, "growth_mib": 0},
+    }  # fmt: skip
+    (root / "soak" / "s.json").write_text(json.dumps(soak))
+    text = report.build(root, tmp_path / "performance.md", plots=False)
+    assert (
+        "| `a.json` | gemma-2-9b-softcap | auto | FLASH_ATTN | TRITON_ATTN | 1 | 100 "
+        "| 3195/3200 | 0.9984 | 2 (2) |" in text
+    )
+    assert "| `s.json` | 5 | 48 | 10 | 2 | 1 | True | 0 MiB | FAIL |" in text
