@@ -105,6 +105,10 @@ def _triton_compiles() -> dict[str, int]:
     return counts
 
 
+# vLLM's speculative-decoding counters (``vllm:spec_decode_<name>``) kept per run.
+SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
 def run_worker(args) -> None:
     import torch
 
@@ -112,6 +116,7 @@ def run_worker(args) -> None:
     from vllm.inputs import TokensPrompt
 
     prompts = json.loads(Path(args.prompts_file).read_text())
+    speculative = json.loads(args.speculative) if args.speculative else None
     start = time.perf_counter()
     llm = LLM(
         model=args.model_dir,
@@ -123,6 +128,9 @@ def run_worker(args) -> None:
         gpu_memory_utilization=0.85,
         enable_prefix_caching=True,
         kv_cache_dtype=args.kv_cache_dtype,
+        speculative_config=speculative,
+        # the draft/accept counters are metrics: collected only with stats on
+        disable_log_stats=speculative is None,
     )
     startup_s = time.perf_counter() - start
     compiled_at_startup = _triton_compiles()
@@ -146,6 +154,13 @@ def run_worker(args) -> None:
             for step in (completion.logprobs or [])
         ]
         results.append({"tokens": list(completion.token_ids), "top": top})
+    spec = None
+    if speculative is not None:
+        counts = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+        spec = {
+            "config": speculative,
+            **{k: counts.get(f"vllm:spec_decode_{k}") for k in SPEC_COUNTERS},
+        }
     newly = {
         k: v - compiled_at_startup.get(k, 0)
         for k, v in compiled_after.items()
@@ -164,6 +179,7 @@ def run_worker(args) -> None:
                 "generate_s": round(generate_s, 1),
                 "triton_kernels_compiled_at_startup": compiled_at_startup,
                 "triton_kernels_compiled_after_startup": newly,
+                "speculative": spec,
                 "results": results,
             }
         )
@@ -175,7 +191,7 @@ def run_worker(args) -> None:
 # ----------------------------------------------------------------------------------
 
 
-def _run_side(args, backend, pythonpath, prompts_file, model_dir, out):
+def _run_side(args, backend, pythonpath, prompts_file, model_dir, out, speculative):
     env = dict(os.environ)
     env.pop("VLLM_ATTENTION_BACKEND", None)  # the explicit backend is the choice
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -205,6 +221,8 @@ def _run_side(args, backend, pythonpath, prompts_file, model_dir, out):
         "--kv-cache-dtype",
         args.kv_cache_dtype,
     ]
+    if speculative:
+        cmd += ["--speculative", speculative]
     print(f"[agreement] {backend}: {' '.join(cmd[3:])}", flush=True)
     subprocess.run(cmd, env=env, cwd=REPO, check=True)
     return json.loads(Path(out).read_text())
@@ -223,14 +241,19 @@ def side_key(args, prompts: list, model_dir) -> dict:
     }
 
 
-def _reuse_or_run(args, backend, pythonpath, prompts_file, model_dir, out, key):
+def _reuse_or_run(
+    args, backend, pythonpath, prompts_file, model_dir, out, key, speculative=None
+):
+    key = dict(key, backend=backend, speculative=speculative)
     if out.is_file():
         body = json.loads(out.read_text())
-        if body.get("key") == dict(key, backend=backend):
+        if body.get("key") == key:
             print(f"[agreement] {backend}: reusing {out}", flush=True)
             return body
-    body = _run_side(args, backend, pythonpath, prompts_file, model_dir, out)
-    body["key"] = dict(key, backend=backend)
+    body = _run_side(
+        args, backend, pythonpath, prompts_file, model_dir, out, speculative
+    )
+    body["key"] = key
     out.write_text(json.dumps(body))
     return body
 
@@ -287,6 +310,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=None)
     p.add_argument(
+        "--backend-speculative",
+        default=None,
+        metavar="JSON",
+        help="vLLM speculative_config for the backend side only, e.g. "
+        '\'{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3}\': '
+        "its multi-token verification against the reference's plain greedy decoding",
+    )
+    p.add_argument(
         "--work-dir",
         type=Path,
         default=None,
@@ -302,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu_session.sh setup); default: made from --model in a temp dir",
     )
     p.add_argument("--prompts-file", help=argparse.SUPPRESS)
+    p.add_argument("--speculative", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         run_worker(args)
@@ -327,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         new = _reuse_or_run(
             args, args.backend, args.backend_pythonpath, prompts_file, model_dir,
-            work / "backend.json", key,
+            work / "backend.json", key, args.backend_speculative,
         )  # fmt: skip
 
     sys.path.insert(0, str(REPO))
@@ -343,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         **compare(ref, new),
         "tp": args.tp,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "backend_speculative": new.get("speculative"),
         "commit": commit,
         "gpu": new["gpu"],
         "model": args.model,

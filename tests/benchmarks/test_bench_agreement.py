@@ -123,3 +123,19 @@ def test_work_dir_reuses_a_finished_side_only_for_the_same_run(
         "fp8",
     )
     assert "reusing" not in other  # another KV dtype is another run
+
+
+def test_speculative_backend_side_against_plain_greedy(
+    tmp_path, fake_sites, model_dir_8b
+):
+    spec = '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3}'
+    stdout, body = _agree(
+        tmp_path, model_dir_8b, fake_sites, "--backend-speculative", spec
+    )
+    # only the backend drafts; the reference decodes plainly
+    assert stdout.count("'speculative_config': {'method': 'ngram'") == 1
+    assert "backend FLASH_ATTN, kwargs" in stdout
+    got = body["backend_speculative"]
+    assert got["config"]["method"] == "ngram"
+    assert got["num_drafts"] == 10 and got["num_draft_tokens"] == 30
+    assert body["fraction_equal"] == 1.0

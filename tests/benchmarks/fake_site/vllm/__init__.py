@@ -102,3 +102,20 @@ class LLM:
             outs.append(_Output([_Completion(toks, logprobs)]))
         self.calls += 1
         return outs
+
+    def get_metrics(self):
+        """Like vLLM: only with stats on; speculative counters only when drafting."""
+        if self.kwargs.get("disable_log_stats", True):
+            raise AssertionError("Stat logging disabled")
+        drafts = 10 * self.calls if self.kwargs.get("speculative_config") else 0
+        return [
+            _Metric("vllm:spec_decode_num_drafts", drafts),
+            _Metric("vllm:spec_decode_num_draft_tokens", 3 * drafts),
+            _Metric("vllm:spec_decode_num_accepted_tokens", drafts),
+            _Metric("vllm:prompt_tokens", 123),
+        ]
+
+
+class _Metric:
+    def __init__(self, name, value):
+        self.name, self.value = name, value
