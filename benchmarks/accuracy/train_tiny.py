@@ -71,7 +71,7 @@ CURRICULUM = Curriculum(
     long=((2048, 64), (9216, 14)),
     min_end=0.2,
     max_end=0.6,
-    gate="recall>=256",
+    gate="recall>=64",  # within the short streams' length
 )
 # Toy sizes for the CPU smoke test.
 TOY_CURRICULUM = Curriculum(
@@ -213,18 +213,23 @@ def teacher_forced_accuracy(model, problems, device, batch: int) -> float:
 
 def check_sets(n: int, seed: int, toy: bool = False) -> dict[str, list]:
     """The trainer's own checks, by name: ``n`` addition problems and ``n // 4``
-    recall problems over >= 256 and over >= 4096 tokens (toy: 64 and 300). Short-range
-    recall tells "no lookup learned" apart from "lookup learned, but not over 4k+
-    tokens"."""
+    recall problems per distance: >= 64 tokens inside the short streams' 512 (the
+    curriculum's gate), >= 256 and >= 4096 (toy: 64 and 300). Short-range recall tells
+    "no lookup learned" apart from "lookup learned, but not over 4k+ tokens"."""
+    # (min length, max length, min distance, seed offset: earlier runs' sets unchanged)
     ranges = (
-        [(200, 300, 64), (600, 900, 300)]
+        [(200, 300, 64, 3), (600, 900, 300, 2)]
         if toy
-        else [(1024, 2048, 256), (5000, 8192, 4096)]
+        else [(300, 480, 64, 4), (1024, 2048, 256, 3), (5000, 8192, 4096, 2)]
     )
     sets = {"addition": tasks.addition_problems(n, seed=seed + 1)}
-    for k, (lo, hi, dist) in enumerate(ranges):
+    for lo, hi, dist, offset in ranges:
         sets[f"recall>={dist}"] = tasks.recall_problems(
-            max(2, n // 4), seed=seed + 3 - k, min_len=lo, max_len=hi, min_distance=dist
+            max(2, n // 4),
+            seed=seed + offset,
+            min_len=lo,
+            max_len=hi,
+            min_distance=dist,
         )
     return sets
 
