@@ -380,14 +380,14 @@ class ShortPhaseGate:
         self.c, self.ended_at = curriculum, None
 
     def shapes(self, progress: float) -> tuple:
-        in_short = self.ended_at is None and progress < self.c.max_end
-        return self.c.short if in_short else self.c.long
+        if self.ended_at is None and progress >= self.c.max_end:
+            self.ended_at = self.c.max_end  # the bound, not the check, ended it
+        return self.c.short if self.ended_at is None else self.c.long
 
     def update(self, progress: float, check: dict[str, float]) -> None:
-        if self.ended_at is None and (
-            progress >= self.c.max_end
-            or (progress >= self.c.min_end and check[self.c.gate] >= self.c.gate_acc)
-        ):
+        """Called with each check made during training."""
+        passed = check[self.c.gate] >= self.c.gate_acc
+        if self.ended_at is None and progress >= self.c.min_end and passed:
             self.ended_at = progress
 
 
@@ -456,11 +456,12 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
 
-    def check(progress: float, elapsed: float) -> dict[str, float]:
+    def check(progress: float, elapsed: float, final: bool = False) -> dict:
         model.eval()
         got = run_checks(model, checks, device)
         model.train()
-        gate.update(progress, got)
+        if not final:
+            gate.update(progress, got)
         rec = {"step": step, "elapsed_s": round(elapsed, 1), "check": got}
         check_log.append(rec)
         print(f"train_tiny: {rec}", flush=True)
@@ -507,10 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         batches.close()
     train_s = time.monotonic() - t0
-    final = check(1.0, train_s)
+    final = check(1.0, train_s, final=True)
 
     save_checkpoint(model, cfg, args.out)
-    sys.path.insert(0, str(REPO))
     from benchmarks.harness import environment
 
     write_json(

@@ -308,6 +308,9 @@ def test_short_phase_waits_for_the_lookup():
     assert gate.shapes(0.4) == c.long
     never = ShortPhaseGate(c)
     assert never.shapes(c.max_end) == c.long  # the bound, even between checks
+    assert never.ended_at == c.max_end
+    never.update(0.9, passed)  # a later pass does not rewrite when it ended
+    assert never.ended_at == c.max_end
     # The long phase trains lookups over 4k+ tokens and positions past 8k.
     assert max(length for length, _ in c.long) > 8192
 
