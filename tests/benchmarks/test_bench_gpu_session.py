@@ -187,3 +187,21 @@ def test_two_lanes_pin_one_gpu_each_and_report_failure(tmp_path):
         ).returncode
         == 2
     )
+
+
+def test_agreement_step_passes_a_speculative_config_through_agree_args(
+    session_env, tmp_path
+):
+    """The JSON of the sitting guide survives the step's word splitting."""
+    spec = '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3}'
+    env = dict(
+        session_env,
+        AGREE_ARGS=f"--prompts 10 --tokens 4 --backend-speculative {spec}",
+        AGREE_TAG="-ngram",
+        BENCH_COMMIT="abc1234",
+    )
+    r = _step(env, "agreement")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (result,) = (tmp_path / "out" / "results" / "agreement").glob("*-ngram.json")
+    body = json.loads(result.read_text())
+    assert body["backend_speculative"]["config"] == json.loads(spec)
