@@ -196,7 +196,7 @@ def environment(pythonpath: str | None = None) -> dict:
 
 
 # Environment variables that change what a run does (device choice, vLLM and NCCL
-# options): recorded with each result so the command alone is not mistaken for all of it.
+# options): recorded with each result, as the command alone does not say all of it.
 RUN_SETTING_PREFIXES = ("VLLM_", "NCCL_", "TORCH_SYMM_MEM_", "CUDA_VISIBLE_DEVICES")
 
 

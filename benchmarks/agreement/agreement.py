@@ -338,6 +338,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         run_worker(args)
         return 0
+    if args.backend_speculative:
+        try:  # before the reference side's engine start, not after it
+            json.loads(args.backend_speculative)
+        except ValueError as e:
+            p.error(
+                f"--backend-speculative is not JSON ({e}): {args.backend_speculative}"
+            )
 
     from benchmarks.models import make_model_dir
     from benchmarks.models.configs import BENCH_TOKENIZER_VOCAB

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.agreement import agreement
 from benchmarks.harness import REPO
 
@@ -139,3 +141,10 @@ def test_speculative_backend_side_against_plain_greedy(
     assert got["config"]["method"] == "ngram"
     assert got["num_drafts"] == 10 and got["num_draft_tokens"] == 30
     assert body["fraction_equal"] == 1.0
+
+
+def test_a_speculative_config_that_is_not_json_stops_before_any_engine(capsys):
+    with pytest.raises(SystemExit) as e:
+        agreement.main(["--backend-speculative", "{method: ngram}"])
+    assert e.value.code == 2
+    assert "--backend-speculative is not JSON" in capsys.readouterr().err
