@@ -83,11 +83,13 @@ collect() {
   # A device call returns at most 8 files from $OUT: the results (JSON, plots, work
   # files) and the logs (server/worker output) travel as two archives. Unpack them
   # with `tar xzf results.tgz -C benchmarks/results` (logs.tgz: anywhere outside git).
+  # Under benchmarks/gpu/two_lanes.sh the names carry the lane: results-lane0.tgz.
+  local lane=${LANE:+-lane$LANE}
   mkdir -p "$OUT"
-  tar czf "$OUT/results.tgz" -C "$STATE/results" --exclude='*.log' .
+  tar czf "$OUT/results$lane.tgz" -C "$STATE/results" --exclude='*.log' .
   (cd "$STATE/results" && find . -type f -name '*.log' -print0 |
-    tar czf "$OUT/logs.tgz" --null -T -)
-  echo "gpu_session: results in $OUT/results.tgz -> tar xzf results.tgz -C benchmarks/results (logs: $OUT/logs.tgz)"
+    tar czf "$OUT/logs$lane.tgz" --null -T -)
+  echo "gpu_session: results in $OUT/results$lane.tgz -> tar xzf results$lane.tgz -C benchmarks/results (logs: $OUT/logs$lane.tgz)"
 }
 
 case "$STEP" in

@@ -7,6 +7,8 @@
 #     "AGREE_MODEL=mistral-7b-sw bash benchmarks/gpu_session.sh agreement"
 #
 # Output goes to $OUT/lane0.log and $OUT/lane1.log; their tails are printed at the end.
+# Each job sees LANE (0 or 1): gpu_session.sh names its archives after it, so two lanes
+# with their own STATE (e.g. two e2e sittings, one per GPU) do not overwrite each other.
 # Exit status: 0 when both jobs exit 0, else 1. GPU indices are in PCI bus order, as
 # nvidia-smi counts them (the soak's memory sampler reads nvidia-smi).
 set -uo pipefail
@@ -18,7 +20,11 @@ pids=()
 for lane in 0 1; do
   spec=${*:lane+1:1}
   echo "[lanes] GPU $lane: $spec"
-  (export CUDA_VISIBLE_DEVICES=$lane; eval "$spec") > "$OUT/lane$lane.log" 2>&1 &
+  # Each lane compiles into its own vLLM cache: two engines of one model and config
+  # would otherwise write the same torch.compile artifacts at the same time.
+  (export CUDA_VISIBLE_DEVICES=$lane LANE=$lane
+   export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$HOME/.cache/vllm}-lane$lane
+   eval "$spec") > "$OUT/lane$lane.log" 2>&1 &
   pids+=($!)
 done
 rc=0

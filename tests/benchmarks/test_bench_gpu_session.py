@@ -116,6 +116,32 @@ def test_train_step_with_a_seed_into_its_own_dir(session_env, tmp_path):
     assert (tmp_path / "out" / "accuracy-model-seed7.tgz").is_file()
 
 
+def test_an_e2e_sitting_per_gpu_lane(session_env, tmp_path):
+    """Two e2e sittings side by side (one per GPU, each with its own STATE) come back
+    as separate archives holding separate sittings."""
+    for lane in ("0", "1"):
+        env = dict(
+            session_env,
+            LANE=lane,
+            CUDA_VISIBLE_DEVICES=lane,
+            STATE=str(tmp_path / f"state-gpu{lane}"),
+            BENCH_COMMIT="abc1234",
+        )
+        r = subprocess.run(
+            ["bash", str(SCRIPT), "e2e-quick"], env=env, cwd="/tmp",
+            capture_output=True, text=True, timeout=240, check=False,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = tmp_path / "out"
+    names = sorted(f.name for f in out.iterdir())
+    assert names == ["logs-lane0.tgz", "logs-lane1.tgz", "results-lane0.tgz",
+                     "results-lane1.tgz"]  # fmt: skip
+    for lane in ("0", "1"):
+        with tarfile.open(out / f"results-lane{lane}.tgz") as tar:
+            (name,) = [n for n in tar.getnames() if n.startswith("./e2e/2")]
+        assert name.endswith(f"-abc1234-s0.25-gpu{lane}.json")
+
+
 def test_unknown_step(session_env):
     r = _step(session_env, "bogus")
     assert r.returncode == 2 and "unknown step" in r.stderr
@@ -160,7 +186,10 @@ def test_agreement_step_on_a_sliding_window_config(session_env, tmp_path):
 def test_two_lanes_pin_one_gpu_each_and_report_failure(tmp_path):
     lanes = REPO / "benchmarks" / "gpu" / "two_lanes.sh"
     env = dict(os.environ, OUT=str(tmp_path))
-    job = 'echo "gpu=$CUDA_VISIBLE_DEVICES order=$CUDA_DEVICE_ORDER"'
+    job = (
+        'echo "gpu=$CUDA_VISIBLE_DEVICES order=$CUDA_DEVICE_ORDER lane=$LANE"; '
+        'echo "cache=$VLLM_CACHE_ROOT"'
+    )
     ok = subprocess.run(
         ["bash", str(lanes), job, job + "; X='a b' && echo $X"],
         env=env,
@@ -170,8 +199,10 @@ def test_two_lanes_pin_one_gpu_each_and_report_failure(tmp_path):
         check=False,
     )
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "gpu=0 order=PCI_BUS_ID" in (tmp_path / "lane0.log").read_text()
-    assert "gpu=1 order=PCI_BUS_ID\na b" in (tmp_path / "lane1.log").read_text()
+    assert "gpu=0 order=PCI_BUS_ID lane=0" in (tmp_path / "lane0.log").read_text()
+    assert "/.cache/vllm-lane0\n" in (tmp_path / "lane0.log").read_text()
+    assert "gpu=1 order=PCI_BUS_ID lane=1\n" in (tmp_path / "lane1.log").read_text()
+    assert "vllm-lane1\na b" in (tmp_path / "lane1.log").read_text()
     bad = subprocess.run(
         ["bash", str(lanes), job, "exit 3"],
         env=env,
