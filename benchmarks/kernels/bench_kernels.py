@@ -78,6 +78,7 @@ PREFILL_POINTS = [
 ]  # fmt: skip
 BLOCK_SIZES = (16, 64)  # 16: stock vLLM's default page; 64: ours preferred
 FP8_DECODE_POINTS = [(1, 32768), (64, 8192)]  # llama-3.1-8b, block 64, fp8 cache
+FP8_PREFILL_POINTS = [(1, 8192, 8192), (1, 1024, 16384)]  # the same, prefill
 
 QUICK = {
     "decode": [("llama-3.1-8b", 16, b, c) for b, c in [(1, 8192), (64, 2048)]]
@@ -133,10 +134,15 @@ def sweep(args) -> list[Shape]:
                 shapes.append(Shape("decode", m, b, 1, c, *heads, bs))
             for b, q, c in PREFILL_POINTS:
                 shapes.append(Shape("prefill", m, b, q, c, *heads, bs))
+    heads = MODELS["llama-3.1-8b"]
     for b, c in FP8_DECODE_POINTS:
-        heads = MODELS["llama-3.1-8b"]
         shapes.append(
             Shape("decode", "llama-3.1-8b", b, 1, c, *heads, 64,
+                  kv_dtype="float8_e4m3fn")
+        )  # fmt: skip
+    for b, q, c in FP8_PREFILL_POINTS:
+        shapes.append(
+            Shape("prefill", "llama-3.1-8b", b, q, c, *heads, 64,
                   kv_dtype="float8_e4m3fn")
         )  # fmt: skip
     return shapes

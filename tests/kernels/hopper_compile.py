@@ -91,6 +91,9 @@ def ptx_summary(compiled) -> dict:
         "mma_sync": ptx.count("mma.sync"),
         "cp_async": ptx.count("cp.async"),
         "tma": ptx.count("cp.async.bulk.tensor"),
+        # e4m3 -> bf16 goes through fp16 on sm_90: the second conversion per element
+        # that fp8 caches avoid by running their dots in fp16.
+        "cvt_bf16_f16": ptx.count("cvt.bf16.f16"),
         "shared_bytes": compiled.metadata.shared,
     }
 
@@ -216,7 +219,8 @@ def _cache_write_cases(*cache_dtypes):
 def main() -> int:
     """Compile the kernels' production shapes for sm_90 (and one for MI300) and
     print one line each. Fails unless everything compiles, every Hopper prefill
-    shape uses wgmma and cp.async, and the MI300 one uses MFMA."""
+    shape uses wgmma and cp.async (TMA where asked), no fp8-cache shape converts
+    through bf16, and the MI300 one uses MFMA."""
     from vllm.attention.ops.paged_cache_write import _paged_cache_write_kernel
     from vllm.attention.ops.prefix_prefill import _prefix_prefill_kernel
 
@@ -226,6 +230,7 @@ def main() -> int:
         # Pointer loads pipeline as cp.async; TMA launches must really use TMA.
         good = summary["wgmma"] > 0 and summary["cp_async"] > 0
         good &= (summary["tma"] > 0) == kwargs["USE_TMA"]
+        good &= not (kwargs["IS_FP8"] and summary["cvt_bf16_f16"])
         ok &= good
         print(f"{'ok ' if good else 'BAD'} {name}: {summary}")
     for name, kwargs in _cache_write_cases():

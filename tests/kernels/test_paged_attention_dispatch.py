@@ -182,3 +182,50 @@ def test_mixed_batch_against_reference(features, num_splits):
     assert_close(
         output, ref, dtype=torch.bfloat16, atol=atol, rtol=rtol, what="dispatch"
     )
+
+
+def test_fp8_cache_with_a_query_past_fp16_range():
+    """With an fp8 cache both kernels run their dots in fp16 with q pre-scaled by
+    the softmax scale: a bf16 query past fp16's 65504 must neither overflow nor lose
+    more than that one rounding. The oracle gets the same rounded query, ``q *
+    scale`` in fp16, with scale 1."""
+    num_kv_heads, group, head_size, block_size = 2, 2, 64, 16
+    batch = make_paged_batch(
+        seqs=MIXED_BATCH,
+        num_q_heads=num_kv_heads * group,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        block_size=block_size,
+        q_dtype=torch.bfloat16,
+        cache_dtype=torch.float8_e4m3fn,
+        seed=3,
+    )
+    query = (batch.query.float() * 3e4).to(torch.bfloat16)  # |q| up to ~1.3e5
+    assert query.float().abs().max() > 65504
+    num_decodes = sum(1 for q, _ in MIXED_BATCH if q == dispatch.DECODE_QUERY_LEN)
+    output = torch.full_like(query, float("nan"))
+    scale = 1.0 / math.sqrt(head_size)
+    dispatch.paged_attention(
+        query=query,
+        key_cache=batch.key_cache,
+        value_cache=batch.value_cache,
+        output=output,
+        block_table=batch.block_table,
+        query_start_loc=batch.query_start_loc,
+        seq_lens=batch.seq_lens,
+        num_decodes=num_decodes,
+        num_decode_tokens=num_decodes,
+        max_query_len=batch.max_query_len,
+        softmax_scale=scale,
+        k_scale=batch.k_scale,
+        v_scale=batch.v_scale,
+        decode_num_splits=1,
+    )
+    rounded = (query.float() * scale).to(torch.float16).float()
+    ref_kwargs = {**batch.ref_kwargs(), "query": rounded}
+    ref = ref_paged_attention(**ref_kwargs, softmax_scale=1.0)
+    assert torch.isfinite(output.float()).all()
+    _, atol, rtol = TOLERANCES[torch.bfloat16]
+    assert_close(
+        output, ref, dtype=torch.bfloat16, atol=atol, rtol=rtol, what="fp8 big q"
+    )

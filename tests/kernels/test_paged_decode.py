@@ -447,7 +447,11 @@ def compile_decode_main() -> None:
                 compiled = compile_for_target(kernel, kwargs, target=target)
                 ttgir = compiled.asm["ttgir"]
                 pipelined = "async_copy_global_to_local" in ttgir
-                print(target.backend, name, kernel.__name__, pipelined, flush=True)
+                # fp8 dots run in fp16: no e4m3 -> fp16 -> bf16 double conversion.
+                twice = compiled.asm.get("ptx", "").count("cvt.bf16.f16")
+                print(
+                    target.backend, name, kernel.__name__, pipelined, twice, flush=True
+                )
 
 
 _COMPILE_MAIN = "import tests.kernels.test_paged_decode as t; t.compile_decode_main()"
@@ -467,10 +471,12 @@ def test_compiles_for_hopper_and_mi300():
     lines = [ln.split() for ln in done.stdout.splitlines() if ln.strip()]
     # 2 targets x (1 launch for 2d + 2 launches for split) kernels.
     assert len(lines) == 2 * 3, done.stdout
-    for backend, name, kernel, pipelined in lines:
+    for backend, name, kernel, pipelined, twice in lines:
         if backend == "cuda" and kernel == "_paged_decode_kernel":
             # K/V loads of the unmasked bulk must be pipelined (cp.async) on sm90.
             assert pipelined == "True", f"{name}: K/V loads not pipelined on sm90"
+            if COMPILE_VARIANTS[name]["fp8"]:
+                assert twice == "0", f"{name}: {twice} cvt.bf16.f16 in the fp8 decode"
 
 
 # ---------------------------------------------------------------- GPU only

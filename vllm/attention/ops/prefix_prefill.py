@@ -43,7 +43,9 @@ of a Triton Attention Kernel", arXiv 2511.11581):
   step ``_attend_kv_range`` is written once and called with a constexpr ``MASKED``
   stage for each part.
 * Scores are fp32 in log2 units (log2(e) folded into the scale) so the softmax
-  uses exp2; soft-cap, ALiBi, sinks and fp8 scales are constexpr-gated.
+  uses exp2; soft-cap, ALiBi, sinks and fp8 scales are constexpr-gated. With an fp8
+  cache both dots run in fp16 whatever the query dtype (``query_for_cache``: one
+  e4m3 -> fp16 conversion per element instead of two to reach bf16).
 * Launch tiles come from a table keyed on (head size, dtypes, group, page size,
   bucketed max query length), with a heuristic fallback: see ``tuning/``. There is
   no autotuning and no host sync at launch (``max_query_len`` is a host int).
@@ -63,6 +65,7 @@ from vllm.attention.ops.triton_attention_common import (
     online_softmax_step,
     page_tile_offset,
     paged_row_offsets,
+    query_for_cache,
     to_dot_dtype,
     transform_scores,
 )
@@ -99,7 +102,7 @@ def _attend_kv_range(
     head_offset,  # elements from a cache's start to this KV head (USE_TMA)
     stride_cache_block,
     stride_cache_slot,
-    qk_scale,  # softmax_scale * k_scale
+    qk_scale,  # scale of q.k (softmax_scale; fp8: k_scale, q pre-scaled)
     soft_cap,
     sliding_window,
     BLOCK_N: tl.constexpr,
@@ -263,11 +266,10 @@ def _prefix_prefill_kernel(
         other=0.0,
     )
 
-    qk_scale = softmax_scale
-    v_scale = 1.0
-    if IS_FP8:
-        qk_scale = softmax_scale * tl.load(k_scale_ptr)
-        v_scale = tl.load(v_scale_ptr)
+    # fp8 cache: both dots in fp16, q pre-scaled (query_for_cache).
+    q, qk_scale, v_scale = query_for_cache(
+        q, softmax_scale, k_scale_ptr, v_scale_ptr, IS_FP8=IS_FP8
+    )
     alibi_slope = tl.zeros([BLOCK_M], dtype=tl.float32)
     if USE_ALIBI:
         alibi_slope = tl.load(alibi_slopes_ptr + q_head, mask=row_valid, other=0.0)

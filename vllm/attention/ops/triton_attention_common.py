@@ -13,11 +13,14 @@ that both read the cache, transform scores and run the softmax the same way:
    divides ``BLOCK_SIZE``, ``page_tile_offset`` reads one page id per tile instead
    (the tile is consecutive rows of one page; the prefill kernel can then also load
    it through a TMA descriptor).
-2. fp8: ``to_dot_dtype`` upcasts a cache tile to the dtype of the query so that
-   ``tl.dot`` runs on 16-bit operands; the per-tensor scales are not applied to
-   tiles: ``k_scale`` folds into the score scale and ``v_scale`` into the final
-   normalisation (``finalize_output``). ``quantize_fp8`` is the inverse used by the
-   cache write.
+2. fp8: ``query_for_cache`` gives the query in the dtype both dots run in, with the
+   score and output scales: with an fp8 cache that is fp16 whatever the query dtype
+   (Hopper turns e4m3 into fp16 with one instruction but reaches bf16 only through
+   fp16, a second conversion per element), the query pre-scaled by the softmax scale
+   before its one rounding. ``to_dot_dtype`` upcasts a cache tile to that dtype (exact
+   for every e4m3 value); the per-tensor scales are not applied to tiles: ``k_scale``
+   folds into the score scale and ``v_scale`` into the final normalisation
+   (``finalize_output``). ``quantize_fp8`` is the inverse used by the cache write.
 3. Scores: ``scale_scores_log2`` (softmax scale, optional soft-cap, result in log2
    units so that the softmax uses ``exp2``), ``add_alibi_log2``, ``visibility_mask``
    (causal + sliding window + key validity) and ``transform_scores`` which chains
@@ -130,6 +133,26 @@ def load_kv_tile(
 # --------------------------------------------------------------------------------------
 # fp8
 # --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def query_for_cache(q, softmax_scale, k_scale_ptr, v_scale_ptr, IS_FP8: tl.constexpr):
+    """``(q, qk_scale, v_scale)``: the query tile in the dtype of both dots, the scale
+    of its raw dot products, and the output scale.
+
+    16-bit cache: the query as loaded, ``softmax_scale``, 1. fp8 cache: fp16 (see the
+    module docstring), ``q * softmax_scale`` rounded once, so it overflows only past
+    ``|q| > 65504 * sqrt(head_size)`` (scale ``1/sqrt(head_size)``), far outside what an
+    attention layer produces; then ``k_scale`` and ``v_scale``. fp16 also holds the
+    probabilities in [0, 1] with more mantissa than bf16.
+    """
+    qk_scale = softmax_scale
+    v_scale = 1.0
+    if IS_FP8:
+        q = (q.to(tl.float32) * softmax_scale).to(tl.float16)
+        qk_scale = tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
+    return q, qk_scale, v_scale
 
 
 @triton.jit

@@ -64,6 +64,7 @@ from vllm.attention.ops.triton_attention_common import (
     load_kv_tile,
     online_softmax_step,
     paged_row_offsets,
+    query_for_cache,
     to_dot_dtype,
     transform_scores,
 )
@@ -111,7 +112,7 @@ def _attend_tiles(
     q_pos,  # [BLOCK_M] int: position of the query token
     lo,  # int: first visible key
     seq_len,  # int: keys [lo, seq_len) are visible
-    qk_scale,  # fp32: softmax_scale * k_scale
+    qk_scale,  # fp32 scale of q.k (softmax_scale; fp8: k_scale, q pre-scaled)
     logits_soft_cap,  # fp32 (USE_SOFTCAP)
     alibi_slope,  # [BLOCK_M] fp32 (USE_ALIBI)
     sliding_window,  # int (USE_WINDOW)
@@ -251,15 +252,11 @@ def _paged_decode_kernel(
         other=0.0,
     )  # [BLOCK_M, HEAD_PAD]
 
-    # fp8: k_scale folds into the score scale, v_scale into the final normalisation.
-    qk_scale = softmax_scale
-    v_scale = 1.0
-    if IS_FP8:
-        # Both dots run in fp16 (see "fp8 caches" in the module docstring): q is
-        # pre-scaled by softmax_scale (<= 1) and rounded to fp16 once.
-        q = (q.to(tl.float32) * softmax_scale).to(tl.float16)
-        qk_scale = tl.load(k_scale_ptr)
-        v_scale = tl.load(v_scale_ptr)
+    # fp8: both dots run in fp16, q pre-scaled (see "fp8 caches" in the module
+    # docstring); k_scale folds into the score scale, v_scale into the output.
+    q, qk_scale, v_scale = query_for_cache(
+        q, softmax_scale, k_scale_ptr, v_scale_ptr, IS_FP8=IS_FP8
+    )
     alibi_slope = None
     if USE_ALIBI:
         alibi_slope = tl.load(alibi_slopes_ptr + q_heads, mask=row_valid, other=0.0)
