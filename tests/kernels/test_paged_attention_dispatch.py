@@ -129,6 +129,40 @@ def test_dispatch_does_no_tensor_work(recorded):
 # (query_len, kv_len): decodes first (incl. a single-key one), then a chunked-prefill
 # row (query in the middle of its context), a pure prefill, and a prefix hit.
 MIXED_BATCH = [(1, 40), (1, 1), (1, 17), (6, 30), (5, 5), (3, 35)]
+NUM_DECODES = sum(1 for q, _ in MIXED_BATCH if q == dispatch.DECODE_QUERY_LEN)
+
+
+NUM_KV_HEADS, GROUP, HEAD_SIZE, BLOCK_SIZE = 2, 2, 64, 16
+
+
+def _mixed_batch(**kw):
+    return make_paged_batch(
+        seqs=MIXED_BATCH,
+        num_q_heads=NUM_KV_HEADS * GROUP,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=HEAD_SIZE,
+        block_size=BLOCK_SIZE,
+        q_dtype=torch.bfloat16,
+        **kw,
+    )
+
+
+def _dispatch_batch(batch, query, output, **kw):
+    """paged_attention over a make_paged_batch of MIXED_BATCH (query given apart, so
+    a test can scale it)."""
+    dispatch.paged_attention(
+        query=query,
+        key_cache=batch.key_cache,
+        value_cache=batch.value_cache,
+        output=output,
+        block_table=batch.block_table,
+        query_start_loc=batch.query_start_loc,
+        seq_lens=batch.seq_lens,
+        num_decodes=NUM_DECODES,
+        num_decode_tokens=NUM_DECODES,
+        max_query_len=batch.max_query_len,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize(
@@ -137,21 +171,12 @@ MIXED_BATCH = [(1, 40), (1, 1), (1, 17), (6, 30), (5, 5), (3, 35)]
     ids=["plain", "window_softcap_split"],
 )
 def test_mixed_batch_against_reference(features, num_splits):
-    num_kv_heads, group, head_size, block_size = 2, 2, 64, 16
-    batch = make_paged_batch(
-        seqs=MIXED_BATCH,
-        num_q_heads=num_kv_heads * group,
-        num_kv_heads=num_kv_heads,
-        head_size=head_size,
-        block_size=block_size,
-        q_dtype=torch.bfloat16,
-    )
-    num_decodes = sum(1 for q, _ in MIXED_BATCH if q == dispatch.DECODE_QUERY_LEN)
+    batch = _mixed_batch()
     workspace = torch.full(
         decode_workspace_shape(
-            max_num_seqs=num_decodes,
-            num_q_heads=num_kv_heads * group,
-            head_size=head_size,
+            max_num_seqs=NUM_DECODES,
+            num_q_heads=NUM_KV_HEADS * GROUP,
+            head_size=HEAD_SIZE,
             num_splits=num_splits,
         ),
         float("nan"),
@@ -159,18 +184,11 @@ def test_mixed_batch_against_reference(features, num_splits):
         device=DEVICE,
     )
     output = torch.full_like(batch.query, float("nan"))
-    scale = 1.0 / math.sqrt(head_size)
-    dispatch.paged_attention(
-        query=batch.query,
-        key_cache=batch.key_cache,
-        value_cache=batch.value_cache,
-        output=output,
-        block_table=batch.block_table,
-        query_start_loc=batch.query_start_loc,
-        seq_lens=batch.seq_lens,
-        num_decodes=num_decodes,
-        num_decode_tokens=num_decodes,
-        max_query_len=batch.max_query_len,
+    scale = 1.0 / math.sqrt(HEAD_SIZE)
+    _dispatch_batch(
+        batch,
+        batch.query,
+        output,
         softmax_scale=scale,
         decode_num_splits=num_splits,
         decode_workspace=workspace,
@@ -189,33 +207,15 @@ def test_fp8_cache_with_a_query_past_fp16_range():
     the softmax scale: a bf16 query past fp16's 65504 must neither overflow nor lose
     more than that one rounding. The oracle gets the same rounded query, ``q *
     scale`` in fp16, with scale 1."""
-    num_kv_heads, group, head_size, block_size = 2, 2, 64, 16
-    batch = make_paged_batch(
-        seqs=MIXED_BATCH,
-        num_q_heads=num_kv_heads * group,
-        num_kv_heads=num_kv_heads,
-        head_size=head_size,
-        block_size=block_size,
-        q_dtype=torch.bfloat16,
-        cache_dtype=torch.float8_e4m3fn,
-        seed=3,
-    )
+    batch = _mixed_batch(cache_dtype=torch.float8_e4m3fn, seed=3)
     query = (batch.query.float() * 3e4).to(torch.bfloat16)  # |q| up to ~1.3e5
     assert query.float().abs().max() > 65504
-    num_decodes = sum(1 for q, _ in MIXED_BATCH if q == dispatch.DECODE_QUERY_LEN)
     output = torch.full_like(query, float("nan"))
-    scale = 1.0 / math.sqrt(head_size)
-    dispatch.paged_attention(
-        query=query,
-        key_cache=batch.key_cache,
-        value_cache=batch.value_cache,
-        output=output,
-        block_table=batch.block_table,
-        query_start_loc=batch.query_start_loc,
-        seq_lens=batch.seq_lens,
-        num_decodes=num_decodes,
-        num_decode_tokens=num_decodes,
-        max_query_len=batch.max_query_len,
+    scale = 1.0 / math.sqrt(HEAD_SIZE)
+    _dispatch_batch(
+        batch,
+        query,
+        output,
         softmax_scale=scale,
         k_scale=batch.k_scale,
         v_scale=batch.v_scale,
