@@ -325,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         "repeated with the same prompts and options (a TP-2 side takes ~5 minutes: "
         "the two sides can then span two device calls); default: a temp dir",
     )
+    p.add_argument(
+        "--reference-only",
+        action="store_true",
+        help="run (or reuse) the reference side into --work-dir and stop: a later run "
+        "with the same options adds the backend side and writes the result",
+    )
     # worker mode (internal)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument(
@@ -338,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         run_worker(args)
         return 0
+    if args.reference_only and args.work_dir is None:
+        p.error("--reference-only keeps its side in --work-dir: give one")
     if args.backend_speculative:
         try:  # before the reference side's engine start, not after it
             json.loads(args.backend_speculative)
@@ -364,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
             args, args.reference, args.reference_pythonpath, prompts_file, model_dir,
             work / "reference.json", key,
         )  # fmt: skip
+        if args.reference_only:
+            print(f"[agreement] reference side kept in {work}; no result yet")
+            return 0
         new = _reuse_or_run(
             args, args.backend, args.backend_pythonpath, prompts_file, model_dir,
             work / "backend.json", key, args.backend_speculative,

@@ -127,6 +127,32 @@ def test_work_dir_reuses_a_finished_side_only_for_the_same_run(
     assert "reusing" not in other  # another KV dtype is another run
 
 
+def test_reference_only_keeps_that_side_and_writes_no_result(
+    tmp_path, fake_sites, model_dir_8b
+):
+    work = tmp_path / "work"
+    out = tmp_path / "agree.json"
+    cmd = [
+        sys.executable, "-m", "benchmarks.agreement.agreement",
+        "--model-dir", str(model_dir_8b), "--prompts", "20", "--tokens", "8",
+        "--reference-pythonpath", str(fake_sites),
+        "--backend-pythonpath", str(fake_sites),
+        "--work-dir", str(work), "--out", str(out), "--reference-only",
+    ]  # fmt: skip
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "backend FLASH_ATTN" in r.stdout and "TRITON_ATTN" not in r.stdout
+    assert (work / "reference.json").is_file() and not (work / "backend.json").exists()
+    assert not out.exists()
+    stdout, body = _agree(tmp_path, model_dir_8b, fake_sites, "--work-dir", str(work))
+    assert "FLASH_ATTN: reusing" in stdout and body["fraction_equal"] == 1.0
+    # without a work dir the kept side would be lost: refused
+    r = subprocess.run(
+        cmd[:-5] + ["--reference-only"], cwd=REPO, capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "--work-dir" in r.stderr
+
+
 def test_speculative_backend_side_against_plain_greedy(
     tmp_path, fake_sites, model_dir_8b
 ):
