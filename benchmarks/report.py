@@ -247,7 +247,11 @@ def accuracy_section(items) -> list[str]:
             ),
             "",
         ]
-    path, body = items[-1]
+    # the newest run: files of one day sort by commit hash, so by the run's own date
+    path, body = max(
+        items,
+        key=lambda it: (it[1].get("environment", {}).get("date_utc", ""), it[0].name),
+    )
     lines.append(f"({path.name}; {_env_line(body.get('environment', {}))})")
     lines.append("")
     for label, r in body.get("backends", {}).items():
@@ -400,6 +404,20 @@ def _table(head: list[str], rows: list[list]) -> list[str]:
     return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
 
 
+def _backend_cell(b: dict) -> str:
+    """The backend, and its speculative decoding with vLLM's draft counters if any."""
+    spec = b.get("backend_speculative")
+    if not spec:
+        return b["backend"]
+    method = spec.get("config", {}).get("method", "?")
+    return "{} + {} spec. decoding ({}/{} draft tokens accepted)".format(
+        b["backend"],
+        method,
+        spec.get("num_accepted_tokens"),
+        spec.get("num_draft_tokens"),
+    )
+
+
 def agreement_section(items) -> list[str]:
     lines = ["## Greedy agreement with FLASH_ATTN", ""]
     if not items:
@@ -412,7 +430,7 @@ def agreement_section(items) -> list[str]:
             b.get("model", "llama-3.1-8b"),
             b.get("kv_cache_dtype", "auto"),
             b["reference"],
-            b["backend"],
+            _backend_cell(b),
             b["tp"],
             b["prompts"],
             f"{b['tokens_equal']}/{b['tokens_compared']}",

@@ -258,3 +258,36 @@ def test_agreement_and_soak_rows(tmp_path):
         "| 3195/3200 | 0.9984 | 2 (2) |" in text
     )
     assert "| `s.json` | 5 | 48 | 10 | 2 | 1 | True | 0 MiB | FAIL |" in text
+
+
+def test_accuracy_shows_the_newest_run_by_its_date_not_its_name(results_dir, tmp_path):
+    # files of one day are named by commit hash, which does not sort by time
+    old, new = _acc_body(), _acc_body()
+    old["environment"]["date_utc"] = "2026-11-30T09:00:00Z"
+    new["environment"]["date_utc"] = "2026-11-30T10:42:39Z"
+    new["pass"] = False
+    acc = results_dir / "accuracy"
+    (acc / "summary.json").unlink()
+    (acc / "summary-2026-11-30-aaa.json").write_text(json.dumps(new))
+    (acc / "summary-2026-11-30-fff.json").write_text(json.dumps(old))
+    text = report.build(results_dir, tmp_path / "performance.md", plots=False)
+    assert "(summary-2026-11-30-aaa.json;" in text and "Overall: FAIL" in text
+
+
+def test_agreement_row_names_speculative_decoding_and_its_counters(tmp_path):
+    root = tmp_path / "results"
+    (root / "agreement").mkdir(parents=True)
+    body = {
+        "reference": "FLASH_ATTN", "backend": "TRITON_ATTN", "tp": 1, "prompts": 100,
+        "tokens_equal": 6400, "tokens_compared": 6400, "fraction_equal": 1.0,
+        "backend_speculative": {
+            "config": {"method": "ngram", "num_speculative_tokens": 3},
+            "num_drafts": 1588, "num_draft_tokens": 4664, "num_accepted_tokens": 4600,
+        },
+    }  # fmt: skip
+    (root / "agreement" / "n.json").write_text(json.dumps(body))
+    text = report.build(root, tmp_path / "performance.md", plots=False)
+    assert (
+        "| TRITON_ATTN + ngram spec. decoding (4600/4664 draft tokens accepted) | 1 |"
+        in text
+    )
