@@ -11,7 +11,8 @@
 #                  tables of $STATE/tuning if any; then `setup`              (~40 s)
 #   kernel-bench   benchmarks/kernels/bench_kernels.py $KB_ARGS (ours/FA3/stock)
 #   setup          model dirs under $MODELS, versions of both installs     (~10 s)
-#   train          train the tiny accuracy model (~3 min)                   -> $STATE/accuracy-model
+#   train          train a tiny accuracy model (~3 min)                     -> $STATE/accuracy-model
+#                  (optional: accuracy otherwise runs the committed benchmarks/accuracy/model)
 #                  ($ACC_MODEL_DIR, seed $TRAIN_SEED: two seeds side by side on two GPUs)
 #   accuracy       accuracy of FLASH_ATTN, TRITON_ATTN stock, fork: each start of the
 #                  tiny model took ~2.5 min on a fresh machine, so one backend or two
@@ -37,7 +38,8 @@
 # FLASH_ATTN,TRITON_ATTN-fork" or "--kv-cache-dtype fp8"), SERVING_ARGS.
 # Every step ends by packing $STATE/results into $OUT/results.tgz (logs: $OUT/logs.tgz;
 # a device call returns at most 8 files): unpack it into benchmarks/results/ of the
-# repository (and $OUT/accuracy-model.tgz into benchmarks/accuracy/model), then run
+# repository (a newly trained $OUT/accuracy-model*.tgz replaces benchmarks/accuracy/model
+# only together with the results measured on it), then run
 # `python3 benchmarks/report.py` there to regenerate docs/performance.md and the plots.
 set -euo pipefail
 STEP=${1:?usage: gpu_session.sh prefill-tune|fork|kernel-bench|setup|train|accuracy|e2e-quick|serving-quick|e2e-full|serving-full|agreement|soak|serving-70b|report|collect}

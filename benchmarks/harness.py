@@ -347,3 +347,10 @@ class Budget:
 
     def timeout(self, wanted_s: float) -> float:
         return max(1.0, min(wanted_s, self.remaining()))
+
+
+def gpu_tag() -> str:
+    """``-gpu<i>`` when the run is pinned to one GPU of several: two runs side by
+    side on a two-GPU host write two result files; no ratio is formed across GPUs."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    return f"-gpu{visible}" if visible.isdigit() else ""

@@ -55,6 +55,43 @@ def newest_by(items: list[tuple[Path, dict]], key) -> list[tuple[Path, dict]]:
     return [best[k] for k in sorted(best, key=str)]
 
 
+def _run_date(body: dict) -> str:
+    """When the run wrote its file: the environment's date (one per install)."""
+    env = body.get("environment", {})
+    dates = [e.get("date_utc", "") for e in env.values() if isinstance(e, dict)]
+    return max(dates + [env.get("date_utc", "") if isinstance(env, dict) else ""])
+
+
+def newest_sitting(
+    items: list[tuple[Path, dict]], key
+) -> list[list[tuple[Path, dict]]]:
+    """Per ``key(body)``: all files of its newest sitting, i.e. of the newest run's day
+    and commit (a two-GPU sitting writes one file per GPU, ``-gpu<i>``)."""
+    groups: dict = {}
+    for p, body in items:
+        groups.setdefault(key(body), []).append((p, body))
+    out = []
+    for k in sorted(groups, key=str):
+        files = groups[k]
+        _, newest = max(files, key=lambda it: (_run_date(it[1]), it[0].name))
+        day, commit = _run_date(newest)[:10], newest.get("commit")
+        out.append(
+            sorted(
+                [
+                    (p, b)
+                    for p, b in files
+                    if _run_date(b)[:10] == day and b.get("commit") == commit
+                ],
+                key=lambda it: it[0].name,
+            )  # fmt: skip
+        )
+    return out
+
+
+def _gpu_label(body: dict) -> str:
+    return f"GPU {body['gpu_tag'][4:]}" if body.get("gpu_tag") else "-"
+
+
 def plot_serving(body: dict, plot_dir: Path) -> list[Path]:
     """One PNG per workload: grouped bars (backends) per (rate, pass), three metrics."""
     import matplotlib
@@ -101,7 +138,8 @@ def plot_serving(body: dict, plot_dir: Path) -> list[Path]:
             fontsize=10,
         )
         fig.tight_layout()
-        png = plot_dir / f"{body.get('model')}-{mode}-{workload}.png"
+        gpu = body.get("gpu_tag") or ""
+        png = plot_dir / f"{body.get('model')}-{mode}{gpu}-{workload}.png"
         fig.savefig(png, dpi=110)
         plt.close(fig)
         out.append(png)
@@ -123,9 +161,44 @@ def serving_section(items, plot_dir: Path | None, doc_dir: Path) -> list[str]:
             ),
             "",
         ]
-    for path, body in newest_by(items, lambda b: (b.get("model"), b.get("mode"))):
+    sittings = newest_sitting(items, lambda b: (b.get("model"), b.get("mode")))
+    for files in sittings:
+        if len(files) > 1:
+            lines += _serving_lanes_table(files)
+        lines += _serving_file(files, plot_dir, doc_dir)
+    return lines
+
+
+def _serving_lanes_table(files) -> list[str]:
+    """One table over the GPUs of a sitting: each ratio is to FLASH_ATTN on the same
+    GPU (a lane runs FLASH_ATTN itself), never across GPUs."""
+    body = files[0][1]
+    lines = [
+        f"### {body.get('model')} · {body.get('mode')} mode · all GPUs of the sitting",
+        "",
+        "Total token throughput relative to FLASH_ATTN on the same GPU:",
+        "",
+        "| workload | rate | pass | backend | GPU | total tok/s | vs FLASH_ATTN |",
+        "|---|---|---|---|---|---:|---:|",
+    ]
+    rows = []
+    for _, b in files:
+        for r in serving_results.ratio_to_baseline(b["records"]):
+            rows.append((r["workload"], str(r["rate"]), r["pass"], r["backend"], b, r))
+    for w, rate, pas, backend, b, r in sorted(rows, key=lambda x: x[:4]):
         lines.append(
-            f"### {body.get('model')} · {body.get('mode')} mode "
+            f"| {w} | {rate} | {pas} | {backend} | {_gpu_label(b)} | "
+            f"{r['value']:,.0f} | {r['ratio']:.2f}x |"
+        )
+    return lines + [""]
+
+
+def _serving_file(files, plot_dir: Path | None, doc_dir: Path) -> list[str]:
+    lines = []
+    for path, body in files:
+        gpu = f" · {_gpu_label(body)}" if body.get("gpu_tag") else ""
+        lines.append(
+            f"### {body.get('model')} · {body.get('mode')} mode{gpu} "
             f"({path.name}{'' if body.get('complete') else ', INCOMPLETE'})"
         )
         lines.append("")

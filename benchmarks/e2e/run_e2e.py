@@ -22,7 +22,6 @@ the run resumable: a rerun skips (backend, workload) pairs already measured, and
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 import time
@@ -226,13 +225,6 @@ def aggregate(work_dir: Path, backends, scale: float, kv: str, wanted: list[str]
     return states, records, agree
 
 
-def gpu_tag() -> str:
-    """``-gpu<i>`` when the run is pinned to one GPU of several (two e2e sittings side
-    by side on a two-GPU host are two result files; a sitting never mixes GPUs)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    return f"-gpu{visible}" if visible.isdigit() else ""
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -379,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     date = time.strftime("%Y-%m-%d", time.gmtime())
     kv = "" if args.kv_cache_dtype == "auto" else f"-kv{args.kv_cache_dtype}"
     scale = "" if args.scale == 1.0 else f"-s{args.scale:g}"
-    out = args.results_dir / f"{date}-{env['commit']}{kv}{scale}{gpu_tag()}.json"
+    out = (
+        args.results_dir / f"{date}-{env['commit']}{kv}{scale}{harness.gpu_tag()}.json"
+    )
     harness.write_json(out, body)
     print(res.format_table(records))
     for r in records:

@@ -16,7 +16,7 @@ with every pass done does not even start a server. ``--budget-s`` bounds one
 invocation.
 
 Prints the seed PRs' result block per pass and a side-by-side table with ratios to
-FLASH_ATTN; writes ``<results-dir>/<date>-<commit>-<model>[-quick].json``
+FLASH_ATTN; writes ``<results-dir>/<date>-<commit>-<model>[-quick][-gpu<i>].json``
 (environment + records). ``benchmarks/report.py`` turns those files into
 docs/performance.md + plots.
 
@@ -376,9 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         "records": records,
     }
     date = time.strftime("%Y-%m-%d", time.gmtime())
+    gpu = harness.gpu_tag()
+    body["gpu_tag"] = gpu or None
     out = (
         args.results_dir
-        / f"{date}-{commit}-{model}{'-quick' if args.quick else ''}.json"
+        / f"{date}-{commit}-{model}{'-quick' if args.quick else ''}{gpu}.json"
     )
     harness.write_json(out, body)
     print(f"[serving] wrote {out}")

@@ -291,3 +291,34 @@ def test_agreement_row_names_speculative_decoding_and_its_counters(tmp_path):
         "| TRITON_ATTN + ngram spec. decoding (4600/4664 draft tokens accepted) | 1 |"
         in text
     )
+
+
+def test_serving_sitting_on_two_gpus_is_one_table_with_same_gpu_ratios(tmp_path):
+    root = tmp_path / "results"
+    (root / "serving").mkdir(parents=True)
+    old = _serving_body()  # an earlier sitting: not shown
+    old["environment"]["stock"]["date_utc"] = "2026-11-29T10:00:00Z"
+    (root / "serving" / "2026-11-29-abc-llama-3.1-8b-quick.json").write_text(
+        json.dumps(old)
+    )
+    for gpu, fork_tps, fa_tps in ((0, 210.0, 200.0), (1, 90.0, 100.0)):
+        body = _serving_body()
+        body["commit"], body["gpu_tag"] = "def", f"-gpu{gpu}"
+        body["environment"]["stock"]["date_utc"] = f"2026-11-30T1{gpu}:00:00Z"
+        for r in body["records"]:
+            r["total_token_throughput"] = fork_tps if "fork" in r["backend"] else fa_tps
+        if gpu == 1:  # lane 1 ran another backend against its own FLASH_ATTN
+            for r in body["records"]:
+                if "fork" in r["backend"]:
+                    r["backend"] = "ROCM_ATTN"
+        name = f"2026-11-30-def-llama-3.1-8b-quick-gpu{gpu}.json"
+        (root / "serving" / name).write_text(json.dumps(body))
+    text = report.build(root, tmp_path / "performance.md", plots=False)
+    assert "all GPUs of the sitting" in text
+    assert (
+        "| sharegpt-like | inf | steady | TRITON_ATTN-fork | GPU 0 | 210 | 1.05x |"
+        in text
+    )
+    assert "| sharegpt-like | inf | steady | ROCM_ATTN | GPU 1 | 90 | 0.90x |" in text
+    assert "quick-gpu0.json" in text and "quick-gpu1.json" in text
+    assert "2026-11-29-abc" not in text
