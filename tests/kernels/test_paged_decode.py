@@ -352,6 +352,7 @@ def _call(batch, **over):
         ({}, {"num_splits": 2, "workspace": torch.empty(1, 4, 2, 64)}, "workspace"),
         ({}, {"sliding_window": 0}, "sliding_window"),
         ({}, {"logits_soft_cap": -1.0}, "logits_soft_cap"),
+        ({}, {"softmax_scale": -0.125}, "softmax_scale"),
         (
             {},
             {
@@ -372,6 +373,7 @@ def _call(batch, **over):
         "bad_workspace",
         "window0",
         "softcap_neg",
+        "scale_neg",
         "heads",
         "q_fp32",
     ],

@@ -66,8 +66,8 @@ from vllm.attention.ops.triton_attention_common import (
     page_tile_offset,
     paged_row_offsets,
     query_for_cache,
+    scores_and_scale,
     to_dot_dtype,
-    transform_scores,
 )
 from vllm.attention.ops.tuning.prefill_configs import (
     PrefillConfig,
@@ -155,7 +155,7 @@ def _attend_kv_range(
                 MASK_KEYS=MASKED,
             )
         qk = tl.dot(q, tl.trans(to_dot_dtype(k, DOT_DTYPE=q.dtype)))
-        scores = transform_scores(
+        scores, score_scale = scores_and_scale(
             qk,
             q_pos,
             k_pos,
@@ -185,7 +185,7 @@ def _attend_kv_range(
                 MASK_KEYS=MASKED,
             )
         acc, m_i, l_i = online_softmax_step(
-            acc, m_i, l_i, scores, to_dot_dtype(v, DOT_DTYPE=q.dtype)
+            acc, m_i, l_i, scores, to_dot_dtype(v, DOT_DTYPE=q.dtype), score_scale
         )
     return acc, m_i, l_i
 
@@ -715,6 +715,8 @@ def prefix_prefill_attention(
         )
     if not (sliding_window is None or sliding_window > 0):
         _fail(f"sliding_window must be None or > 0, got {sliding_window}")
+    if not softmax_scale > 0:  # the softmax takes row maxima before scaling
+        _fail(f"softmax_scale must be > 0, got {softmax_scale}")
     if not (logits_soft_cap is None or logits_soft_cap >= 0):
         _fail(f"logits_soft_cap must be None, 0 (off) or > 0, got {logits_soft_cap}")
     _check_per_head("alibi_slopes", alibi_slopes, num_q_heads, device)

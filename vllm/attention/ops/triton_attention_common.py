@@ -24,7 +24,8 @@ that both read the cache, transform scores and run the softmax the same way:
 3. Scores: ``scale_scores_log2`` (softmax scale, optional soft-cap, result in log2
    units so that the softmax uses ``exp2``), ``add_alibi_log2``, ``visibility_mask``
    (causal + sliding window + key validity) and ``transform_scores`` which chains
-   the three.
+   the three; the kernels call ``scores_and_scale``, which leaves a plain scale to
+   the softmax step (folded into exp2's argument).
 4. Online softmax (FlashAttention-2): ``init_softmax_state`` (with optional sinks),
    ``online_softmax_step`` (one KV tile) and ``finalize_output``.
 
@@ -265,6 +266,59 @@ def transform_scores(
     return scores
 
 
+@triton.jit
+def scores_and_scale(
+    qk,  # [BLOCK_M, BLOCK_N] fp32: raw q.k
+    q_pos,  # [BLOCK_M] int
+    k_pos,  # [BLOCK_N] int
+    kv_len,  # int scalar
+    qk_scale,  # fp32 scalar, > 0: softmax_scale * k_scale
+    soft_cap,  # fp32 scalar (USE_SOFT_CAP)
+    alibi_slope,  # [BLOCK_M] fp32 (USE_ALIBI)
+    sliding_window,  # int scalar (USE_WINDOW)
+    USE_SOFT_CAP: tl.constexpr,
+    USE_ALIBI: tl.constexpr,
+    APPLY_MASK: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+):
+    """``transform_scores`` with the scale left to the softmax where it can be:
+    ``(scores, score_scale)`` such that ``scores * score_scale`` is what
+    ``transform_scores`` returns.
+
+    When the transform is the scale alone (no soft-cap, no ALiBi), ``scores`` is the
+    masked raw q.k and ``score_scale`` is ``qk_scale * log2(e)``; the softmax step
+    then takes the row max of the raw scores (a positive scale does not change which
+    one is largest) and folds the scale into exp2's argument, one FMA per score where
+    a multiply and a subtraction were. Otherwise the scores are transformed here and
+    ``score_scale`` is 1.
+    """
+    if USE_SOFT_CAP or USE_ALIBI:
+        scores = transform_scores(
+            qk,
+            q_pos,
+            k_pos,
+            kv_len,
+            qk_scale,
+            soft_cap,
+            alibi_slope,
+            sliding_window,
+            USE_SOFT_CAP=USE_SOFT_CAP,
+            USE_ALIBI=USE_ALIBI,
+            APPLY_MASK=APPLY_MASK,
+            USE_WINDOW=USE_WINDOW,
+        )
+        score_scale = 1.0
+    else:
+        scores = qk
+        if APPLY_MASK:
+            visible = visibility_mask(
+                q_pos, k_pos, kv_len, sliding_window, USE_WINDOW=USE_WINDOW
+            )
+            scores = tl.where(visible, qk, float("-inf"))
+        score_scale = qk_scale * LOG2E
+    return scores, score_scale
+
+
 # --------------------------------------------------------------------------------------
 # Online softmax
 # --------------------------------------------------------------------------------------
@@ -292,18 +346,20 @@ def init_softmax_state(
 def softmax_rescale(
     m_i,  # [BLOCK_M] fp32: running max (log2 units), may be -inf
     l_i,  # [BLOCK_M] fp32: running denominator
-    scores,  # [BLOCK_M, BLOCK_N] fp32: log2 units, masked = -inf
+    scores,  # [BLOCK_M, BLOCK_N] fp32: log2 units once times score_scale; -inf masked
+    score_scale=1.0,  # fp32 > 0 (see scores_and_scale)
 ):
     """One online-softmax update without the value product.
 
-    Returns ``(p, alpha, m_new, l_new)``: ``p = exp2(scores - m_new)``, the factor
-    ``alpha`` that rescales the old accumulator, the new max and denominator. Rows
-    with no visible key so far (max still -inf) use 0 as the reference, giving
-    ``p = 0`` and ``alpha = 0`` instead of NaN from ``-inf - -inf``.
+    Returns ``(p, alpha, m_new, l_new)``: ``p = exp2(scores * score_scale - m_new)``
+    (one FMA per score), the factor ``alpha`` that rescales the old accumulator, the
+    new max and denominator. Rows with no visible key so far (max still -inf) use 0
+    as the reference, giving ``p = 0`` and ``alpha = 0`` instead of NaN from
+    ``-inf - -inf``.
     """
-    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    m_new = tl.maximum(m_i, tl.max(scores, 1) * score_scale)
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(scores - m_ref[:, None])
+    p = tl.math.exp2(scores * score_scale - m_ref[:, None])
     alpha = tl.math.exp2(m_i - m_ref)
     l_new = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_new
@@ -314,12 +370,13 @@ def online_softmax_step(
     acc,  # [BLOCK_M, HEAD_PAD] fp32: unnormalised output
     m_i,  # [BLOCK_M] fp32
     l_i,  # [BLOCK_M] fp32
-    scores,  # [BLOCK_M, BLOCK_N] fp32, log2 units, masked = -inf
+    scores,  # [BLOCK_M, BLOCK_N] fp32, log2 units once times score_scale; -inf masked
     v,  # [BLOCK_N, HEAD_PAD] in the dot dtype (bf16/fp16)
+    score_scale=1.0,  # fp32 > 0 (see scores_and_scale)
 ):
     """FlashAttention-2 step over one KV tile: rescale ``acc`` and add ``p @ v``
     (``tl.dot``, fp32 accumulation). Returns ``(acc, m_i, l_i)``."""
-    p, alpha, m_i, l_i = softmax_rescale(m_i, l_i, scores)
+    p, alpha, m_i, l_i = softmax_rescale(m_i, l_i, scores, score_scale)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, m_i, l_i

@@ -65,8 +65,8 @@ from vllm.attention.ops.triton_attention_common import (
     online_softmax_step,
     paged_row_offsets,
     query_for_cache,
+    scores_and_scale,
     to_dot_dtype,
-    transform_scores,
 )
 from vllm.attention.ops.tuning.decode_configs import DecodeConfig, get_decode_config
 from vllm.attention.ops.tuning.tables import device_gpu_name
@@ -163,7 +163,7 @@ def _attend_tiles(
         )
         k = to_dot_dtype(k, DOT_DTYPE=q.dtype)
         v = to_dot_dtype(v, DOT_DTYPE=q.dtype)
-        scores = transform_scores(
+        scores, score_scale = scores_and_scale(
             tl.dot(q, tl.trans(k)),  # [BLOCK_M, BLOCK_N] fp32
             q_pos,
             k_pos,
@@ -177,7 +177,7 @@ def _attend_tiles(
             APPLY_MASK=MASKED,
             USE_WINDOW=USE_WINDOW,
         )
-        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, scores, v)
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, scores, v, score_scale)
     return acc, m_i, l_i
 
 
@@ -673,6 +673,10 @@ def paged_decode_attention(
         raise ValueError(
             "paged_decode_attention: logits_soft_cap must be positive or None, got "
             f"{logits_soft_cap}."
+        )
+    if not softmax_scale > 0:  # the softmax takes row maxima before scaling
+        raise ValueError(
+            f"paged_decode_attention: softmax_scale must be > 0, got {softmax_scale}."
         )
 
     num_q_heads, head_size = query.shape[1], query.shape[2]
