@@ -45,18 +45,9 @@ def _load(paths) -> list[tuple[Path, dict]]:
     return out
 
 
-def newest_by(items: list[tuple[Path, dict]], key) -> list[tuple[Path, dict]]:
-    """Newest file (by name: files start with the date) per ``key(body)``."""
-    best: dict = {}
-    for p, body in items:
-        k = key(body)
-        if k not in best or p.name > best[k][0].name:
-            best[k] = (p, body)
-    return [best[k] for k in sorted(best, key=str)]
-
-
 def _run_date(body: dict) -> str:
-    """When the run wrote its file: the environment's date (one per install)."""
+    """When the run wrote its file: the environment's date (one per install); ""
+    where the file has none (e2e files: the newest is then the last by name)."""
     env = body.get("environment", {})
     dates = [e.get("date_utc", "") for e in env.values() if isinstance(e, dict)]
     return max(dates + [env.get("date_utc", "") if isinstance(env, dict) else ""])
@@ -83,7 +74,7 @@ def newest_sitting(
                     if _run_date(b)[:10] == day and b.get("commit") == commit
                 ],
                 key=lambda it: it[0].name,
-            )  # fmt: skip
+            )
         )
     return out
 
@@ -275,9 +266,8 @@ def e2e_section(items) -> list[str]:
         lines.append("")
         lines.append(e2e_results.across_sittings(full, ISSUE6_GOALS))
         lines.append("")
-    for path, body in newest_by(
-        items, lambda b: (b.get("scale"), b.get("kv_cache_dtype"))
-    ):
+    newest = newest_sitting(items, lambda b: (b.get("scale"), b.get("kv_cache_dtype")))
+    for path, body in [item for files in newest for item in files]:
         lines.append(
             f"### scale {body.get('scale')} · KV cache "
             f"{body.get('kv_cache_dtype')} ({path.name}"
@@ -321,10 +311,7 @@ def accuracy_section(items) -> list[str]:
             "",
         ]
     # the newest run: files of one day sort by commit hash, so by the run's own date
-    path, body = max(
-        items,
-        key=lambda it: (it[1].get("environment", {}).get("date_utc", ""), it[0].name),
-    )
+    path, body = max(items, key=lambda it: (_run_date(it[1]), it[0].name))
     lines.append(f"({path.name}; {_env_line(body.get('environment', {}))})")
     lines.append("")
     for label, r in body.get("backends", {}).items():

@@ -322,3 +322,20 @@ def test_serving_sitting_on_two_gpus_is_one_table_with_same_gpu_ratios(tmp_path)
     assert "| sharegpt-like | inf | steady | ROCM_ATTN | GPU 1 | 90 | 0.90x |" in text
     assert "quick-gpu0.json" in text and "quick-gpu1.json" in text
     assert "2026-11-29-abc" not in text
+
+
+def test_e2e_shows_every_gpu_file_of_the_newest_sitting(tmp_path):
+    root = tmp_path / "results"
+    (root / "e2e").mkdir(parents=True)
+    for name, commit in (
+        ("2026-11-30-aaa-s0.25.json", "aaa"),  # an earlier sitting (by name)
+        ("2026-11-30-bbb-s0.25-gpu0.json", "bbb"),
+        ("2026-11-30-bbb-s0.25-gpu1.json", "bbb"),
+    ):
+        body = _e2e_body()
+        body["commit"] = commit
+        (root / "e2e" / name).write_text(json.dumps(body))
+    text = report.build(root, tmp_path / "performance.md", plots=False)
+    assert "### scale 0.25 · KV cache auto (2026-11-30-bbb-s0.25-gpu0.json" in text
+    assert "### scale 0.25 · KV cache auto (2026-11-30-bbb-s0.25-gpu1.json" in text
+    assert "### scale 0.25 · KV cache auto (2026-11-30-aaa" not in text
