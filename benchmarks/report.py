@@ -46,11 +46,12 @@ def _load(paths) -> list[tuple[Path, dict]]:
 
 
 def _run_date(body: dict) -> str:
-    """When the run wrote its file: the environment's date (one per install); ""
-    where the file has none (e2e files: the newest is then the last by name)."""
+    """When the run wrote its file: its environment's date (one per install), or its
+    own ``date_utc``; "" where the file has neither (e2e files before f18652a: the
+    newest is then the last by name)."""
     env = body.get("environment", {})
     dates = [e.get("date_utc", "") for e in env.values() if isinstance(e, dict)]
-    return max(dates + [env.get("date_utc", "") if isinstance(env, dict) else ""])
+    return max(dates + [env.get("date_utc", ""), body.get("date_utc") or ""])
 
 
 def newest_sitting(

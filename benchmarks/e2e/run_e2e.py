@@ -357,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": env.get("torch"),
         "triton": env.get("triton"),
         "driver": env.get("driver"),
+        "date_utc": env.get("date_utc"),
         "command": shlex.join([sys.executable] + sys.argv),
         "scale": args.scale,
         "kv_cache_dtype": args.kv_cache_dtype,

@@ -327,15 +327,15 @@ def test_serving_sitting_on_two_gpus_is_one_table_with_same_gpu_ratios(tmp_path)
 def test_e2e_shows_every_gpu_file_of_the_newest_sitting(tmp_path):
     root = tmp_path / "results"
     (root / "e2e").mkdir(parents=True)
-    for name, commit in (
-        ("2026-11-30-aaa-s0.25.json", "aaa"),  # an earlier sitting (by name)
-        ("2026-11-30-bbb-s0.25-gpu0.json", "bbb"),
-        ("2026-11-30-bbb-s0.25-gpu1.json", "bbb"),
+    for name, commit, at in (
+        ("2026-11-30-fff-s0.25.json", "fff", "T09"),  # an earlier sitting
+        ("2026-11-30-bbb-s0.25-gpu0.json", "bbb", "T10"),
+        ("2026-11-30-bbb-s0.25-gpu1.json", "bbb", "T10"),
     ):
         body = _e2e_body()
-        body["commit"] = commit
+        body["commit"], body["date_utc"] = commit, f"2026-11-30{at}:00:00Z"
         (root / "e2e" / name).write_text(json.dumps(body))
     text = report.build(root, tmp_path / "performance.md", plots=False)
     assert "### scale 0.25 · KV cache auto (2026-11-30-bbb-s0.25-gpu0.json" in text
     assert "### scale 0.25 · KV cache auto (2026-11-30-bbb-s0.25-gpu1.json" in text
-    assert "### scale 0.25 · KV cache auto (2026-11-30-aaa" not in text
+    assert "### scale 0.25 · KV cache auto (2026-11-30-fff" not in text
