@@ -14,6 +14,7 @@ Argument specialisation mirrors Triton's launcher: pointers and ints divisible b
 """
 
 import dataclasses
+import re
 import sys
 
 import torch
@@ -45,6 +46,8 @@ def compile_for_target(kernel, kwargs: dict, *, target: GPUTarget = HOPPER):
         "num_warps": kwargs.pop("num_warps", 4),
         "num_stages": kwargs.pop("num_stages", 3),
     }
+    if "maxnreg" in kwargs:
+        options["maxnreg"] = kwargs.pop("maxnreg")
     constexpr_names = {kernel.arg_names[i] for i in kernel.constexprs}
     unspecialized = {p.name for p in kernel.params if p.do_not_specialize}
     signature, constexprs, attrs = {}, {}, {}
@@ -94,6 +97,7 @@ def ptx_summary(compiled) -> dict:
         # e4m3 -> bf16 goes through fp16 on sm_90: the second conversion per element
         # that fp8 caches avoid by running their dots in fp16.
         "cvt_bf16_f16": ptx.count("cvt.bf16.f16"),
+        "maxnreg": int(m.group(1)) if (m := re.search(r"\.maxnreg (\d+)", ptx)) else 0,
         "shared_bytes": compiled.metadata.shared,
     }
 
@@ -134,10 +138,20 @@ def _amd_prefix_prefill_kwargs():
 def _prefix_prefill_cases():
     """Production-like launches of the prefill kernel (configs from the heuristic)."""
     from vllm.attention.ops import prefix_prefill as pp
-    from vllm.attention.ops.tuning.prefill_configs import heuristic_prefill_config
+    from vllm.attention.ops.tuning.prefill_configs import (
+        PrefillConfig,
+        heuristic_prefill_config,
+    )
 
     def launch(
-        head_size, group, block_size, cache_dtype, max_query_len, use_tma=False, **extra
+        head_size,
+        group,
+        block_size,
+        cache_dtype,
+        max_query_len,
+        use_tma=False,
+        config=None,
+        **extra,
     ):
         num_kv_heads = 2
         query = torch.empty((64, num_kv_heads * group, head_size), dtype=torch.bfloat16)
@@ -146,7 +160,7 @@ def _prefix_prefill_cases():
         )
         fp8 = cache_dtype != torch.bfloat16
         scale = torch.ones(1) if fp8 else None
-        config = heuristic_prefill_config(
+        config = config or heuristic_prefill_config(
             head_size=head_size, group=group, max_query_len=max_query_len
         )
         config = dataclasses.replace(config, use_tma=use_tma)
@@ -192,6 +206,11 @@ def _prefix_prefill_cases():
     yield launch(256, 2, 128, torch.bfloat16, 16384)
     # K/V tiles by TMA (the tile lies in one page).
     yield launch(128, 4, 64, torch.bfloat16, 4096, use_tma=True)
+    # A register cap, as the launcher passes it on a CUDA device: a 64x64 4-warp
+    # program in 168 registers, so that three fit an SM instead of two.
+    one_stage = PrefillConfig(64, 64, 4, 1, use_tma=True, maxnreg=168)
+    name, kwargs = launch(128, 4, 64, torch.bfloat16, 4096, True, one_stage)
+    yield name, {**kwargs, "maxnreg": 168}
     yield launch(
         128, 8, 64, torch.float8_e4m3fn, 1024, use_tma=True, sliding_window=128
     )
@@ -231,6 +250,7 @@ def main() -> int:
         good = summary["wgmma"] > 0 and summary["cp_async"] > 0
         good &= (summary["tma"] > 0) == kwargs["USE_TMA"]
         good &= not (kwargs["IS_FP8"] and summary["cvt_bf16_f16"])
+        good &= summary["maxnreg"] == kwargs.get("maxnreg", 0)
         ok &= good
         print(f"{'ok ' if good else 'BAD'} {name}: {summary}")
     for name, kwargs in _cache_write_cases():

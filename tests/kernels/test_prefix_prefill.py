@@ -671,6 +671,7 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         "num_warps": (4,),
         "num_stages": (2,),
         "use_tma": (False, True),
+        "maxnreg": (0,),
     }
     got = list(tune._candidates(128, torch.bfloat16, 4, 64, space))
     assert got == [
@@ -678,3 +679,22 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         PrefillConfig(64, 32, 4, 2, True),
         PrefillConfig(64, 128, 4, 2, False),
     ]
+
+
+def test_register_cap_reaches_only_nvidia_launches(monkeypatch):
+    """maxnreg is a Triton launch option on NVIDIA; ROCm and the interpreter do not
+    take it (the sm_90 compile check sees it as .maxnreg in the PTX)."""
+    from vllm.attention.ops.prefix_prefill import compile_options
+
+    capped = PrefillConfig(64, 64, 4, 1, use_tma=True, maxnreg=168)
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert compile_options(capped, cuda) == {
+        "num_warps": 4,
+        "num_stages": 1,
+        "maxnreg": 168,
+    }
+    assert "maxnreg" not in compile_options(capped, cpu)
+    assert "maxnreg" not in compile_options(PrefillConfig(64, 64, 4, 1), cuda)
+    monkeypatch.setattr(torch.version, "hip", "7.0")
+    assert "maxnreg" not in compile_options(capped, cuda)

@@ -524,9 +524,17 @@ def _launch_arguments(
         "USE_ALIBI": alibi_slopes is not None,
         "USE_WINDOW": sliding_window is not None,
         "USE_SINKS": sinks is not None,
-        "num_warps": config.num_warps,
-        "num_stages": config.num_stages,
+        **compile_options(config, query.device),
     }
+
+
+def compile_options(config: PrefillConfig, device: torch.device) -> dict:
+    """Triton's launch options of ``config`` on ``device``: warps and stages, and
+    the register cap where it applies (NVIDIA; not ROCm, not the interpreter)."""
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    if config.maxnreg and device.type == "cuda" and torch.version.hip is None:
+        options["maxnreg"] = config.maxnreg
+    return options
 
 
 def _launch(**kwargs) -> None:

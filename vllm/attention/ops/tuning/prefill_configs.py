@@ -40,6 +40,9 @@ PREFILL_CONFIG_SPACE = {
     "num_warps": (4, 8),
     "num_stages": (1, 2, 3, 4),
     "use_tma": (False, True),
+    # 0: ptxas's own choice. A cap lets more programs share an SM (e.g. 168 x 128
+    # threads: three 4-warp programs instead of two); sweep it with --maxnreg.
+    "maxnreg": (0,),
 }
 
 
@@ -54,6 +57,9 @@ class PrefillConfig:
     use_tma: load K/V tiles through TMA descriptors. Honoured only where it can
         be (NVIDIA sm_90+, block_n dividing the page size, power-of-two head size);
         elsewhere the pointer loads run instead, with the same result.
+    maxnreg: registers per thread the compiler may use (NVIDIA; 0 = its own
+        choice). Fewer registers per program can fit more programs per SM, at the
+        risk of spills; ignored on ROCm and in the interpreter.
     """
 
     block_m: int
@@ -61,6 +67,7 @@ class PrefillConfig:
     num_warps: int
     num_stages: int
     use_tma: bool = False
+    maxnreg: int = 0
 
 
 def query_len_bucket(max_query_len: int) -> int:
@@ -85,6 +92,7 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         and config.block_n >= 16
         and smem <= SMEM_BYTES
         and not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 64)
+        and (config.maxnreg == 0 or 64 <= config.maxnreg <= 255)
     )
 
 
