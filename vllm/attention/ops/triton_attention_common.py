@@ -23,9 +23,9 @@ that both read the cache, transform scores and run the softmax the same way:
    (``finalize_output``). ``quantize_fp8`` is the inverse used by the cache write.
 3. Scores: ``scale_scores_log2`` (softmax scale, optional soft-cap, result in log2
    units so that the softmax uses ``exp2``), ``add_alibi_log2``, ``visibility_mask``
-   (causal + sliding window + key validity) and ``transform_scores`` which chains
-   the three; the kernels call ``scores_and_scale``, which leaves a plain scale to
-   the softmax step (folded into exp2's argument).
+   (causal + sliding window + key validity) and ``scores_and_scale`` which chains
+   the three, leaving a plain scale to the softmax step (folded into exp2's
+   argument).
 4. Online softmax (FlashAttention-2): ``init_softmax_state`` (with optional sinks),
    ``online_softmax_step`` (one KV tile) and ``finalize_output``.
 
@@ -239,34 +239,6 @@ def visibility_mask(
 
 
 @triton.jit
-def transform_scores(
-    qk,  # [BLOCK_M, BLOCK_N] fp32: raw q.k
-    q_pos,  # [BLOCK_M] int
-    k_pos,  # [BLOCK_N] int
-    kv_len,  # int scalar
-    qk_scale,  # fp32 scalar: softmax_scale * k_scale
-    soft_cap,  # fp32 scalar (USE_SOFT_CAP)
-    alibi_slope,  # [BLOCK_M] fp32 (USE_ALIBI)
-    sliding_window,  # int scalar (USE_WINDOW)
-    USE_SOFT_CAP: tl.constexpr,
-    USE_ALIBI: tl.constexpr,
-    APPLY_MASK: tl.constexpr,  # False for tiles known to be fully visible
-    USE_WINDOW: tl.constexpr,
-):
-    """Raw q.k -> masked scores in log2 units, in the order of the contract:
-    scale, soft-cap, ALiBi, then causal/window/length mask (masked = -inf)."""
-    scores = scale_scores_log2(qk, qk_scale, soft_cap, USE_SOFT_CAP=USE_SOFT_CAP)
-    if USE_ALIBI:
-        scores = add_alibi_log2(scores, alibi_slope, q_pos, k_pos)
-    if APPLY_MASK:
-        visible = visibility_mask(
-            q_pos, k_pos, kv_len, sliding_window, USE_WINDOW=USE_WINDOW
-        )
-        scores = tl.where(visible, scores, float("-inf"))
-    return scores
-
-
-@triton.jit
 def scores_and_scale(
     qk,  # [BLOCK_M, BLOCK_N] fp32: raw q.k
     q_pos,  # [BLOCK_M] int
@@ -278,44 +250,33 @@ def scores_and_scale(
     sliding_window,  # int scalar (USE_WINDOW)
     USE_SOFT_CAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
-    APPLY_MASK: tl.constexpr,
+    APPLY_MASK: tl.constexpr,  # False for tiles known to be fully visible
     USE_WINDOW: tl.constexpr,
 ):
-    """``transform_scores`` with the scale left to the softmax where it can be:
-    ``(scores, score_scale)`` such that ``scores * score_scale`` is what
-    ``transform_scores`` returns.
+    """Raw q.k -> ``(scores, score_scale)``: ``scores * score_scale`` are the scores
+    in log2 units, transformed in the order of the contract (scale, soft-cap, ALiBi,
+    then the causal/window/length mask, masked = -inf).
 
-    When the transform is the scale alone (no soft-cap, no ALiBi), ``scores`` is the
-    masked raw q.k and ``score_scale`` is ``qk_scale * log2(e)``; the softmax step
-    then takes the row max of the raw scores (a positive scale does not change which
-    one is largest) and folds the scale into exp2's argument, one FMA per score where
-    a multiply and a subtraction were. Otherwise the scores are transformed here and
+    When the scale is the only transform (no soft-cap, no ALiBi), ``scores`` is the
+    masked raw q.k and ``score_scale`` is ``qk_scale * log2(e)``: the softmax step
+    takes the row max of the raw scores (a positive scale does not change which one
+    is largest) and folds the scale into exp2's argument, one FMA per score where a
+    multiply and a subtraction were. Otherwise the scores are transformed here and
     ``score_scale`` is 1.
     """
     if USE_SOFT_CAP or USE_ALIBI:
-        scores = transform_scores(
-            qk,
-            q_pos,
-            k_pos,
-            kv_len,
-            qk_scale,
-            soft_cap,
-            alibi_slope,
-            sliding_window,
-            USE_SOFT_CAP=USE_SOFT_CAP,
-            USE_ALIBI=USE_ALIBI,
-            APPLY_MASK=APPLY_MASK,
-            USE_WINDOW=USE_WINDOW,
-        )
+        scores = scale_scores_log2(qk, qk_scale, soft_cap, USE_SOFT_CAP=USE_SOFT_CAP)
+        if USE_ALIBI:
+            scores = add_alibi_log2(scores, alibi_slope, q_pos, k_pos)
         score_scale = 1.0
     else:
         scores = qk
-        if APPLY_MASK:
-            visible = visibility_mask(
-                q_pos, k_pos, kv_len, sliding_window, USE_WINDOW=USE_WINDOW
-            )
-            scores = tl.where(visible, qk, float("-inf"))
         score_scale = qk_scale * LOG2E
+    if APPLY_MASK:
+        visible = visibility_mask(
+            q_pos, k_pos, kv_len, sliding_window, USE_WINDOW=USE_WINDOW
+        )
+        scores = tl.where(visible, scores, float("-inf"))
     return scores, score_scale
 
 
