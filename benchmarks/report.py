@@ -449,7 +449,8 @@ def _cfg(config: dict | None) -> str:
         f"{config['block_m']}x{config['block_n']} w{config['num_warps']} "
         f"s{config['num_stages']}"
     )
-    return text + (" tma" if config.get("use_tma") else "")
+    text += " tma" if config.get("use_tma") else ""
+    return text + (f" r{config['maxnreg']}" if config.get("maxnreg") else "")
 
 
 def notes_section(path: Path) -> list[str]:

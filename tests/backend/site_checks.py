@@ -551,7 +551,7 @@ def check_warm_up():
 
     from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
 
-    # 64 requests: split counts 16, 8 and 4 with 2 KV heads on 132 SMs.
+    # 64 requests: split counts 64, 32, 16, 8 and 4 with 2 KV heads on 132 SMs.
     builder = _builder(16, 64, torch.bfloat16, max_num_seqs=64)
     plan = builder.warm_up_plan(block_table_stride=64)
     decodes = [b for b in plan if b.max_query_len is None]

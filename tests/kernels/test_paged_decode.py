@@ -189,7 +189,7 @@ def test_decode_features(case, num_splits):
     )
 
 
-@pytest.mark.parametrize("num_splits", [2, 3, MAX_NUM_SPLITS, 64])
+@pytest.mark.parametrize("num_splits", sorted({2, 3, 16, MAX_NUM_SPLITS}))
 def test_split_counts_and_empty_splits(num_splits):
     # 3 splits: uneven shares; 16 splits over <= 5 tiles: most splits are empty and
     # must contribute nothing. The workspace starts as NaN (no stale reads).
@@ -271,10 +271,21 @@ def test_choose_num_splits():
     # Llama-3.1-8B (8 KV heads) on an H200 (132 SMs).
     splits = {
         b: choose_num_splits(num_seqs=b, num_kv_heads=8, num_sms=132)
-        for b in (1, 8, 16, 34, 50)
+        for b in (1, 2, 3, 4, 6, 7, 8, 16, 34, 50)
     }
-    assert splits == {1: 16, 8: 8, 16: 4, 34: 2, 50: 1}
-    assert choose_num_splits(num_seqs=0, num_kv_heads=8, num_sms=132) == 16
+    assert splits == {
+        1: 64,
+        2: 32,
+        3: 32,
+        4: 16,
+        6: 16,
+        7: 8,
+        8: 8,
+        16: 4,
+        34: 2,
+        50: 1,
+    }
+    assert choose_num_splits(num_seqs=0, num_kv_heads=8, num_sms=132) == 64
 
 
 def test_decode_tuning_tables_load(tmp_path, monkeypatch):
