@@ -77,8 +77,13 @@ PREFILL_POINTS = [
     (1, 1024, 16384), (16, 512, 2048),
 ]  # fmt: skip
 BLOCK_SIZES = (16, 64)  # 16: stock vLLM's default page; 64: ours preferred
-FP8_DECODE_POINTS = [(1, 32768), (64, 8192)]  # llama-3.1-8b, block 64, fp8 cache
-FP8_PREFILL_POINTS = [(1, 8192, 8192), (1, 1024, 16384)]  # the same, prefill
+FP8_DECODE_POINTS = [(1, 32768), (16, 4096), (64, 8192), (256, 2048)]  # 8B, page 64
+FP8_PREFILL_POINTS = [
+    (1, 2048, 2048),
+    (1, 8192, 8192),
+    (4, 4096, 4096),
+    (1, 1024, 16384),
+]
 
 QUICK = {
     "decode": [("llama-3.1-8b", 16, b, c) for b, c in [(1, 8192), (64, 2048)]]
@@ -335,14 +340,27 @@ def caller_ours(s: Shape, inp: Inputs) -> Runner:
 def caller_fa3(s: Shape, inp: Inputs) -> Runner:
     if stock.flash_attn_varlen_func is None:
         raise Skip(stock.fa3_reason)
-    if s.kv_dtype != s.dtype:
-        raise Skip("FA3 needs the query in the cache dtype (fp8 q); not compared")
     k, v = inp.nhd_caches()
+    q, descales = inp.query, {}
+    if inp.k_scale is not None:
+        # As vLLM's FlashAttention backend with an fp8 cache: the attention layer
+        # hands FA3 a query quantised to the cache's format (here once, outside the
+        # timing, with a per-tensor scale from its largest value), and per-(sequence,
+        # KV head) descales of q, K and V.
+        fp8 = k.dtype
+        q_scale = (inp.query.float().abs().amax() / torch.finfo(fp8).max).reshape(1)
+        q = (inp.query.float() / q_scale).to(fp8)
+        shape = (s.batch, s.num_kv_heads)
+        descales = {
+            "q_descale": q_scale.expand(shape),
+            "k_descale": inp.k_scale.expand(shape),
+            "v_descale": inp.v_scale.expand(shape),
+        }
     out = torch.empty_like(inp.query)
 
     def run(i):
         stock.flash_attn_varlen_func(
-            q=inp.query,
+            q=q,
             k=k,
             v=v,
             out=out,
@@ -354,6 +372,7 @@ def caller_fa3(s: Shape, inp: Inputs) -> Runner:
             causal=True,
             block_table=inp.block_tables[i],
             fa_version=3,
+            **descales,
         )
 
     return Runner(run, out, note="num_splits=0 (FA3 heuristic)")
@@ -764,6 +783,13 @@ def main() -> None:
         help="measure only these kernels' points",
     )
     p.add_argument(
+        "--kv-dtypes",
+        nargs="+",
+        default=["bf16", "fp8"],
+        choices=["bf16", "fp8"],
+        help="measure only the points with these KV-cache dtypes",
+    )
+    p.add_argument(
         "--interpret",
         action="store_true",
         help="TRITON_INTERPRET=1 on the CPU: ours + reference only",
@@ -793,7 +819,12 @@ def main() -> None:
     on_gpu = torch.cuda.is_available() and not args.interpret
     if not on_gpu and not args.interpret:
         sys.exit("no GPU: use --interpret --tiny for a CPU smoke run")
-    shapes = [s for s in sweep(args) if s.kernel in args.kernels]
+    shapes = [
+        s
+        for s in sweep(args)
+        if s.kernel in args.kernels
+        and ("fp8" if s.kv_dtype.startswith("float8") else "bf16") in args.kv_dtypes
+    ]
     global DECODE_MAX_SPLITS
     DECODE_MAX_SPLITS = args.decode_max_splits
     out_dir = Path(args.results_dir)
@@ -837,6 +868,8 @@ def main() -> None:
     # runs of a subset or another split cap in the same minute must not overwrite
     if sorted(set(args.kernels)) != ["decode", "prefill"]:
         suffix += "-" + "-".join(sorted(set(args.kernels)))
+    if sorted(set(args.kv_dtypes)) != ["bf16", "fp8"]:
+        suffix += "-" + "-".join(sorted(set(args.kv_dtypes)))
     if args.decode_max_splits is not None:
         suffix += f"-splits{args.decode_max_splits}"
     path = out_dir / f"{stamp}-{result['commit']}{suffix}.json"

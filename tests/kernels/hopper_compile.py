@@ -91,6 +91,8 @@ def ptx_summary(compiled) -> dict:
     ptx = compiled.asm["ptx"]
     return {
         "wgmma": ptx.count("wgmma.mma_async"),
+        # fp8_qk: q.k on fp8 tensor cores (wgmma with e4m3 operands).
+        "wgmma_e4m3": ptx.count("e4m3.e4m3"),
         "mma_sync": ptx.count("mma.sync"),
         "cp_async": ptx.count("cp.async"),
         "tma": ptx.count("cp.async.bulk.tensor"),
@@ -214,6 +216,9 @@ def _prefix_prefill_cases():
     yield launch(
         128, 8, 64, torch.float8_e4m3fn, 1024, use_tma=True, sliding_window=128
     )
+    # fp8_qk: q.k on fp8 tensor cores, p.v in fp16 (V still converted).
+    fp8_qk = PrefillConfig(64, 64, 4, 2, use_tma=True, fp8_qk=True)
+    yield launch(128, 4, 64, torch.float8_e4m3fn, 4096, True, fp8_qk)
 
 
 def _cache_write_cases(*cache_dtypes):
@@ -239,7 +244,8 @@ def main() -> int:
     """Compile the kernels' production shapes for sm_90 (and one for MI300) and
     print one line each. Fails unless everything compiles, every Hopper prefill
     shape uses wgmma and cp.async (TMA where asked), no fp8-cache shape converts
-    through bf16, and the MI300 one uses MFMA."""
+    through bf16, fp8 q.k runs on e4m3 wgmma exactly where asked, and the MI300 one
+    uses MFMA."""
     from vllm.attention.ops.paged_cache_write import _paged_cache_write_kernel
     from vllm.attention.ops.prefix_prefill import _prefix_prefill_kernel
 
@@ -251,6 +257,7 @@ def main() -> int:
         good &= (summary["tma"] > 0) == kwargs["USE_TMA"]
         good &= not (kwargs["IS_FP8"] and summary["cvt_bf16_f16"])
         good &= summary["maxnreg"] == kwargs.get("maxnreg", 0)
+        good &= (summary["wgmma_e4m3"] > 0) == kwargs["FP8_QK"]
         ok &= good
         print(f"{'ok ' if good else 'BAD'} {name}: {summary}")
     for name, kwargs in _cache_write_cases():

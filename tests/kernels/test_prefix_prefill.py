@@ -62,6 +62,8 @@ def _case(name, **overrides):
         "alibi": False,
         "soft_cap": None,
         "sinks": False,
+        "q_on_fp8_grid": False,
+        "tolerance": None,  # (dtype, atol, rtol); default TOLERANCES[q_dtype]
     }
     base.update(overrides)
     return pytest.param(base, id=name)
@@ -157,6 +159,34 @@ CASES = [
         seqs=[(5, 29), (1, 1), (12, 12), (19, 50)],
         config=PrefillConfig(16, 16, 4, 1, use_tma=True),
     ),
+    # fp8_qk (q.k on fp8 tensor cores): queries already on the e4m3 grid with the
+    # same largest magnitude in every row, so the kernel's quantisation is exact and
+    # the bf16 tolerance applies (a wrong or missing query scale fails it).
+    _case(
+        "fp8-qk-exact-d64-fnuz",
+        cache_dtype=torch.float8_e4m3fnuz,
+        num_q_heads=4,
+        seqs=[(5, 29), (1, 1), (20, 47)],
+        config=PrefillConfig(16, 16, 4, 1, fp8_qk=True),
+        q_on_fp8_grid=True,
+    ),
+    _case(
+        "fp8-qk-exact-tma",
+        cache_dtype=torch.float8_e4m3fn,
+        num_q_heads=4,
+        seqs=[(5, 29), (19, 50)],
+        config=PrefillConfig(16, 16, 4, 1, use_tma=True, fp8_qk=True),
+        q_on_fp8_grid=True,
+    ),
+    # fp8_qk on ordinary queries: the query's e4m3 rounding (3 mantissa bits) adds
+    # ~0.06-0.08 of error at outputs of magnitude ~3 (0.015 without fp8_qk).
+    _case(
+        "fp8-qk-all-features-g4",
+        **ALL_FEATURES_FP8,
+        seqs=[(5, 29), (1, 1), (12, 12), (40, 90)],
+        config=PrefillConfig(16, 16, 4, 1, fp8_qk=True),
+        tolerance=(torch.bfloat16, 0.15, 0.05),
+    ),
     # use_tma where TMA cannot apply (tile spans pages; head size not a power of
     # two): the pointer loads run instead.
     _case(
@@ -200,6 +230,22 @@ def _run(
     )
 
 
+def _put_query_on_fp8_grid(batch, fp8_dtype, head_size):
+    """Make ``fp8_qk``'s quantisation exact: every query row holds fp8 values times
+    one power of two, and its first element is the format's largest value. With a
+    power-of-two softmax scale (head size 64), each program's tile then has the same
+    largest magnitude, its scale is a power of two and q / scale is q's fp8 value."""
+    assert head_size == 64, "the softmax scale 1/8 must be a power of two"
+    fp8_max = torch.finfo(fp8_dtype).max
+    gen = torch.Generator().manual_seed(7)
+    grid = (torch.randn(batch.query.shape, generator=gen) * fp8_max / 4).clamp(
+        -fp8_max, fp8_max
+    )
+    grid = grid.to(fp8_dtype).float()
+    grid[..., 0] = fp8_max
+    batch.query.copy_((grid * 2.0**-8).to(batch.query.dtype))
+
+
 def _check_case(case, seed=0):
     if case["cache_dtype"] is not None:
         reason = fp8_skip_reason(case["cache_dtype"])
@@ -215,6 +261,8 @@ def _check_case(case, seed=0):
         cache_dtype=case["cache_dtype"],
         seed=seed,
     )
+    if case.get("q_on_fp8_grid"):
+        _put_query_on_fp8_grid(batch, case["cache_dtype"], case["head_size"])
     gen = torch.Generator().manual_seed(seed + 1)
     heads = case["num_q_heads"]
     alibi_slopes = sinks = None
@@ -236,7 +284,7 @@ def _check_case(case, seed=0):
         sinks=sinks,
         **batch.ref_kwargs(),
     )
-    dtype, atol, rtol = TOLERANCES[case["q_dtype"]]
+    dtype, atol, rtol = case.get("tolerance") or TOLERANCES[case["q_dtype"]]
     assert_close(output, expected, dtype=dtype, atol=atol, rtol=rtol)
 
 
@@ -657,8 +705,9 @@ def test_block_offsets_past_int32():
 
 
 def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
-    """The tuner sweeps exactly PrefillConfig's fields, and drops use_tma candidates
-    whose tile spans pages (they would time the pointer loads twice)."""
+    """The tuner sweeps exactly PrefillConfig's fields, drops use_tma candidates
+    whose tile spans pages (they would time the pointer loads twice) and fp8_qk
+    candidates for 16-bit caches (nothing to quantise to)."""
     import dataclasses
 
     from vllm.attention.ops.tuning import tune_prefix_prefill as tune
@@ -672,12 +721,19 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         "num_stages": (2,),
         "use_tma": (False, True),
         "maxnreg": (0,),
+        "fp8_qk": (False, True),
     }
     got = list(tune._candidates(128, torch.bfloat16, 4, 64, space))
     assert got == [
         PrefillConfig(64, 32, 4, 2, False),
         PrefillConfig(64, 32, 4, 2, True),
         PrefillConfig(64, 128, 4, 2, False),
+    ]
+    got = list(tune._candidates(128, torch.float8_e4m3fn, 4, 64, space))
+    assert [c for c in got if c.fp8_qk] == [
+        PrefillConfig(64, 32, 4, 2, False, fp8_qk=True),
+        PrefillConfig(64, 32, 4, 2, True, fp8_qk=True),
+        PrefillConfig(64, 128, 4, 2, False, fp8_qk=True),
     ]
 
 

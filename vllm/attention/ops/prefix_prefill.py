@@ -45,7 +45,9 @@ of a Triton Attention Kernel", arXiv 2511.11581):
 * Scores are fp32 in log2 units (log2(e) folded into the scale) so the softmax
   uses exp2; soft-cap, ALiBi, sinks and fp8 scales are constexpr-gated. With an fp8
   cache both dots run in fp16 whatever the query dtype (``query_for_cache``: one
-  e4m3 -> fp16 conversion per element instead of two to reach bf16).
+  e4m3 -> fp16 conversion per element instead of two to reach bf16); with the
+  config's ``fp8_qk`` the query tile is quantised to the cache's format once per
+  program and q.k runs on fp8 tensor cores (``FP8_QK``), only V is converted.
 * Launch tiles come from a table keyed on (head size, dtypes, group, page size,
   bucketed max query length), with a heuristic fallback: see ``tuning/``. There is
   no autotuning and no host sync at launch (``max_query_len`` is a host int).
@@ -65,6 +67,7 @@ from vllm.attention.ops.triton_attention_common import (
     online_softmax_step,
     page_tile_offset,
     paged_row_offsets,
+    quantize_fp8,
     query_for_cache,
     scores_and_scale,
     to_dot_dtype,
@@ -111,6 +114,7 @@ def _attend_kv_range(
     HEAD_PAD: tl.constexpr,
     TILE_IN_PAGE: tl.constexpr,  # BLOCK_N divides BLOCK_SIZE: one page per tile
     USE_TMA: tl.constexpr,  # load K/V tiles by TMA (needs TILE_IN_PAGE)
+    FP8_QK: tl.constexpr,  # q is fp8 (the cache's format): V goes to fp16 for p.v
     MASKED: tl.constexpr,  # False: every key of every tile is visible to every row
     USE_SOFT_CAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
@@ -184,9 +188,8 @@ def _attend_kv_range(
                 HEAD_PAD=HEAD_PAD,
                 MASK_KEYS=MASKED,
             )
-        acc, m_i, l_i = online_softmax_step(
-            acc, m_i, l_i, scores, to_dot_dtype(v, DOT_DTYPE=q.dtype), score_scale
-        )
+        v = to_dot_dtype(v, DOT_DTYPE=tl.float16 if FP8_QK else q.dtype)
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, scores, v, score_scale)
     return acc, m_i, l_i
 
 
@@ -231,6 +234,8 @@ def _prefix_prefill_kernel(
     TILE_IN_PAGE: tl.constexpr,  # BLOCK_N divides BLOCK_SIZE
     USE_TMA: tl.constexpr,  # K/V by TMA: sm_90+, TILE_IN_PAGE, HEAD_PAD == HEAD_SIZE
     IS_FP8: tl.constexpr,
+    FP8_QK: tl.constexpr,  # IS_FP8 and the config's fp8_qk
+    FP8_MAX: tl.constexpr,  # largest finite value of the cache's fp8 format
     USE_SOFT_CAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -270,6 +275,15 @@ def _prefix_prefill_kernel(
     q, qk_scale, v_scale = query_for_cache(
         q, softmax_scale, k_scale_ptr, v_scale_ptr, IS_FP8=IS_FP8
     )
+    if FP8_QK:
+        # q.k on fp8 tensor cores: the tile in the cache's format, one scale for
+        # the program (its largest |q| maps to FP8_MAX; an all-zero tile gets 1).
+        q_amax = tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0)
+        q_scale = tl.where(q_amax > 0.0, q_amax / FP8_MAX, 1.0)
+        q = quantize_fp8(
+            q, q_scale, FP8_MAX=FP8_MAX, FP8_DTYPE=key_cache_ptr.dtype.element_ty
+        )
+        qk_scale = qk_scale * q_scale
     alibi_slope = tl.zeros([BLOCK_M], dtype=tl.float32)
     if USE_ALIBI:
         alibi_slope = tl.load(alibi_slopes_ptr + q_head, mask=row_valid, other=0.0)
@@ -331,6 +345,7 @@ def _prefix_prefill_kernel(
             HEAD_PAD=HEAD_PAD,
             TILE_IN_PAGE=TILE_IN_PAGE,
             USE_TMA=USE_TMA,
+            FP8_QK=FP8_QK,
             MASKED=True,
             USE_SOFT_CAP=USE_SOFT_CAP,
             USE_ALIBI=USE_ALIBI,
@@ -364,6 +379,7 @@ def _prefix_prefill_kernel(
         HEAD_PAD=HEAD_PAD,
         TILE_IN_PAGE=TILE_IN_PAGE,
         USE_TMA=USE_TMA,
+        FP8_QK=FP8_QK,
         MASKED=False,
         USE_SOFT_CAP=USE_SOFT_CAP,
         USE_ALIBI=USE_ALIBI,
@@ -397,6 +413,7 @@ def _prefix_prefill_kernel(
         HEAD_PAD=HEAD_PAD,
         TILE_IN_PAGE=TILE_IN_PAGE,
         USE_TMA=USE_TMA,
+        FP8_QK=FP8_QK,
         MASKED=True,
         USE_SOFT_CAP=USE_SOFT_CAP,
         USE_ALIBI=USE_ALIBI,
@@ -520,6 +537,8 @@ def _launch_arguments(
         "TILE_IN_PAGE": tile_in_page,
         "USE_TMA": use_tma,
         "IS_FP8": is_fp8,
+        "FP8_QK": is_fp8 and config.fp8_qk,
+        "FP8_MAX": float(torch.finfo(key_cache.dtype).max) if is_fp8 else 0.0,
         "USE_SOFT_CAP": bool(logits_soft_cap),
         "USE_ALIBI": alibi_slopes is not None,
         "USE_WINDOW": sliding_window is not None,

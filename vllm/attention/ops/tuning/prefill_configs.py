@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Launch configurations of the prefix-prefill kernel: table lookup + heuristic.
 
-A configuration is ``(block_m, block_n, num_warps, num_stages, use_tma)``. It is
+A configuration is ``(block_m, block_n, num_warps, num_stages, use_tma, maxnreg,
+fp8_qk)``. It is
 chosen per *problem key*, the properties that change which tiles are fast:
 
     head_size, q_dtype, kv_dtype, group (q heads per KV head), block_size,
@@ -43,6 +44,8 @@ PREFILL_CONFIG_SPACE = {
     # 0: ptxas's own choice. A cap lets more programs share an SM (e.g. 168 x 128
     # threads: three 4-warp programs instead of two); sweep it with --maxnreg.
     "maxnreg": (0,),
+    # fp8 caches only: q.k on fp8 tensor cores (sweep it with --fp8-qk 0 1).
+    "fp8_qk": (False,),
 }
 
 
@@ -60,6 +63,12 @@ class PrefillConfig:
     maxnreg: registers per thread the compiler may use (NVIDIA; 0 = its own
         choice). Fewer registers per program can fit more programs per SM, at the
         risk of spills; ignored on ROCm and in the interpreter.
+    fp8_qk: fp8 caches only: quantise the query tile to the cache's fp8 format
+        (one scale per program, its largest magnitude mapped to the format's
+        maximum) and run q.k on fp8 tensor cores, K straight from the cache with
+        no conversion; p.v stays in fp16. It adds the query's e4m3 rounding to
+        the key's (FlashAttention-3 in vLLM quantises q too, with a fixed scale).
+        Ignored for 16-bit caches.
     """
 
     block_m: int
@@ -68,6 +77,7 @@ class PrefillConfig:
     num_stages: int
     use_tma: bool = False
     maxnreg: int = 0
+    fp8_qk: bool = False
 
 
 def query_len_bucket(max_query_len: int) -> int:
@@ -93,6 +103,7 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         and smem <= SMEM_BYTES
         and not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 64)
         and (config.maxnreg == 0 or 64 <= config.maxnreg <= 255)
+        and not (config.fp8_qk and kv_bytes != 1)
     )
 
 

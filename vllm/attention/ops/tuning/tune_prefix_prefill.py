@@ -118,7 +118,9 @@ def _is_correct(config, small, head_size) -> bool:
         k_scale=None if small["k_scale"] is None else small["k_scale"].item(),
         v_scale=None if small["v_scale"] is None else small["v_scale"].item(),
     )
-    return bool(torch.allclose(out, ref, atol=2e-2, rtol=2e-2))
+    # fp8_qk rounds the query to e4m3 as well (tests/kernels: ~0.07 at outputs ~3).
+    atol, rtol = (0.15, 0.05) if config.fp8_qk else (2e-2, 2e-2)
+    return bool(torch.allclose(out, ref, atol=atol, rtol=rtol))
 
 
 def _candidates(head_size, kv_dtype, group, block_size, space):
