@@ -9,6 +9,8 @@ the same requests: ``first`` (what a fresh server sees; Triton JIT included) and
 ``steady`` (the first pass was its warm-up; ``bench serve`` itself sends one untimed
 test request before each pass). Prefix caching is off so the repeat pays its prefill.
 A steady pass resumed on a new server first gets an untimed pass of its own.
+``--quick --rates`` adds the request rates at quick sizes, one steady pass each
+(they follow the saturated passes over the same requests).
 
 Resumable: each pass's ``vllm bench serve`` JSON lands in
 ``<work-dir>/<model>-<mode>/<backend>/<pass key>.json`` and is not rerun; a backend
@@ -16,7 +18,7 @@ with every pass done does not even start a server. ``--budget-s`` bounds one
 invocation.
 
 Prints the seed PRs' result block per pass and a side-by-side table with ratios to
-FLASH_ATTN; writes ``<results-dir>/<date>-<commit>-<model>[-quick][-gpu<i>].json``
+FLASH_ATTN; writes ``<results-dir>/<date>-<commit>-<model>[-quick|-quick-rates][-gpu<i>].json``
 (environment + records). ``benchmarks/report.py`` turns those files into
 docs/performance.md + plots.
 
@@ -303,6 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-rates", action="store_true", help="skip request-rate passes")
     p.add_argument(
+        "--rates",
+        action="store_true",
+        help="with --quick: add the request-rate passes, one per rate (mode "
+        "'quick-rates'; ~5 min per backend on an H200 besides its start)",
+    )
+    p.add_argument(
         "--tp",
         type=int,
         default=None,
@@ -335,12 +343,13 @@ def main(argv: list[str] | None = None) -> int:
         args.backends or (QUICK_BACKENDS if args.quick else DEFAULT_BACKENDS)
     )
     names = [s.strip() for s in args.workloads.split(",") if s.strip()]
-    runs = plan_runs(
-        names, quick=args.quick, with_rates=not (args.quick or args.no_rates)
-    )
+    if args.rates and not args.quick:
+        raise SystemExit("--rates is for --quick (full mode runs the rates already)")
+    with_rates = args.rates or not (args.quick or args.no_rates)
+    runs = plan_runs(names, quick=args.quick, with_rates=with_rates)
     sites = harness.resolve_sites(args.site_stock, args.site_fork)
     model = args.model_dir.name
-    mode = "quick" if args.quick else "full"
+    mode = ("quick-rates" if args.rates else "quick") if args.quick else "full"
     work_root = args.work_dir / f"{model}-{mode}"
     budget = harness.Budget(args.budget_s)
     failed = []
@@ -380,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     body["gpu_tag"] = gpu or None
     out = (
         args.results_dir
-        / f"{date}-{commit}-{model}{'-quick' if args.quick else ''}{gpu}.json"
+        / f"{date}-{commit}-{model}{'' if mode == 'full' else '-' + mode}{gpu}.json"
     )
     harness.write_json(out, body)
     print(f"[serving] wrote {out}")

@@ -66,7 +66,12 @@ class Run:
 
 def plan_runs(names: list[str], quick: bool, with_rates: bool) -> list[Run]:
     """The bench passes, in order. Each (workload, rate) gets a "first" pass, which is
-    also the untimed warm-up of its "steady" pass over the same requests (same seed)."""
+    also the untimed warm-up of its "steady" pass over the same requests (same seed).
+
+    Quick mode with rates: a rate gets its "steady" pass only. It runs right after
+    the workload's saturated passes, which sent the same requests (same prompt
+    count, same seed) to the same server; a server started afresh in between gives
+    it a warm-up pass first (run_serving.py)."""
     runs: list[Run] = []
     for name in names:
         if name not in WORKLOADS:
@@ -78,7 +83,8 @@ def plan_runs(names: list[str], quick: bool, with_rates: bool) -> list[Run]:
         if with_rates:
             rates += list(w.rates)
         for rate in rates:
-            for pass_name in ("first", "steady"):
+            passes = ("steady",) if quick and rate is not None else ("first", "steady")
+            for pass_name in passes:
                 runs.append(Run(w, pass_name, rate, quick))
     return runs
 

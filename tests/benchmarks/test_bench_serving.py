@@ -103,10 +103,19 @@ def test_plan_first_then_steady_per_rate():
     ]
     quick = plan_runs(list(WORKLOADS), quick=True, with_rates=False)
     assert len(quick) == 2 * len(WORKLOADS)
+    # Quick sizes with rates: one steady pass per rate, after the saturated pair.
+    keys = [r.key for r in plan_runs(["sharegpt-like"], quick=True, with_rates=True)]
+    assert keys == [
+        "sharegpt-like-rinf-first",
+        "sharegpt-like-rinf-steady",
+        "sharegpt-like-r8-steady",
+        "sharegpt-like-r16-steady",
+    ]
 
 
 def test_command_lines():
     run = plan_runs(["sharegpt-like"], quick=True, with_rates=True)[2]  # rate 8
+    assert run.rate == 8
     cmd = bench_command("py", run, "/m", "llama", 8123, "/r", "x.json")
     s = " ".join(cmd)
     for flag in (
@@ -227,3 +236,33 @@ def test_server_failure_is_loud(tmp_path, fake_sites, model_dir_8b):
     assert "FAILED: server exited with code 3" in r.stdout
     assert "simulated startup crash" in r.stdout  # the server log tail is shown
     assert "INCOMPLETE/FAILED: TRITON_ATTN-fork" in r.stdout
+
+
+def test_quick_rates_mode(tmp_path, fake_sites, model_dir_8b):
+    """--quick --rates: the saturated pair, then one pass per rate, in its own file
+    and work folder (the quick run's results are not reused or overwritten)."""
+    r = _run(tmp_path, model_dir_8b, "--rates", "--backends", "FLASH_ATTN")
+    assert r.returncode == 0, r.stdout + r.stderr
+    files = list((tmp_path / "res").glob("*-quick-rates.json"))
+    assert len(files) == 1, list((tmp_path / "res").iterdir())
+    body = json.loads(files[0].read_text())
+    assert body["mode"] == "quick-rates"
+    got = [(rec["rate"], rec["pass"]) for rec in body["records"]]
+    assert sorted(got, key=str) == sorted(
+        [("inf", "first"), ("inf", "steady"), (8.0, "steady"), (16.0, "steady")],
+        key=str,
+    ), got
+    assert (tmp_path / "work" / "llama-3.1-8b-quick-rates" / "FLASH_ATTN").is_dir()
+    full = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks/serving/run_serving.py"),
+            "--rates",
+            "--model-dir",
+            str(model_dir_8b),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert full.returncode != 0 and "--rates is for --quick" in full.stderr
