@@ -18,9 +18,9 @@ with every pass done does not even start a server. ``--budget-s`` bounds one
 invocation.
 
 Prints the seed PRs' result block per pass and a side-by-side table with ratios to
-FLASH_ATTN; writes ``<results-dir>/<date>-<commit>-<model>[-quick|-quick-rates][-gpu<i>].json``
-(environment + records). ``benchmarks/report.py`` turns those files into
-docs/performance.md + plots.
+FLASH_ATTN; writes (environment + records)
+``<results-dir>/<date>-<commit>-<model>[-quick|-quick-rates][-gpu<i>].json``.
+``benchmarks/report.py`` turns those files into docs/performance.md + plots.
 
     python3 benchmarks/serving/run_serving.py --quick \
         --backends FLASH_ATTN,TRITON_ATTN-fork --model-dir /tmp/models/llama-3.1-8b
