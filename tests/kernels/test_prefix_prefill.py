@@ -8,6 +8,7 @@ rows. GPU with ``GPU_FULL=1``: the ``full_matrix`` tests add the cross product,
 128k contexts and a cache whose block offsets pass 2**31 elements.
 """
 
+import dataclasses
 import math
 import os
 import random
@@ -36,7 +37,10 @@ from vllm.attention.ops.paged_cache_write import write_to_paged_cache
 from vllm.attention.ops.prefix_prefill import prefix_prefill_attention
 from vllm.attention.ops.reference import ref_paged_attention
 from vllm.attention.ops.triton_attention_common import paged_row_offsets
-from vllm.attention.ops.tuning.prefill_configs import PrefillConfig
+from vllm.attention.ops.tuning.prefill_configs import (
+    PrefillConfig,
+    heuristic_prefill_config,
+)
 
 # (query_len, kv_len) rows of one batch: a single-token row with context, a pure
 # prefill (empty context), a prefix hit, and a chunked-prefill row whose query spans
@@ -754,3 +758,43 @@ def test_register_cap_reaches_only_nvidia_launches(monkeypatch):
     assert "maxnreg" not in compile_options(PrefillConfig(64, 64, 4, 1), cuda)
     monkeypatch.setattr(torch.version, "hip", "7.0")
     assert "maxnreg" not in compile_options(capped, cuda)
+
+
+def test_tuning_always_times_the_heuristic_and_the_previous_entry(monkeypatch):
+    """Whatever the sweep, the config a new table entry replaces (the previous entry,
+    else the heuristic) is a candidate, so a restricted sweep cannot install a
+    slower config. Timings are faked: no GPU here."""
+    from vllm.attention.ops.tuning import tune_prefix_prefill as tune
+
+    shape = {
+        "head_size": 128,
+        "group": 4,
+        "block_size": 64,
+        "q_dtype": torch.bfloat16,
+        "kv_dtype": torch.float8_e4m3fn,
+    }
+    heuristic = heuristic_prefill_config(head_size=128, group=4, max_query_len=4096)
+    previous = PrefillConfig(64, 32, 4, 2)
+    swept = PrefillConfig(64, 64, 4, 2, use_tma=True, fp8_qk=True)
+    fake_ms = {swept: 3.0, heuristic: 2.0, previous: 1.0}
+    timed = []
+    monkeypatch.setattr(tune, "_make_batch", lambda **kw: None)
+    monkeypatch.setattr(tune, "_is_correct", lambda config, small, head_size: True)
+
+    def run(batch, config, head_size):
+        timed.append(config)
+        return config
+
+    monkeypatch.setattr(tune, "_run", run)
+    monkeypatch.setattr(tune.triton.testing, "do_bench", lambda fn, **kw: fake_ms[fn()])
+    space = {name: (getattr(swept, name),) for name in tune.SPACE_FIELDS}
+    best, record = tune._tune_one(
+        shape, 4096, None, space, dataclasses.asdict(previous)
+    )
+    assert set(timed) == {swept, heuristic, previous}
+    assert best == previous and record["previous_timing"]["ms"] == 1.0
+    assert record["heuristic_timing"]["ms"] == 2.0
+    # Without a previous entry the heuristic is what a sweep has to beat.
+    timed.clear()
+    best, _ = tune._tune_one(shape, 4096, None, space, None)
+    assert set(timed) == {swept, heuristic} and best == heuristic

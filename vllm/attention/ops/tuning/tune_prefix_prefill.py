@@ -260,8 +260,11 @@ def _table_text(provenance: dict, configs: list[dict]) -> str:
 
 
 def _tune_one(shape, bucket, gen, space, previous=None):
-    """Fastest correct candidate for one key, and a record of every timing (with the
-    heuristic's and the ``previous`` table entry's, when they were candidates)."""
+    """Fastest correct candidate for one key, and a record of every timing.
+
+    The heuristic's config and the ``previous`` table entry are always candidates,
+    whatever the sweep, so a new entry is never slower (in this run) than the
+    config it replaces for the key."""
     num_seqs, context = BATCH_FOR_BUCKET[bucket]
     seqs = [(bucket, context + bucket)] * num_seqs
     batch = _make_batch(seqs=seqs, gen=gen, **shape)
@@ -271,13 +274,20 @@ def _tune_one(shape, bucket, gen, space, previous=None):
     num_q_heads = NUM_KV_HEADS * shape["group"]
     flops = 4 * shape["head_size"] * num_q_heads * visible_pairs
     best, best_ms, timings = None, math.inf, {}
-    candidates = _candidates(
-        shape["head_size"],
-        shape["kv_dtype"],
-        shape["group"],
-        shape["block_size"],
-        space,
+    fallback = heuristic_prefill_config(
+        head_size=shape["head_size"], group=shape["group"], max_query_len=bucket
     )
+    previous = PrefillConfig(**previous) if previous else None
+    candidates = list(
+        _candidates(
+            shape["head_size"],
+            shape["kv_dtype"],
+            shape["group"],
+            shape["block_size"],
+            space,
+        )
+    )
+    candidates += [c for c in (fallback, previous) if c and c not in candidates]
     for config in candidates:
         try:
             if not _is_correct(config, small, shape["head_size"]):
@@ -302,14 +312,10 @@ def _tune_one(shape, bucket, gen, space, previous=None):
             best, best_ms = config, ms
     if best is None:
         raise RuntimeError(f"no valid config for {shape} bucket {bucket}")
-    fallback = heuristic_prefill_config(
-        head_size=shape["head_size"], group=shape["group"], max_query_len=bucket
-    )
     print(
         f"  best {best}: {best_ms:.3f} ms ({flops / best_ms * 1e-9:.0f} TFLOP/s); "
         f"heuristic {fallback}: {timings.get(fallback, math.nan):.3f} ms"
     )
-    previous = PrefillConfig(**previous) if previous else None
 
     def timing(config):
         ms = timings.get(config)
