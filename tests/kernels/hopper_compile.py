@@ -216,6 +216,9 @@ def _prefix_prefill_cases():
     yield launch(
         128, 8, 64, torch.float8_e4m3fn, 1024, use_tma=True, sliding_window=128
     )
+    # lazy_rescale: a block-wide branch around the accumulator rescale in the loop.
+    lazy = PrefillConfig(64, 64, 4, 2, use_tma=True, lazy_rescale=True)
+    yield launch(128, 4, 64, torch.bfloat16, 4096, True, lazy)
     # fp8_qk: q.k on fp8 tensor cores, p.v in fp16 (V still converted).
     fp8_qk = PrefillConfig(64, 64, 4, 2, use_tma=True, fp8_qk=True)
     yield launch(128, 4, 64, torch.float8_e4m3fn, 4096, True, fp8_qk)

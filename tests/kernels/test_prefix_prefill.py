@@ -191,6 +191,21 @@ CASES = [
         config=PrefillConfig(16, 16, 4, 1, fp8_qk=True),
         tolerance=(torch.bfloat16, 0.15, 0.05),
     ),
+    # lazy_rescale: the same result with every feature (sinks start the max finite;
+    # windows and ALiBi move it), with pointer loads and with TMA.
+    _case(
+        "lazy-rescale-all-features-fp8-g4",
+        **ALL_FEATURES_FP8,
+        seqs=[(5, 29), (1, 1), (12, 12), (40, 90)],
+        config=PrefillConfig(16, 16, 4, 1, lazy_rescale=True),
+    ),
+    _case(
+        "lazy-rescale-tma-g2",
+        num_q_heads=4,
+        block_size=32,
+        seqs=[(3, 40), (20, 20), (33, 97)],
+        config=PrefillConfig(16, 16, 4, 1, use_tma=True, lazy_rescale=True),
+    ),
     # use_tma where TMA cannot apply (tile spans pages; head size not a power of
     # two): the pointer loads run instead.
     _case(
@@ -726,6 +741,7 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         "use_tma": (False, True),
         "maxnreg": (0,),
         "fp8_qk": (False, True),
+        "lazy_rescale": (False,),
     }
     got = list(tune._candidates(128, torch.bfloat16, 4, 64, space))
     assert got == [
@@ -798,3 +814,51 @@ def test_tuning_always_times_the_heuristic_and_the_previous_entry(monkeypatch):
     timed.clear()
     best, _ = tune._tune_one(shape, 4096, None, space, None)
     assert set(timed) == {swept, heuristic} and best == heuristic
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [0.0] * 6,  # the max never grows: every tile after the first keeps it
+        [7.9] * 6,  # grows just under the threshold each tile: p up to 2**7.9
+        [0.0, 200.0, -50.0, 9.0, 0.5, 8.5],  # jumps (past fp32 exp2), falls, creeps
+    ],
+    ids=["flat", "creeping", "jumps"],
+)
+def test_lazy_rescale_on_designed_score_schedules(steps):
+    """Scores whose per-tile maximum follows ``steps`` (log2 units per 16-key tile),
+    so that the lazy path keeps a stale max over several tiles and the eager one
+    moves it every tile: both must give the reference's output."""
+    batch = make_paged_batch(
+        seqs=[(4, 96), (1, 96)],
+        num_q_heads=2,
+        num_kv_heads=1,
+        head_size=64,
+        block_size=16,
+    )
+    scale = 0.125
+    # q = e0 for every row; key j = c_j * e0 + noise, so score_j ~ c_j * scale.
+    batch.query.zero_()
+    batch.query[..., 0] = 1.0
+    level = torch.tensor(steps).cumsum(0) / (scale * math.log2(math.e))
+    per_key = level.repeat_interleave(16)  # 96 keys, one level per tile
+    k = batch.key_cache  # [blocks, kv_heads, block_size, head]
+    for s in range(2):
+        for j in range(96):
+            page = int(batch.block_table[s, j // 16])
+            k[page, 0, j % 16, 0] = per_key[j] + torch.randn(()).item()
+    outputs = []
+    for lazy in (False, True):
+        case = dict(
+            CASES[0].values[0],
+            config=PrefillConfig(16, 16, 4, 1, lazy_rescale=lazy),
+            num_q_heads=2,
+            num_kv_heads=1,
+        )
+        out = torch.full_like(batch.query, float("nan"))
+        _run(case, batch, out, softmax_scale=scale)
+        outputs.append(out)
+    expected = ref_paged_attention(softmax_scale=scale, **batch.ref_kwargs())
+    dtype, atol, rtol = TOLERANCES[torch.bfloat16]
+    for out in outputs:
+        assert_close(out, expected, dtype=dtype, atol=atol, rtol=rtol)

@@ -115,6 +115,7 @@ def _attend_kv_range(
     TILE_IN_PAGE: tl.constexpr,  # BLOCK_N divides BLOCK_SIZE: one page per tile
     USE_TMA: tl.constexpr,  # load K/V tiles by TMA (needs TILE_IN_PAGE)
     FP8_QK: tl.constexpr,  # q is fp8 (the cache's format): V goes to fp16 for p.v
+    LAZY_RESCALE: tl.constexpr,  # see online_softmax_step
     MASKED: tl.constexpr,  # False: every key of every tile is visible to every row
     USE_SOFT_CAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
@@ -189,7 +190,9 @@ def _attend_kv_range(
                 MASK_KEYS=MASKED,
             )
         v = to_dot_dtype(v, DOT_DTYPE=tl.float16 if FP8_QK else q.dtype)
-        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, scores, v, score_scale)
+        acc, m_i, l_i = online_softmax_step(
+            acc, m_i, l_i, scores, v, score_scale, LAZY_RESCALE=LAZY_RESCALE
+        )
     return acc, m_i, l_i
 
 
@@ -236,6 +239,7 @@ def _prefix_prefill_kernel(
     IS_FP8: tl.constexpr,
     FP8_QK: tl.constexpr,  # IS_FP8 and the config's fp8_qk
     FP8_MAX: tl.constexpr,  # largest finite value of the cache's fp8 format
+    LAZY_RESCALE: tl.constexpr,  # the config's lazy_rescale
     USE_SOFT_CAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -346,6 +350,7 @@ def _prefix_prefill_kernel(
             TILE_IN_PAGE=TILE_IN_PAGE,
             USE_TMA=USE_TMA,
             FP8_QK=FP8_QK,
+            LAZY_RESCALE=LAZY_RESCALE,
             MASKED=True,
             USE_SOFT_CAP=USE_SOFT_CAP,
             USE_ALIBI=USE_ALIBI,
@@ -380,6 +385,7 @@ def _prefix_prefill_kernel(
         TILE_IN_PAGE=TILE_IN_PAGE,
         USE_TMA=USE_TMA,
         FP8_QK=FP8_QK,
+        LAZY_RESCALE=LAZY_RESCALE,
         MASKED=False,
         USE_SOFT_CAP=USE_SOFT_CAP,
         USE_ALIBI=USE_ALIBI,
@@ -414,6 +420,7 @@ def _prefix_prefill_kernel(
         TILE_IN_PAGE=TILE_IN_PAGE,
         USE_TMA=USE_TMA,
         FP8_QK=FP8_QK,
+        LAZY_RESCALE=LAZY_RESCALE,
         MASKED=True,
         USE_SOFT_CAP=USE_SOFT_CAP,
         USE_ALIBI=USE_ALIBI,
@@ -539,6 +546,7 @@ def _launch_arguments(
         "IS_FP8": is_fp8,
         "FP8_QK": is_fp8 and config.fp8_qk,
         "FP8_MAX": float(torch.finfo(key_cache.dtype).max) if is_fp8 else 0.0,
+        "LAZY_RESCALE": config.lazy_rescale,
         "USE_SOFT_CAP": bool(logits_soft_cap),
         "USE_ALIBI": alibi_slopes is not None,
         "USE_WINDOW": sliding_window is not None,

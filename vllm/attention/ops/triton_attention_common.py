@@ -45,6 +45,11 @@ import triton.language as tl
 
 # log2(e): scores are multiplied by it once so that exp(x) == exp2(x * LOG2E).
 LOG2E = tl.constexpr(1.4426950408889634)
+# Lazy rescaling (online_softmax_step's LAZY_RESCALE): the running max is moved, and
+# the accumulator rescaled, only when some row's max grew by more than this (log2
+# units). Until then probabilities are taken against the stale max, so they are at
+# most 2**8; fp32 sums and bf16/fp16 probabilities hold that without loss.
+RESCALE_THRESHOLD = tl.constexpr(8.0)
 
 
 # --------------------------------------------------------------------------------------
@@ -334,11 +339,33 @@ def online_softmax_step(
     scores,  # [BLOCK_M, BLOCK_N] fp32, log2 units once times score_scale; -inf masked
     v,  # [BLOCK_N, HEAD_PAD] in the dot dtype (bf16/fp16)
     score_scale=1.0,  # fp32 > 0 (see scores_and_scale)
+    LAZY_RESCALE: tl.constexpr = False,
 ):
     """FlashAttention-2 step over one KV tile: rescale ``acc`` and add ``p @ v``
-    (``tl.dot``, fp32 accumulation). Returns ``(acc, m_i, l_i)``."""
-    p, alpha, m_i, l_i = softmax_rescale(m_i, l_i, scores, score_scale)
-    acc = acc * alpha[:, None]
+    (``tl.dot``, fp32 accumulation). Returns ``(acc, m_i, l_i)``.
+
+    With ``LAZY_RESCALE`` (as FlashAttention-4 does) the tile moves the running max
+    only when some row's max would grow by more than ``RESCALE_THRESHOLD``; otherwise
+    it keeps the stale max, skips the ``acc`` rescale (one multiply per accumulator
+    element) and the ``alpha`` exponentials. ``m_i`` is then a reference point, not
+    the exact max, and the result is the same: ``acc`` and ``l_i`` share it, and the
+    output is their ratio. Rows that have seen no key (max ``-inf``) always take the
+    rescaling path on their first visible key.
+    """
+    if LAZY_RESCALE:
+        m_tile = tl.max(scores, 1) * score_scale
+        growth = tl.where(m_tile > m_i, m_tile - m_i, 0.0)  # +inf for a first key
+        if tl.max(growth, 0) > RESCALE_THRESHOLD:
+            p, alpha, m_i, l_i = softmax_rescale(m_i, l_i, scores, score_scale)
+            acc = acc * alpha[:, None]
+        else:
+            # Every row here has a finite max or no key yet (then p = 0).
+            m_ref = tl.where(m_i == float("-inf"), 0.0, m_i)
+            p = tl.math.exp2(scores * score_scale - m_ref[:, None])
+            l_i = l_i + tl.sum(p, 1)
+    else:
+        p, alpha, m_i, l_i = softmax_rescale(m_i, l_i, scores, score_scale)
+        acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, m_i, l_i
 

@@ -2,7 +2,7 @@
 """Launch configurations of the prefix-prefill kernel: table lookup + heuristic.
 
 A configuration is ``(block_m, block_n, num_warps, num_stages, use_tma, maxnreg,
-fp8_qk)``. It is
+fp8_qk, lazy_rescale)``. It is
 chosen per *problem key*, the properties that change which tiles are fast:
 
     head_size, q_dtype, kv_dtype, group (q heads per KV head), block_size,
@@ -46,6 +46,8 @@ PREFILL_CONFIG_SPACE = {
     "maxnreg": (0,),
     # fp8 caches only: q.k on fp8 tensor cores (sweep it with --fp8-qk 0 1).
     "fp8_qk": (False,),
+    # Rescale the accumulator only when a row max grows by > 2**8 (--lazy-rescale 0 1).
+    "lazy_rescale": (False,),
 }
 
 
@@ -69,6 +71,10 @@ class PrefillConfig:
         no conversion; p.v stays in fp16. It adds the query's e4m3 rounding to
         the key's (FlashAttention-3 in vLLM quantises q too, with a fixed scale).
         Ignored for 16-bit caches.
+    lazy_rescale: move the softmax's running max (and rescale the accumulator)
+        only when some row's max grows by more than 2**8, as FlashAttention-4 does;
+        exact (``online_softmax_step``), fewer multiplies and exponentials per
+        tile, one block-wide reduction and branch more.
     """
 
     block_m: int
@@ -78,6 +84,7 @@ class PrefillConfig:
     use_tma: bool = False
     maxnreg: int = 0
     fp8_qk: bool = False
+    lazy_rescale: bool = False
 
 
 def query_len_bucket(max_query_len: int) -> int:
