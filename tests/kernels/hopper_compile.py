@@ -276,6 +276,15 @@ def main() -> int:
             f"{'ok ' if mfma else 'BAD'} gfx942 prefill fp8-e4m3fnuz all features: "
             f"{mfma} v_mfma"
         )
+        # fp8_qk on MI300: q.k on fp8 MFMA (e4m3fnuz operands).
+        fp8_qk = {**_amd_prefix_prefill_kwargs(), "FP8_QK": True}
+        compiled = compile_for_target(_prefix_prefill_kernel, fp8_qk, target=MI300)
+        fp8_mfma = len(re.findall(r"v_mfma\S*fp8_fp8", compiled.asm["amdgcn"]))
+        ok &= fp8_mfma > 0
+        print(
+            f"{'ok ' if fp8_mfma else 'BAD'} gfx942 prefill fp8_qk: "
+            f"{fp8_mfma} fp8 v_mfma"
+        )
         for name, kwargs in _cache_write_cases(torch.float8_e4m3fnuz):
             compile_for_target(_paged_cache_write_kernel, kwargs, target=MI300)
             print(f"ok  gfx942 {name}")
