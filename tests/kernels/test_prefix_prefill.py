@@ -862,3 +862,42 @@ def test_lazy_rescale_on_designed_score_schedules(steps):
     dtype, atol, rtol = TOLERANCES[torch.bfloat16]
     for out in outputs:
         assert_close(out, expected, dtype=dtype, atol=atol, rtol=rtol)
+
+
+def test_tuning_run_records_its_provenance(tmp_path):
+    """A tuning run writes the commit (BENCH_COMMIT on a copied tree) and the driver
+    into the table and the record, so a sitting's files need no hand edits."""
+    import json
+
+    out, record = tmp_path / "table.json", tmp_path / "record.json"
+    env = {**os.environ, "BENCH_COMMIT": "abc1234"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm.attention.ops.tuning.tune_prefix_prefill",
+            "--untuned",
+            "--gpu-name",
+            "Test GPU",
+            "--head-sizes",
+            "64",
+            "--groups",
+            "2",
+            "--out",
+            str(out),
+            "--record",
+            str(record),
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for path in (out, record):
+        body = json.loads(path.read_text())
+        provenance = body.get("provenance", body)
+        assert provenance["commit"] == "abc1234" and "driver" in provenance, path
+    assert len(json.loads(out.read_text())["configs"]) == 6  # one per query bucket

@@ -19,6 +19,8 @@ import datetime
 import itertools
 import json
 import math
+import os
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -164,6 +166,12 @@ def main() -> None:
         "--untuned", action="store_true", help="write heuristic values, no timing"
     )
     parser.add_argument("--gpu-name", default=None, help="default: this GPU's name")
+    parser.add_argument(
+        "--commit",
+        default=os.environ.get("BENCH_COMMIT"),
+        help="commit of the kernels, recorded in the provenance (default: "
+        "$BENCH_COMMIT, else git HEAD of the checkout, else 'unknown')",
+    )
     parser.add_argument("--out", default=None, help="default: the table for the GPU")
     parser.add_argument(
         "--record",
@@ -224,6 +232,8 @@ def main() -> None:
 
     provenance = {
         "gpu": gpu_name,
+        "driver": _driver_version(),
+        "commit": args.commit or _git_commit(),
         "triton": triton.__version__,
         "torch": torch.__version__,
         "method": "untuned: heuristic_prefill_config values"
@@ -245,6 +255,29 @@ def main() -> None:
         with open(args.record, "w") as f:
             json.dump({**provenance, "space": space, "records": records}, f, indent=1)
         print(f"wrote {args.record}")
+
+
+def _run_text(cmd: list[str]) -> str | None:
+    """stdout of ``cmd`` stripped, or None when it cannot run or fails."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA driver of GPU 0 (nvidia-smi), None elsewhere."""
+    text = _run_text(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"]
+    )
+    return text.splitlines()[0] if text else None
+
+
+def _git_commit() -> str:
+    """Short HEAD of the checkout this file is in, or 'unknown' (a copied tree)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return _run_text(["git", "-C", here, "rev-parse", "--short", "HEAD"]) or "unknown"
 
 
 def _table_text(provenance: dict, configs: list[dict]) -> str:
