@@ -61,9 +61,10 @@ def format_table(records: list[dict]) -> str:
 def across_sittings(bodies: list[dict], goals: dict[str, float] | None = None) -> str:
     """Issue #6's table over sittings: per (KV cache dtype, workload, pass, backend) of
     the full-size runs (scale 1), the median ratio to FLASH_ATTN of the same sitting,
-    its spread (min-max) and the number of sittings, and the median tok/s. A sitting
-    is one result file; ratios are never formed across files."""
-    groups: dict[tuple, list[tuple[float, float]]] = {}
+    its spread (min-max), the number of sittings and the commits they ran, and the
+    median tok/s. A sitting is one result file; ratios are never formed across
+    files."""
+    groups: dict[tuple, list[tuple[float, float, str]]] = {}
     for body in bodies:
         for r in add_ratios(body["records"]):
             if r.get("scale") != 1.0 or r["backend"] == BASELINE:
@@ -77,14 +78,14 @@ def across_sittings(bodies: list[dict], goals: dict[str, float] | None = None) -
                 r["backend"],
             )
             groups.setdefault(key, []).append(
-                (r["ratio_to_flash_attn"], r["total_tok_per_s"])
+                (r["ratio_to_flash_attn"], r["total_tok_per_s"], body.get("commit"))
             )
     lines = [
         (
             "| kv cache | workload | pass | backend | sittings | ratio to FLASH_ATTN "
-            "(median) | spread (min-max) | tok/s (median) | goal |"
+            "(median) | spread (min-max) | tok/s (median) | goal | commits |"
         ),
-        "|---|---|---|---|---:|---:|---|---:|---:|",
+        "|---|---|---|---|---:|---:|---|---:|---:|---|",
     ]
     order = {"first": 0, "steady": 1}
     for key in sorted(groups, key=lambda k: (k[0], k[1], order.get(k[2], 9), k[3])):
@@ -95,7 +96,8 @@ def across_sittings(bodies: list[dict], goals: dict[str, float] | None = None) -
             f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {len(vals)} | "
             f"{statistics.median(ratios):.2f}x | {min(ratios):.2f}-{max(ratios):.2f} | "
             f"{statistics.median(v[1] for v in vals):,.0f} | "
-            f"{'-' if goal is None else f'{goal:.2f}x'} |"
+            f"{'-' if goal is None else f'{goal:.2f}x'} | "
+            f"{', '.join(sorted({str(v[2] or '?') for v in vals}))} |"
         )
     return "\n".join(lines)
 

@@ -212,7 +212,7 @@ def test_across_sittings_median_and_spread():
                     "total_tok_per_s": tps,
                 }
             )
-        return {"records": recs}
+        return {"records": recs, "commit": "bbb" if fork > 100 else "aaa"}
 
     bodies = [
         sitting(100, 90),
@@ -222,6 +222,7 @@ def test_across_sittings_median_and_spread():
     ]
     table = res.across_sittings(bodies, {"long10k": 1.0})
     row = [line for line in table.splitlines() if "long10k" in line]
-    # ratios 0.90, 1.05, 1.00 (the quarter-size run is left out); tok/s 90, 210, 50
+    # ratios 0.90, 1.05, 1.00 (the quarter-size run is left out); tok/s 90, 210, 50;
+    # the sittings ran two commits, both named
     want = "| auto | long10k | steady | TRITON_ATTN-fork | 3 | 1.00x | 0.90-1.05 | 90 "
-    assert row == [want + "| 1.00x |"]
+    assert row == [want + "| 1.00x | aaa, bbb |"]
