@@ -78,6 +78,7 @@ def _run_and_compare(
     seq_start=0,
     workspace=False,
     seed=0,
+    config=None,
 ):
     num_q_heads = num_kv_heads * group
     batch = make_paged_batch(
@@ -118,6 +119,7 @@ def _run_and_compare(
         v_scale=batch.v_scale,
         num_splits=num_splits,
         workspace=ws,
+        config=config,
         **kw,
     )
     ref = ref_paged_attention(**batch.ref_kwargs(), softmax_scale=scale, **kw)
@@ -407,6 +409,10 @@ COMPILE_VARIANTS = {
     "split_fp8_all_d80": {"fp8": True, "num_splits": 4, "features": True,
                           "head_size": 80, "group": 7, "block_size": 64},
 }  # fmt: skip
+# DecodeConfig.early_convert (inline PTX): sm90 only; its fp8 tiles must reach the
+# mma operands through ldmatrix, as 16-bit tiles do.
+EARLY_CONVERT_VARIANT = {"fp8": True, "num_splits": 1, "features": False,
+                         "head_size": 128, "group": 4, "block_size": 64}  # fmt: skip
 
 
 def _decode_launches(*, fp8, num_splits, features, head_size, group, block_size, hip):
@@ -465,6 +471,10 @@ def compile_decode_main() -> None:
                 print(
                     target.backend, name, kernel.__name__, pipelined, twice, flush=True
                 )
+    for early in (False, True):
+        ((kernel, _, kwargs),) = _decode_launches(**EARLY_CONVERT_VARIANT, hip=False)
+        ptx = compile_for_target(kernel, {**kwargs, "EARLY_CONVERT": early}).asm["ptx"]
+        print("early_convert", early, ptx.count("ldmatrix"), ptx.count("ld.shared"))
 
 
 _COMPILE_MAIN = "import tests.kernels.test_paged_decode as t; t.compile_decode_main()"
@@ -482,6 +492,14 @@ def test_compiles_for_hopper_and_mi300():
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     lines = [ln.split() for ln in done.stdout.splitlines() if ln.strip()]
+    early = {
+        ln[1]: (int(ln[2]), int(ln[3])) for ln in lines if ln[0] == "early_convert"
+    }
+    lines = [ln for ln in lines if ln[0] != "early_convert"]
+    # early_convert: as many ldmatrix as a 16-bit cache (K and V tiles), and far
+    # fewer shared loads than the byte-wide gathers without it.
+    (ldm_plain, lds_plain), (ldm_early, lds_early) = early["False"], early["True"]
+    assert ldm_early > 4 * max(ldm_plain, 1) and lds_early * 4 < lds_plain, early
     # 2 targets x (1 launch for 2d + 2 launches for split) kernels.
     assert len(lines) == 2 * 3, done.stdout
     for backend, name, kernel, pipelined, twice in lines:
@@ -698,3 +716,41 @@ def test_choose_num_splits_cap_is_an_argument():
     }
     assert wide == {1: 64, 2: 32, 8: 8, 50: 1}
     assert choose_num_splits(num_seqs=1, num_kv_heads=8, num_sms=132, max_splits=4) == 4
+
+
+def test_early_convert_only_where_it_applies():
+    """DecodeConfig.early_convert is inline PTX for e4m3fn: tables can only set it
+    for fp8 keys, and launches use it only for e4m3fn caches on NVIDIA GPUs (the
+    interpreter and ROCm's e4m3fnuz run the plain conversion, same result)."""
+    from vllm.attention.ops.triton_paged_decode_attention_2d import (
+        early_convert_applies,
+    )
+
+    early = dc.DecodeConfig(64, 4, 2, early_convert=True)
+    assert dc.is_valid_config(early, head_size=128, kv_dtype=torch.float8_e4m3fn)
+    assert not dc.is_valid_config(early, head_size=128, kv_dtype=torch.bfloat16)
+    cpu = torch.empty(1, dtype=torch.float8_e4m3fn)
+    assert not early_convert_applies(cpu)
+    assert not early_convert_applies(torch.empty(1, dtype=torch.bfloat16))
+    if ON_GPU:
+        gpu = torch.empty(1, dtype=torch.float8_e4m3fn, device="cuda")
+        assert early_convert_applies(gpu) == (torch.version.hip is None)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="inline PTX runs on NVIDIA GPUs only")
+@pytest.mark.parametrize("num_splits", [1, 4], ids=["2d", "split4"])
+def test_early_convert_matches_reference(num_splits):
+    """The inline-PTX conversion on the GPU, with every feature."""
+    _run_and_compare(
+        seq_lens=CPU_SEQ_LENS,
+        num_kv_heads=1,
+        group=7,
+        head_size=80,
+        block_size=16,
+        q_dtype=torch.bfloat16,
+        cache_dtype=torch.float8_e4m3fn,
+        num_splits=num_splits,
+        features={"window": 33, "alibi": True, "softcap": 3.0, "sinks": True},
+        workspace=True,
+        config=dc.DecodeConfig(64, 4, 2, early_convert=True),
+    )

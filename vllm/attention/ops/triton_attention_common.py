@@ -172,6 +172,27 @@ def to_dot_dtype(tile, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
+def e4m3_to_fp16_in_place(tile):
+    """``tile.to(tl.float16)`` for an e4m3fn tile on NVIDIA, as inline PTX
+    (``cvt.rn.f16x2.e4m3x2``, exact), converted where the tile was loaded.
+
+    Triton moves a plain ``.to`` after the layout change to the dot operand, which
+    for a byte-wide tile means byte-wide shared-memory loads; an impure inline asm
+    it cannot move, so the fp16 tile takes ``ldmatrix`` like a 16-bit cache's. NVIDIA
+    only (no interpreter, no ROCm): the launcher enables it only there.
+    """
+    return tl.inline_asm_elementwise(
+        asm="{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+        "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        constraints="=r,=r,r",
+        args=[tile],
+        dtype=tl.float16,
+        is_pure=False,
+        pack=4,
+    )
+
+
+@triton.jit
 def dequantize(tile, scale):
     """fp32 value of a cache tile: ``tile * scale`` (scale 1.0 for 16-bit caches)."""
     return tile.to(tl.float32) * scale

@@ -59,6 +59,7 @@ import triton.language as tl
 
 from vllm.attention.ops.triton_attention_common import (
     LOG2E,
+    e4m3_to_fp16_in_place,
     finalize_output,
     init_softmax_state,
     load_kv_tile,
@@ -126,6 +127,7 @@ def _attend_tiles(
     USE_SOFTCAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    EARLY_CONVERT: tl.constexpr,  # fp8 (e4m3fn, NVIDIA): see e4m3_to_fp16_in_place
     MASKED: tl.constexpr,  # False: every key of every tile is visible
 ):
     """Online softmax over KV tiles ``[tile_lo, tile_hi)``: the inner loop, written
@@ -163,6 +165,9 @@ def _attend_tiles(
             HEAD_PAD=HEAD_PAD,
             MASK_KEYS=MASKED,
         )
+        if EARLY_CONVERT:
+            k = e4m3_to_fp16_in_place(k)
+            v = e4m3_to_fp16_in_place(v)
         k = to_dot_dtype(k, DOT_DTYPE=q.dtype)
         v = to_dot_dtype(v, DOT_DTYPE=q.dtype)
         scores, score_scale = scores_and_scale(
@@ -220,6 +225,7 @@ def _paged_decode_kernel(
     USE_ALIBI: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     USE_SINKS: tl.constexpr,
+    EARLY_CONVERT: tl.constexpr,  # the config's early_convert, where it applies
 ):
     seq_local = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -286,7 +292,7 @@ def _paged_decode_kernel(
             alibi_slope, sliding_window, STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
             HEAD_SIZE=HEAD_SIZE, HEAD_PAD=HEAD_PAD, BLOCK_SIZE=BLOCK_SIZE,
             BLOCK_N=BLOCK_N, USE_SOFTCAP=USE_SOFTCAP, USE_ALIBI=USE_ALIBI,
-            USE_WINDOW=USE_WINDOW, MASKED=True,
+            USE_WINDOW=USE_WINDOW, EARLY_CONVERT=EARLY_CONVERT, MASKED=True,
         )  # fmt: skip
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, head_end, tail_begin, k_head_ptr, v_head_ptr,
@@ -294,7 +300,7 @@ def _paged_decode_kernel(
         alibi_slope, sliding_window, STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
         HEAD_SIZE=HEAD_SIZE, HEAD_PAD=HEAD_PAD, BLOCK_SIZE=BLOCK_SIZE,
         BLOCK_N=BLOCK_N, USE_SOFTCAP=USE_SOFTCAP, USE_ALIBI=USE_ALIBI,
-        USE_WINDOW=USE_WINDOW, MASKED=False,
+        USE_WINDOW=USE_WINDOW, EARLY_CONVERT=EARLY_CONVERT, MASKED=False,
     )  # fmt: skip
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, tail_begin, tile_end, k_head_ptr, v_head_ptr,
@@ -302,7 +308,7 @@ def _paged_decode_kernel(
         alibi_slope, sliding_window, STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
         HEAD_SIZE=HEAD_SIZE, HEAD_PAD=HEAD_PAD, BLOCK_SIZE=BLOCK_SIZE,
         BLOCK_N=BLOCK_N, USE_SOFTCAP=USE_SOFTCAP, USE_ALIBI=USE_ALIBI,
-        USE_WINDOW=USE_WINDOW, MASKED=True,
+        USE_WINDOW=USE_WINDOW, EARLY_CONVERT=EARLY_CONVERT, MASKED=True,
     )  # fmt: skip
 
     out = finalize_output(acc, l_i, v_scale)  # 0 where no key was seen
@@ -389,6 +395,16 @@ def _merge_splits_kernel(
 # ----------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------
+
+
+def early_convert_applies(key_cache: torch.Tensor) -> bool:
+    """Whether ``DecodeConfig.early_convert`` can apply to a cache: e4m3fn on an
+    NVIDIA GPU (inline PTX; not ROCm's e4m3fnuz, not the CPU interpreter)."""
+    return (
+        key_cache.dtype == getattr(torch, "float8_e4m3fn", None)
+        and key_cache.device.type == "cuda"
+        and torch.version.hip is None
+    )
 
 
 def choose_num_splits(
@@ -578,6 +594,7 @@ def _launches(
         USE_ALIBI=alibi_slopes is not None,
         USE_SOFTCAP=logits_soft_cap is not None,
         USE_SINKS=use_sinks,
+        EARLY_CONVERT=config.early_convert and early_convert_applies(key_cache),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Launch configurations of the paged decode kernel: table lookup + heuristic.
 
-A configuration is ``(block_n, num_warps, num_stages)``. It is chosen per *problem
-key*, the properties that change which tiles are fast:
+A configuration is ``(block_n, num_warps, num_stages, early_convert)``. It is
+chosen per *problem key*, the properties that change which tiles are fast:
 
     head_size, q_dtype, kv_dtype, group (q heads per KV head), block_size,
     split (num_splits > 1)
@@ -24,11 +24,13 @@ from dataclasses import dataclass
 
 from vllm.attention.ops.tuning import tables
 
-# 27 configs: about 1 min of compiling and timing per problem key on an H200.
+# 27 configs per 16-bit key (about 1 min of compiling and timing on an H200), 54 per
+# fp8 key (early_convert applies to fp8 caches only).
 DECODE_CONFIG_SPACE = {
     "block_n": (32, 64, 128),
     "num_warps": (2, 4, 8),
     "num_stages": (1, 2, 3),
+    "early_convert": (False, True),
 }
 
 
@@ -36,11 +38,15 @@ DECODE_CONFIG_SPACE = {
 class DecodeConfig:
     """block_n: keys per KV tile (independent of the page size; a tile may span
     pages). num_warps / num_stages: Triton launch knobs (stages pipeline the K/V
-    loads of the tile loop)."""
+    loads of the tile loop). early_convert: e4m3fn caches on NVIDIA only: convert
+    each K/V tile to fp16 where it is loaded (inline PTX), so that it reaches the
+    tensor cores through ``ldmatrix`` rather than byte-wide shared-memory loads
+    (``triton_attention_common.e4m3_to_fp16_in_place``); ignored elsewhere."""
 
     block_n: int
     num_warps: int
     num_stages: int
+    early_convert: bool = False
 
 
 def is_valid_config(config: DecodeConfig, *, head_size: int, kv_dtype) -> bool:
@@ -48,7 +54,11 @@ def is_valid_config(config: DecodeConfig, *, head_size: int, kv_dtype) -> bool:
     head_pad = tables.next_power_of_2(head_size)
     kv_bytes = 1 if tables.dtype_name(kv_dtype) == "fp8" else 2
     smem = config.num_stages * 2 * config.block_n * head_pad * kv_bytes
-    return config.block_n >= 16 and smem <= tables.SMEM_BYTES
+    return (
+        config.block_n >= 16
+        and smem <= tables.SMEM_BYTES
+        and not (config.early_convert and kv_bytes != 1)
+    )
 
 
 def heuristic_decode_config(
