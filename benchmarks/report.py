@@ -201,6 +201,19 @@ def _serving_file(files, plot_dir: Path | None, doc_dir: Path) -> list[str]:
             lines.append(f"- session step: `{body['command_full']}`")
         if body.get("provenance"):
             lines.append(f"- provenance: {body['provenance']}")
+        if body.get("openai_check"):
+            lines.append(
+                "- OpenAI-compatible requests after start (one greedy completion, "
+                "one chat): "
+                + "; ".join(
+                    f"{name} "
+                    + ", ".join(
+                        f"{kind} {'ok' if res['ok'] else 'FAILED'}"
+                        for kind, res in check.items()
+                    )
+                    for name, check in body["openai_check"].items()
+                )
+            )
         lines.append("")
         ratios = serving_results.ratio_to_baseline(body["records"])
         if ratios:

@@ -3,7 +3,9 @@
 For each backend (own ``PYTHONPATH``: stock or fork install) start one server on a
 dummy-weight model directory (``benchmarks/models``), wait for ``/health`` (progress
 every 15 s, hard timeout; on failure print the server log tail and go on to the next
-backend, exiting non-zero at the end), then run the workloads of
+backend, exiting non-zero at the end), send one greedy completion and one chat
+request (issue #5: the OpenAI-compatible endpoints answer; a failure is reported the
+same way), then run the workloads of
 ``benchmarks/serving/workloads.py``. Every (workload, rate) gets two timed passes over
 the same requests: ``first`` (what a fresh server sees; Triton JIT included) and
 ``steady`` (the first pass was its warm-up; ``bench serve`` itself sends one untimed
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import shlex
 import socket
 import subprocess
@@ -135,6 +138,39 @@ def _fail(what: str, why: str, log: Path) -> None:
     )
 
 
+def openai_check(port: int, served: str) -> dict:
+    """One greedy request to each OpenAI-compatible endpoint issue #5 names
+    (``/v1/completions`` and ``/v1/chat/completions``): ok and the text, or the
+    error. Run once per backend, right after the server is healthy."""
+    requests = {
+        "completions": (
+            "/v1/completions",
+            {"prompt": "The capital of France is", "max_tokens": 8},
+            lambda body: body["choices"][0]["text"],
+        ),
+        "chat": (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8},
+            lambda body: body["choices"][0]["message"]["content"],
+        ),
+    }
+    out = {}
+    for name, (path, payload, text_of) in requests.items():
+        data = json.dumps({"model": served, "temperature": 0, **payload}).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}{path}",
+            data=data,
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                text = text_of(json.loads(resp.read()))
+            out[name] = {"ok": isinstance(text, str), "text": text}
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            out[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    return out
+
+
 def bench_pass(
     run: Run,
     name: str,
@@ -211,6 +247,17 @@ def run_backend(
     ) as proc:
         if proc is None:
             return False
+        check_file = work / "openai-check.json"
+        earlier = harness.read_json(check_file) if check_file.is_file() else {}
+        if not earlier or not all(res["ok"] for res in earlier.values()):
+            check = openai_check(port, served)
+            harness.write_json(check_file, check)
+            for name, res in check.items():
+                state = "ok" if res["ok"] else f"FAILED ({res.get('error')})"
+                print(f"[{what}] OpenAI {name} request: {state}", flush=True)
+            if not all(res["ok"] for res in check.values()):
+                _fail(what, "an OpenAI-compatible endpoint did not answer", log)
+                ok = False
         served_here: set[str] = set()  # (workload, rate) passed on this server
         for run in todo:
             if not budget.allows(PASS_ALLOWANCE_S):
@@ -383,6 +430,11 @@ def main(argv: list[str] | None = None) -> int:
         "backends": [b.as_dict() for b in backends],
         "complete": not failed,
         "records": records,
+        "openai_check": {
+            b.name: harness.read_json(work_root / b.name / "openai-check.json")
+            for b in backends
+            if (work_root / b.name / "openai-check.json").is_file()
+        },
     }
     date = time.strftime("%Y-%m-%d", time.gmtime())
     gpu = harness.gpu_tag()

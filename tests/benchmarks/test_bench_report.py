@@ -52,6 +52,10 @@ def _serving_body():
         "command": "run_serving.py --quick",
         "complete": True,
         "records": recs,
+        "openai_check": {
+            "FLASH_ATTN": {"completions": {"ok": True}, "chat": {"ok": True}},
+            "TRITON_ATTN-fork": {"completions": {"ok": True}, "chat": {"ok": False}},
+        },
     }
 
 
@@ -135,6 +139,10 @@ def test_report_text(results_dir, tmp_path):
     assert f"|addition|{TASK_VERSION}|exact|0|exact_match|↑|0.9800|±|0.0063|" in text
     assert "Overall: PASS" in text
     assert text.count("Serving Benchmark Result") == 4
+    assert (
+        "FLASH_ATTN completions ok, chat ok; TRITON_ATTN-fork completions ok, "
+        "chat FAILED" in text
+    )
 
 
 def test_report_empty(tmp_path):

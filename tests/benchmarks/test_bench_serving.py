@@ -215,6 +215,14 @@ def test_orchestration_results_and_resume(tmp_path, fake_sites, model_dir_8b):
     assert {b["name"] for b in body["backends"]} == {"FLASH_ATTN", "TRITON_ATTN-fork"}
     assert len(body["records"]) == 2 * 2  # backends x passes
     assert "server healthy" in r.stdout
+    # issue #5: each server answered one completion and one chat request
+    assert body["openai_check"]["TRITON_ATTN-fork"]["chat"] == {
+        "ok": True,
+        "text": "hello",
+    }
+    assert all(
+        res["ok"] for b in body["openai_check"].values() for res in b.values()
+    ), body["openai_check"]
     assert r.stdout.count("Serving Benchmark Result") == 4
     assert "TRITON_ATTN-fork / FLASH_ATTN" in r.stdout
     r2 = _run(tmp_path, model_dir_8b)
@@ -266,3 +274,19 @@ def test_quick_rates_mode(tmp_path, fake_sites, model_dir_8b):
         check=False,
     )
     assert full.returncode != 0 and "--rates is for --quick" in full.stderr
+
+
+def test_endpoint_failure_is_loud(tmp_path, fake_sites, model_dir_8b):
+    """A server that does not answer chat requests is reported (with its log tail)
+    and makes the run incomplete, though its benchmark passes still run."""
+    r = _run(tmp_path, model_dir_8b, env_extra={"FAKE_VLLM_NO_CHAT": "TRITON_ATTN"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "OpenAI chat request: FAILED" in r.stdout
+    assert "an OpenAI-compatible endpoint did not answer" in r.stdout
+    body = json.loads(next((tmp_path / "res").glob("*-quick.json")).read_text())
+    assert not body["openai_check"]["TRITON_ATTN-fork"]["chat"]["ok"]
+    assert body["openai_check"]["FLASH_ATTN"]["chat"]["ok"]
+    assert {rec["backend"] for rec in body["records"]} == {
+        "FLASH_ATTN",
+        "TRITON_ATTN-fork",
+    }

@@ -1,8 +1,9 @@
 """Fake ``vllm serve`` and ``vllm bench serve`` (writes a result).
 
-The server answers /health, /metrics and /v1/completions (streamed or not; the text is
-a function of the prompt). ``FAKE_VLLM_SOAK_ERROR_EVERY=n`` makes every n-th completion
-fail with HTTP 500."""
+The server answers /health, /metrics, /v1/completions (streamed or not; the text is
+a function of the prompt) and /v1/chat/completions (not streamed).
+``FAKE_VLLM_SOAK_ERROR_EVERY=n`` makes every n-th completion fail with HTTP 500;
+``FAKE_VLLM_NO_CHAT=<backend>`` makes that server answer chat requests with 400."""
 
 import json
 import os
@@ -37,11 +38,24 @@ class _Health(BaseHTTPRequestHandler):
             _COUNT[0] += 1
             n = _COUNT[0]
         every = int(os.environ.get("FAKE_VLLM_SOAK_ERROR_EVERY", "0"))
+        if self.path == "/v1/chat/completions":
+            if os.environ.get("FAKE_VLLM_NO_CHAT") == self.server.backend:
+                self.send_response(400)
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.end_headers()
+            reply = {"choices": [{"message": {"content": "hello"}}]}
+            self.wfile.write(json.dumps(reply).encode())
+            return
         if self.path != "/v1/completions" or (every and n % every == 0):
             self.send_response(500)
             self.end_headers()
             return
-        text = " ".join(str(t % 97) for t in req["prompt"][: req["max_tokens"]])
+        prompt = req["prompt"]
+        if isinstance(prompt, str):
+            prompt = [ord(c) for c in prompt]
+        text = " ".join(str(t % 97) for t in prompt[: req["max_tokens"]])
         self.send_response(200)
         self.end_headers()
         if not req.get("stream"):
@@ -62,9 +76,9 @@ def serve(argv):
         sys.exit(3)
     print(f"fake serve: {argv}", flush=True)
     time.sleep(0.3)
-    ThreadingHTTPServer(
-        ("127.0.0.1", int(_arg(argv, "--port"))), _Health
-    ).serve_forever()
+    server = ThreadingHTTPServer(("127.0.0.1", int(_arg(argv, "--port"))), _Health)
+    server.backend = _arg(argv, "--attention-backend")
+    server.serve_forever()
 
 
 def bench(argv):
