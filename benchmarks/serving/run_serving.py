@@ -3,10 +3,10 @@
 For each backend (own ``PYTHONPATH``: stock or fork install) start one server on a
 dummy-weight model directory (``benchmarks/models``), wait for ``/health`` (progress
 every 15 s, hard timeout; on failure print the server log tail and go on to the next
-backend, exiting non-zero at the end), send one greedy completion and one chat
-request (issue #5: the OpenAI-compatible endpoints answer; a failure is reported the
-same way), then run the workloads of
-``benchmarks/serving/workloads.py``. Every (workload, rate) gets two timed passes over
+backend, exiting non-zero at the end), then run the workloads of
+``benchmarks/serving/workloads.py``, and before stopping the server send one greedy
+completion and one chat request (issue #5: the OpenAI-compatible endpoints answer; a
+failure is reported the same way). Every (workload, rate) gets two timed passes over
 the same requests: ``first`` (what a fresh server sees; Triton JIT included) and
 ``steady`` (the first pass was its warm-up; ``bench serve`` itself sends one untimed
 test request before each pass). Prefix caching is off so the repeat pays its prefill.
@@ -247,17 +247,6 @@ def run_backend(
     ) as proc:
         if proc is None:
             return False
-        check_file = work / "openai-check.json"
-        earlier = harness.read_json(check_file) if check_file.is_file() else {}
-        if not earlier or not all(res["ok"] for res in earlier.values()):
-            check = openai_check(port, served)
-            harness.write_json(check_file, check)
-            for name, res in check.items():
-                state = "ok" if res["ok"] else f"FAILED ({res.get('error')})"
-                print(f"[{what}] OpenAI {name} request: {state}", flush=True)
-            if not all(res["ok"] for res in check.values()):
-                _fail(what, "an OpenAI-compatible endpoint did not answer", log)
-                ok = False
         served_here: set[str] = set()  # (workload, rate) passed on this server
         for run in todo:
             if not budget.allows(PASS_ALLOWANCE_S):
@@ -299,6 +288,18 @@ def run_backend(
             body["_meta"] = meta
             harness.write_json(work / f"{run.key}.json", body)
             tmp.unlink()
+        # After the passes, so that the first pass is the server's first traffic.
+        check_file = work / "openai-check.json"
+        earlier = harness.read_json(check_file) if check_file.is_file() else {}
+        if not earlier or not all(res["ok"] for res in earlier.values()):
+            check = openai_check(port, served)
+            harness.write_json(check_file, check)
+            for name, res in check.items():
+                state = "ok" if res["ok"] else f"FAILED ({res.get('error')})"
+                print(f"[{what}] OpenAI {name} request: {state}", flush=True)
+            if not all(res["ok"] for res in check.values()):
+                _fail(what, "an OpenAI-compatible endpoint did not answer", log)
+                ok = False
     return ok
 
 
