@@ -499,6 +499,7 @@ def agreement_section(items) -> list[str]:
         return lines + ["No agreement results yet.", ""]
     head = ["file", "model", "kv cache", "reference", "backend", "tp", "prompts"]
     head += ["tokens equal", "fraction", "diverged (at near-ties)"]
+    head += ["builds after warm-up (all processes)"]
     rows = [
         [
             f"`{p.name}`",
@@ -513,6 +514,9 @@ def agreement_section(items) -> list[str]:
             "{} ({})".format(
                 b.get("prompts_diverged", "?"), b.get("divergences_at_near_ties", "?")
             ),
+            b.get("sides", {})
+            .get(b["backend"], {})
+            .get("after_warm_up_build_warnings", "-"),
         ]
         for p, b in items
     ]

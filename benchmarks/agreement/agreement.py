@@ -105,6 +105,10 @@ def _triton_compiles() -> dict[str, int]:
     return counts
 
 
+# What TRITON_ATTN logs (in every process, TP workers included) when Triton builds
+# one of its kernels after the warm-up (vllm/v1/attention/backends/triton_attn.py).
+AFTER_WARM_UP_WARNING = "after the backend's warm-up"
+
 # vLLM's speculative-decoding counters (``vllm:spec_decode_<name>``) kept per run.
 SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
@@ -224,8 +228,27 @@ def _run_side(args, backend, pythonpath, prompts_file, model_dir, out, speculati
     if speculative:
         cmd += ["--speculative", speculative]
     print(f"[agreement] {backend}: {' '.join(cmd[3:])}", flush=True)
-    subprocess.run(cmd, env=env, cwd=REPO, check=True)
-    return json.loads(Path(out).read_text())
+    # The output of the run and of vLLM's worker processes (tensor parallel), shown
+    # as it comes and searched for the fork's after-warm-up build warnings.
+    warnings = 0
+    with subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    ) as proc:
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            warnings += AFTER_WARM_UP_WARNING in line
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+    body = json.loads(Path(out).read_text())
+    body["after_warm_up_build_warnings"] = warnings
+    Path(out).write_text(json.dumps(body))
+    return body
 
 
 def side_key(args, prompts: list, model_dir) -> dict:
@@ -416,7 +439,9 @@ def main(argv: list[str] | None = None) -> int:
                     "generate_s",
                     "triton_kernels_compiled_at_startup",
                     "triton_kernels_compiled_after_startup",
+                    "after_warm_up_build_warnings",
                 )
+                if k in side
             }
             for i, side in ((0, ref), (1, new))
         },

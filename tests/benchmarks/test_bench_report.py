@@ -250,7 +250,8 @@ def test_agreement_and_soak_rows(tmp_path):
              "prompts": 100, "tokens_equal": 3195, "tokens_compared": 3200,
              "fraction_equal": 0.9984, "model": "gemma-2-9b-softcap",
              "kv_cache_dtype": "auto", "prompts_diverged": 2,
-             "divergences_at_near_ties": 2}
+             "divergences_at_near_ties": 2,
+             "sides": {"TRITON_ATTN": {"after_warm_up_build_warnings": 0}}}
         )
     )  # fmt: skip
     soak = {
@@ -263,7 +264,7 @@ def test_agreement_and_soak_rows(tmp_path):
     text = report.build(root, tmp_path / "performance.md", plots=False)
     assert (
         "| `a.json` | gemma-2-9b-softcap | auto | FLASH_ATTN | TRITON_ATTN | 1 | 100 "
-        "| 3195/3200 | 0.9984 | 2 (2) |" in text
+        "| 3195/3200 | 0.9984 | 2 (2) | 0 |" in text
     )
     assert "| `s.json` | 5 | 48 | 10 | 2 | 1 | True | 0 MiB | FAIL |" in text
 

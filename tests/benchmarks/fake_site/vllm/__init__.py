@@ -5,9 +5,13 @@ PYTHONPATH per install, resume, result files) runs on the CPU against it.
 the accuracy task's character prompts it answers correctly, except that with
 ``FAKE_VLLM_WRONG=<backend>`` that attention backend answers every 10th problem wrong
 and changes a token of every 10th other prompt (the harnesses must then notice).
+``FAKE_VLLM_LATE_BUILDS=<backend>:<n>``: while generating, a child process (as a
+tensor-parallel worker would) logs TRITON_ATTN's after-warm-up build warning n times.
 """
 
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -76,6 +80,11 @@ class LLM:
         self.calls = 0
 
     def generate(self, prompts, params, use_tqdm=True):
+        backend, _, count = os.environ.get("FAKE_VLLM_LATE_BUILDS", "").partition(":")
+        if backend == self.attention_backend:
+            line = "WARNING TRITON_ATTN: Triton built k after the backend's warm-up"
+            code = f"print({line!r}, flush=True)\n" * int(count)
+            subprocess.run([sys.executable, "-c", code], check=True)
         if not isinstance(params, list):
             params = [params] * len(prompts)
         wrong = os.environ.get("FAKE_VLLM_WRONG") == self.attention_backend
