@@ -740,17 +740,20 @@ def test_early_convert_only_where_it_applies():
 @pytest.mark.skipif(not ON_GPU, reason="inline PTX runs on NVIDIA GPUs only")
 @pytest.mark.parametrize("num_splits", [1, 4], ids=["2d", "split4"])
 def test_early_convert_matches_reference(num_splits):
-    """The inline-PTX conversion on the GPU, with every feature."""
+    """The inline-PTX conversion on the GPU: the fp8 case with every feature."""
+    head_size, group, kv_heads, block_size, q_dtype, cache_dtype, feats = CASES[
+        "all_features_fp8"
+    ]
     _run_and_compare(
         seq_lens=CPU_SEQ_LENS,
-        num_kv_heads=1,
-        group=7,
-        head_size=80,
-        block_size=16,
-        q_dtype=torch.bfloat16,
-        cache_dtype=torch.float8_e4m3fn,
+        num_kv_heads=kv_heads,
+        group=group,
+        head_size=head_size,
+        block_size=block_size,
+        q_dtype=q_dtype,
+        cache_dtype=cache_dtype,
         num_splits=num_splits,
-        features={"window": 33, "alibi": True, "softcap": 3.0, "sinks": True},
+        features=feats,
         workspace=True,
         config=dc.DecodeConfig(64, 4, 2, early_convert=True),
     )

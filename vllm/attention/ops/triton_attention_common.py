@@ -172,7 +172,7 @@ def to_dot_dtype(tile, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def e4m3_to_fp16_in_place(tile):
+def e4m3_to_fp16_at_load(tile):
     """``tile.to(tl.float16)`` for an e4m3fn tile on NVIDIA, as inline PTX
     (``cvt.rn.f16x2.e4m3x2``, exact), converted where the tile was loaded.
 

@@ -59,7 +59,7 @@ import triton.language as tl
 
 from vllm.attention.ops.triton_attention_common import (
     LOG2E,
-    e4m3_to_fp16_in_place,
+    e4m3_to_fp16_at_load,
     finalize_output,
     init_softmax_state,
     load_kv_tile,
@@ -127,7 +127,7 @@ def _attend_tiles(
     USE_SOFTCAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
     USE_WINDOW: tl.constexpr,
-    EARLY_CONVERT: tl.constexpr,  # fp8 (e4m3fn, NVIDIA): see e4m3_to_fp16_in_place
+    EARLY_CONVERT: tl.constexpr,  # fp8 (e4m3fn, NVIDIA): see e4m3_to_fp16_at_load
     MASKED: tl.constexpr,  # False: every key of every tile is visible
 ):
     """Online softmax over KV tiles ``[tile_lo, tile_hi)``: the inner loop, written
@@ -166,8 +166,8 @@ def _attend_tiles(
             MASK_KEYS=MASKED,
         )
         if EARLY_CONVERT:
-            k = e4m3_to_fp16_in_place(k)
-            v = e4m3_to_fp16_in_place(v)
+            k = e4m3_to_fp16_at_load(k)
+            v = e4m3_to_fp16_at_load(v)
         k = to_dot_dtype(k, DOT_DTYPE=q.dtype)
         v = to_dot_dtype(v, DOT_DTYPE=q.dtype)
         scores, score_scale = scores_and_scale(

@@ -41,7 +41,7 @@ class DecodeConfig:
     loads of the tile loop). early_convert: e4m3fn caches on NVIDIA only: convert
     each K/V tile to fp16 where it is loaded (inline PTX), so that it reaches the
     tensor cores through ``ldmatrix`` rather than byte-wide shared-memory loads
-    (``triton_attention_common.e4m3_to_fp16_in_place``); ignored elsewhere."""
+    (``triton_attention_common.e4m3_to_fp16_at_load``); ignored elsewhere."""
 
     block_n: int
     num_warps: int
