@@ -735,12 +735,13 @@ def environment(args, files) -> dict:
     if commit and _run(["git", "status", "--porcelain", "--untracked-files=no"], REPO):
         commit += "-dirty"
     on_gpu = torch.cuda.is_available() and not args.interpret
+    # nvidia-smi prints one line per GPU of the host (one driver): keep the first.
+    query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+    drivers = _run(query) or ""
     return {
         "commit": commit or "unknown",
         "gpu": torch.cuda.get_device_name() if on_gpu else "cpu (interpreter)",
-        "driver": _run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
-        ),
+        "driver": drivers.splitlines()[0] if drivers else None,
         "torch": torch.__version__,
         "triton": triton.__version__,
         "vllm": getattr(vllm, "__version__", None),
