@@ -247,3 +247,51 @@ def test_agreement_step_passes_a_speculative_config_through_agree_args(
     (result,) = (tmp_path / "out" / "results" / "agreement").glob("*-ngram.json")
     body = json.loads(result.read_text())
     assert body["backend_speculative"]["config"] == json.loads(spec)
+
+
+def test_detached_job_outlives_its_calls_process_group(tmp_path):
+    """A call's leftover processes are killed (process group): the job runs on."""
+    script = REPO / "benchmarks" / "gpu" / "detached.sh"
+    env = dict(os.environ, DETACHED_DIR=str(tmp_path / "jobs"), OUT=str(tmp_path / "o"))
+    marker = tmp_path / "go"
+    job = f'echo "out=$OUT pwd=$PWD"; test -f benchmarks/gpu/detached.sh || exit 9; while [ ! -f {marker} ]; do sleep 0.2; done; echo r > $OUT/r.txt; exit 5'
+    # The starting "call": its own process group, killed once the start returned.
+    call = subprocess.Popen(
+        ["bash", "-c", f"bash {script} start j '{job}' && sleep 60"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert "detached: started j" in call.stdout.readline()
+    os.killpg(call.pid, 9)
+    call.wait(timeout=10)
+
+    def wait(out, seconds):
+        return subprocess.run(
+            ["bash", str(script), "wait", "j", str(seconds)],
+            env=dict(env, OUT=str(tmp_path / out)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    running = wait("o1", 1)
+    assert running.returncode == 75 and "still running" in running.stdout
+    again = subprocess.run(
+        ["bash", str(script), "start", "j", "true"], env=env, capture_output=True
+    )
+    assert again.returncode == 2
+    marker.touch()
+    done = wait("o2", 30)
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert (tmp_path / "o2" / "r.txt").read_text() == "r\n"
+    assert (
+        f"out={tmp_path}/jobs/j/out pwd={tmp_path}/jobs/j/tree\n"
+        in (tmp_path / "o2" / "job.log").read_text()
+    )
+    gone = subprocess.run(
+        ["bash", str(script), "wait", "other"], env=env, capture_output=True
+    )
+    assert gone.returncode == 2
