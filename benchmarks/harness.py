@@ -208,6 +208,20 @@ def run_settings() -> dict[str, str]:
     }
 
 
+# What TRITON_ATTN logs (in every process, TP workers included) when Triton builds
+# one of its kernels after the warm-up (vllm/v1/attention/backends/triton_attn.py).
+AFTER_WARM_UP_WARNING = "after the backend's warm-up"
+
+
+def count_after_warm_up_warnings(path: Path) -> int:
+    """Lines of a server log that report a Triton build after TRITON_ATTN's warm-up."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return 0
+    return sum(AFTER_WARM_UP_WARNING in line for line in text.splitlines())
+
+
 def tail(path: Path, lines: int = 60) -> str:
     try:
         text = path.read_text(errors="replace").splitlines()

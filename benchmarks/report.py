@@ -201,6 +201,24 @@ def _serving_file(files, plot_dir: Path | None, doc_dir: Path) -> list[str]:
             lines.append(f"- session step: `{body['command_full']}`")
         if body.get("provenance"):
             lines.append(f"- provenance: {body['provenance']}")
+        if body.get("server_starts"):
+            lines.append(
+                "- server start to healthy, s (Triton builds after TRITON_ATTN's "
+                "warm-up, counted in the server log): "
+                + "; ".join(
+                    f"{name} "
+                    + ", ".join(
+                        f"{s['healthy_after_s']:.0f}"
+                        + (
+                            f" ({s['after_warm_up_build_warnings']})"
+                            if "after_warm_up_build_warnings" in s
+                            else ""
+                        )
+                        for s in starts
+                    )
+                    for name, starts in body["server_starts"].items()
+                )
+            )
         if body.get("openai_check"):
             lines.append(
                 "- OpenAI-compatible requests after start (one greedy completion, "

@@ -105,10 +105,6 @@ def _triton_compiles() -> dict[str, int]:
     return counts
 
 
-# What TRITON_ATTN logs (in every process, TP workers included) when Triton builds
-# one of its kernels after the warm-up (vllm/v1/attention/backends/triton_attn.py).
-AFTER_WARM_UP_WARNING = "after the backend's warm-up"
-
 # vLLM's speculative-decoding counters (``vllm:spec_decode_<name>``) kept per run.
 SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
@@ -228,6 +224,8 @@ def _run_side(args, backend, pythonpath, prompts_file, model_dir, out, speculati
     if speculative:
         cmd += ["--speculative", speculative]
     print(f"[agreement] {backend}: {' '.join(cmd[3:])}", flush=True)
+    from benchmarks.harness import AFTER_WARM_UP_WARNING
+
     # The output of the run and of vLLM's worker processes (tensor parallel), shown
     # as it comes and searched for the fork's after-warm-up build warnings.
     warnings = 0

@@ -242,11 +242,22 @@ def run_backend(
     what = f"serving {b.name}"
     print(f"[{what}] $ {shlex.join(cmd)}\n[{what}] server log: {log}", flush=True)
     ok = True
+    starts_file = work / "server-starts.json"
+    starts = harness.read_json(starts_file) if starts_file.is_file() else []
+    t0 = time.monotonic()
     with running_server(
         cmd, env, port, log, budget.timeout(args.startup_timeout_s), what
     ) as proc:
         if proc is None:
             return False
+        # Issue #5 asks for the startup time; a resumed run adds a start.
+        starts.append(
+            {
+                "healthy_after_s": round(time.monotonic() - t0, 1),
+                "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+        )
+        harness.write_json(starts_file, starts)
         served_here: set[str] = set()  # (workload, rate) passed on this server
         for run in todo:
             if not budget.allows(PASS_ALLOWANCE_S):
@@ -300,6 +311,18 @@ def run_backend(
             if not all(res["ok"] for res in check.values()):
                 _fail(what, "an OpenAI-compatible endpoint did not answer", log)
                 ok = False
+    # The server is down and its log complete (TP workers write to it too): any
+    # Triton build of the fork's kernels after its warm-up was logged there.
+    starts[-1]["after_warm_up_build_warnings"] = harness.count_after_warm_up_warnings(
+        log
+    )
+    harness.write_json(starts_file, starts)
+    if starts[-1]["after_warm_up_build_warnings"]:
+        print(
+            f"[{what}] WARNING: {starts[-1]['after_warm_up_build_warnings']} Triton "
+            f"builds after the warm-up (see {log})",
+            flush=True,
+        )
     return ok
 
 
@@ -431,6 +454,11 @@ def main(argv: list[str] | None = None) -> int:
         "backends": [b.as_dict() for b in backends],
         "complete": not failed,
         "records": records,
+        "server_starts": {
+            b.name: harness.read_json(work_root / b.name / "server-starts.json")
+            for b in backends
+            if (work_root / b.name / "server-starts.json").is_file()
+        },
         "openai_check": {
             b.name: harness.read_json(work_root / b.name / "openai-check.json")
             for b in backends

@@ -52,6 +52,15 @@ def _serving_body():
         "command": "run_serving.py --quick",
         "complete": True,
         "records": recs,
+        "server_starts": {
+            "FLASH_ATTN": [
+                {"healthy_after_s": 164.2, "after_warm_up_build_warnings": 0}
+            ],
+            "TRITON_ATTN-fork": [
+                {"healthy_after_s": 150.0, "after_warm_up_build_warnings": 0},
+                {"healthy_after_s": 188.4, "after_warm_up_build_warnings": 3},
+            ],
+        },
         "openai_check": {
             "FLASH_ATTN": {"completions": {"ok": True}, "chat": {"ok": True}},
             "TRITON_ATTN-fork": {"completions": {"ok": True}, "chat": {"ok": False}},
@@ -142,6 +151,10 @@ def test_report_text(results_dir, tmp_path):
     assert (
         "FLASH_ATTN completions ok, chat ok; TRITON_ATTN-fork completions ok, "
         "chat FAILED" in text
+    )
+    assert (
+        "warm-up, counted in the server log): FLASH_ATTN 164 (0); "
+        "TRITON_ATTN-fork 150 (0), 188 (3)" in text
     )
 
 

@@ -225,6 +225,10 @@ def test_orchestration_results_and_resume(tmp_path, fake_sites, model_dir_8b):
     ), body["openai_check"]
     assert r.stdout.count("Serving Benchmark Result") == 4
     assert "TRITON_ATTN-fork / FLASH_ATTN" in r.stdout
+    # issue #5: the startup time of each server, and no Triton build after warm-up
+    for starts in body["server_starts"].values():
+        assert len(starts) == 1 and starts[0]["healthy_after_s"] > 0.2, starts
+        assert starts[0]["after_warm_up_build_warnings"] == 0
     r2 = _run(tmp_path, model_dir_8b)
     assert r2.returncode == 0
     assert "server healthy" not in r2.stdout  # nothing left: no server started
@@ -236,6 +240,24 @@ def test_orchestration_results_and_resume(tmp_path, fake_sites, model_dir_8b):
     assert "sharegpt-like-rinf-warmup" in r3.stdout
     assert (work / "sharegpt-like-rinf-steady.json").is_file()
     assert not list(work.glob("*warmup*.json"))
+    again = json.loads(files[0].read_text())["server_starts"]
+    assert len(again["FLASH_ATTN"]) == 2 and len(again["TRITON_ATTN-fork"]) == 1
+
+
+def test_builds_after_warm_up_are_counted_in_the_server_log(
+    tmp_path, fake_sites, model_dir_8b
+):
+    r = _run(
+        tmp_path, model_dir_8b, env_extra={"FAKE_VLLM_LATE_BUILDS": "TRITON_ATTN:2"}
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    body = json.loads(next((tmp_path / "res").glob("*-quick.json")).read_text())
+    counts = {
+        name: [s["after_warm_up_build_warnings"] for s in starts]
+        for name, starts in body["server_starts"].items()
+    }
+    assert counts == {"FLASH_ATTN": [0], "TRITON_ATTN-fork": [2]}, counts
+    assert "WARNING: 2 Triton builds after the warm-up" in r.stdout
 
 
 def test_server_failure_is_loud(tmp_path, fake_sites, model_dir_8b):
