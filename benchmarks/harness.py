@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -208,18 +209,25 @@ def run_settings() -> dict[str, str]:
     }
 
 
-# What TRITON_ATTN logs (in every process, TP workers included) when Triton builds
-# one of its kernels after the warm-up (vllm/v1/attention/backends/triton_attn.py).
-AFTER_WARM_UP_WARNING = "after the backend's warm-up"
+# What vLLM's JIT monitor (vllm/utils/jit_monitor.py, activated in every worker after
+# its warm-up) logs when Triton compiles a kernel while serving: once per kernel and
+# process, "Triton kernel JIT compilation during inference: <kernel>. This causes ...".
+LATE_JIT_RE = re.compile(
+    r"Triton kernel JIT compilation during inference: ([\w.<>]+?)[.(\s]"
+)
 
 
-def count_after_warm_up_warnings(path: Path) -> int:
-    """Lines of a server log that report a Triton build after TRITON_ATTN's warm-up."""
+def late_jit_compiles(lines) -> list[str]:
+    """The kernels vLLM's JIT monitor reports as compiled while serving, one entry per
+    report (so per kernel and process), in order."""
+    return [m.group(1) for line in lines for m in LATE_JIT_RE.finditer(line)]
+
+
+def late_jit_compiles_in(path: Path) -> list[str]:
     try:
-        text = path.read_text(errors="replace")
+        return late_jit_compiles(path.read_text(errors="replace").splitlines())
     except OSError:
-        return 0
-    return sum(AFTER_WARM_UP_WARNING in line for line in text.splitlines())
+        return []
 
 
 def tail(path: Path, lines: int = 60) -> str:

@@ -203,15 +203,15 @@ def _serving_file(files, plot_dir: Path | None, doc_dir: Path) -> list[str]:
             lines.append(f"- provenance: {body['provenance']}")
         if body.get("server_starts"):
             lines.append(
-                "- server start to healthy, s (Triton builds after TRITON_ATTN's "
-                "warm-up, counted in the server log): "
+                "- server start to healthy, s (kernels Triton compiled while serving, "
+                "from vLLM's JIT monitor in the server log): "
                 + "; ".join(
                     f"{name} "
                     + ", ".join(
                         f"{s['healthy_after_s']:.0f}"
                         + (
-                            f" ({s['after_warm_up_build_warnings']})"
-                            if "after_warm_up_build_warnings" in s
+                            f" ({', '.join(s['late_jit_compiles']) or 'none'})"
+                            if "late_jit_compiles" in s
                             else ""
                         )
                         for s in starts
@@ -511,13 +511,20 @@ def _backend_cell(b: dict) -> str:
     )
 
 
+def _late_jit_cell(side: dict) -> str:
+    """vLLM's JIT-monitor reports of one side ("-" for runs before it was read)."""
+    if "late_jit_compiles" not in side:
+        return "-"
+    return ", ".join(side["late_jit_compiles"]) or "none"
+
+
 def agreement_section(items) -> list[str]:
     lines = ["## Greedy agreement with FLASH_ATTN", ""]
     if not items:
         return lines + ["No agreement results yet.", ""]
     head = ["file", "model", "kv cache", "reference", "backend", "tp", "prompts"]
     head += ["tokens equal", "fraction", "diverged (at near-ties)"]
-    head += ["builds after warm-up (all processes)"]
+    head += ["compiled while serving (all processes)"]
     rows = [
         [
             f"`{p.name}`",
@@ -532,9 +539,7 @@ def agreement_section(items) -> list[str]:
             "{} ({})".format(
                 b.get("prompts_diverged", "?"), b.get("divergences_at_near_ties", "?")
             ),
-            b.get("sides", {})
-            .get(b["backend"], {})
-            .get("after_warm_up_build_warnings", "-"),
+            _late_jit_cell(b.get("sides", {}).get(b["backend"], {})),
         ]
         for p, b in items
     ]

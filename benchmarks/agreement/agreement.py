@@ -224,11 +224,12 @@ def _run_side(args, backend, pythonpath, prompts_file, model_dir, out, speculati
     if speculative:
         cmd += ["--speculative", speculative]
     print(f"[agreement] {backend}: {' '.join(cmd[3:])}", flush=True)
-    from benchmarks.harness import AFTER_WARM_UP_WARNING
+    from benchmarks.harness import late_jit_compiles
 
     # The output of the run and of vLLM's worker processes (tensor parallel), shown
-    # as it comes and searched for the fork's after-warm-up build warnings.
-    warnings = 0
+    # as it comes and searched for vLLM's JIT monitor's reports of kernels compiled
+    # while serving (the worker processes log their own).
+    late: list[str] = []
     with subprocess.Popen(
         cmd,
         env=env,
@@ -240,11 +241,11 @@ def _run_side(args, backend, pythonpath, prompts_file, model_dir, out, speculati
     ) as proc:
         for line in proc.stdout:
             print(line, end="", flush=True)
-            warnings += AFTER_WARM_UP_WARNING in line
+            late += late_jit_compiles([line])
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, cmd)
     body = json.loads(Path(out).read_text())
-    body["after_warm_up_build_warnings"] = warnings
+    body["late_jit_compiles"] = late
     Path(out).write_text(json.dumps(body))
     return body
 
@@ -437,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
                     "generate_s",
                     "triton_kernels_compiled_at_startup",
                     "triton_kernels_compiled_after_startup",
-                    "after_warm_up_build_warnings",
+                    "late_jit_compiles",
                 )
                 if k in side
             }

@@ -311,16 +311,15 @@ def run_backend(
             if not all(res["ok"] for res in check.values()):
                 _fail(what, "an OpenAI-compatible endpoint did not answer", log)
                 ok = False
-    # The server is down and its log complete (TP workers write to it too): any
-    # Triton build of the fork's kernels after its warm-up was logged there.
-    starts[-1]["after_warm_up_build_warnings"] = harness.count_after_warm_up_warnings(
-        log
-    )
+    # The server is down and its log complete (TP workers write to it too): vLLM's
+    # JIT monitor reported there any kernel Triton compiled while serving.
+    late = harness.late_jit_compiles_in(log)
+    starts[-1]["late_jit_compiles"] = late
     harness.write_json(starts_file, starts)
-    if starts[-1]["after_warm_up_build_warnings"]:
+    if late:
         print(
-            f"[{what}] WARNING: {starts[-1]['after_warm_up_build_warnings']} Triton "
-            f"builds after the warm-up (see {log})",
+            f"[{what}] WARNING: Triton compiled while serving: {', '.join(late)} "
+            f"(vLLM's JIT monitor, see {log})",
             flush=True,
         )
     return ok

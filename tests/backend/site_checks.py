@@ -809,69 +809,6 @@ _TOLERANCE = {"bfloat16": (2e-2, 2e-2), "float16": (5e-3, 5e-3)}
 
 
 @check
-def check_compile_watch():
-    """After the warm-up, Triton builds of this fork's kernels are logged as
-    warnings and counted (in every process, so TP workers report their own); builds
-    inside a warm-up and of other modules are not. The hook keeps one installed
-    before it, and installs once."""
-    import triton
-
-    from vllm.v1.attention.backends import triton_attn as ta
-
-    runtime = triton.knobs.runtime
-    saved = runtime.jit_post_compile_hook
-    before = len(ta.COMPILED_AFTER_WARM_UP)
-    seen = []
-    try:
-        runtime.jit_post_compile_hook = lambda **kw: seen.append(kw["fn"].name)
-        ta._watch_compiles()
-        ta._watch_compiles()
-        hook = runtime.jit_post_compile_hook
-        assert getattr(hook, "_triton_attn_watch", False)
-
-        def build(module, name):
-            fn = SimpleNamespace(module=module, name=name)
-            hook(key=None, repr=f"{name}[...]", fn=fn, compile=None,
-                 is_manual_warmup=False, already_compiled=False)  # fmt: skip
-
-        logged = _capture_warnings(
-            lambda: build("vllm.attention.ops.prefix_prefill", "_prefix_prefill_kernel")
-        )
-        build("some.other.module", "kernel")
-        ta._warm_up_depth += 1
-        try:
-            build("vllm.attention.ops.prefix_prefill", "_prefix_prefill_kernel")
-        finally:
-            ta._warm_up_depth -= 1
-        new = ta.COMPILED_AFTER_WARM_UP[before:]
-        assert new == ["vllm.attention.ops.prefix_prefill._prefix_prefill_kernel"]
-        assert any("after the backend's warm-up" in m for m in logged), logged
-        assert seen == ["_prefix_prefill_kernel", "kernel", "_prefix_prefill_kernel"]
-        return f"warned once: {logged[0][:80]}..."
-    finally:
-        runtime.jit_post_compile_hook = saved
-        del ta.COMPILED_AFTER_WARM_UP[before:]
-
-
-def _capture_warnings(fn) -> list[str]:
-    """Messages vLLM's TRITON_ATTN logger emits while ``fn`` runs."""
-    messages = []
-
-    class Grab(logging.Handler):
-        def emit(self, record):
-            messages.append(record.getMessage())
-
-    log = logging.getLogger("vllm.v1.attention.backends.triton_attn")
-    handler = Grab(level=logging.WARNING)
-    log.addHandler(handler)
-    try:
-        fn()
-    finally:
-        log.removeHandler(handler)
-    return messages
-
-
-@check
 def check_forward_mixed_bf16():
     """Split-KV decodes + a prefix-hit chunk + a fresh prefill + a padding token."""
     import torch

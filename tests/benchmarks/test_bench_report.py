@@ -53,12 +53,10 @@ def _serving_body():
         "complete": True,
         "records": recs,
         "server_starts": {
-            "FLASH_ATTN": [
-                {"healthy_after_s": 164.2, "after_warm_up_build_warnings": 0}
-            ],
+            "FLASH_ATTN": [{"healthy_after_s": 164.2, "late_jit_compiles": []}],
             "TRITON_ATTN-fork": [
-                {"healthy_after_s": 150.0, "after_warm_up_build_warnings": 0},
-                {"healthy_after_s": 188.4, "after_warm_up_build_warnings": 3},
+                {"healthy_after_s": 150.0, "late_jit_compiles": []},
+                {"healthy_after_s": 188.4, "late_jit_compiles": ["_k", "_k"]},
             ],
         },
         "openai_check": {
@@ -153,8 +151,8 @@ def test_report_text(results_dir, tmp_path):
         "chat FAILED" in text
     )
     assert (
-        "warm-up, counted in the server log): FLASH_ATTN 164 (0); "
-        "TRITON_ATTN-fork 150 (0), 188 (3)" in text
+        "JIT monitor in the server log): FLASH_ATTN 164 (none); "
+        "TRITON_ATTN-fork 150 (none), 188 (_k, _k)" in text
     )
 
 
@@ -264,7 +262,7 @@ def test_agreement_and_soak_rows(tmp_path):
              "fraction_equal": 0.9984, "model": "gemma-2-9b-softcap",
              "kv_cache_dtype": "auto", "prompts_diverged": 2,
              "divergences_at_near_ties": 2,
-             "sides": {"TRITON_ATTN": {"after_warm_up_build_warnings": 0}}}
+             "sides": {"TRITON_ATTN": {"late_jit_compiles": []}}}
         )
     )  # fmt: skip
     soak = {
@@ -277,7 +275,7 @@ def test_agreement_and_soak_rows(tmp_path):
     text = report.build(root, tmp_path / "performance.md", plots=False)
     assert (
         "| `a.json` | gemma-2-9b-softcap | auto | FLASH_ATTN | TRITON_ATTN | 1 | 100 "
-        "| 3195/3200 | 0.9984 | 2 (2) | 0 |" in text
+        "| 3195/3200 | 0.9984 | 2 (2) | none |" in text
     )
     assert "| `s.json` | 5 | 48 | 10 | 2 | 1 | True | 0 MiB | FAIL |" in text
 

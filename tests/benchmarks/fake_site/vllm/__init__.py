@@ -6,13 +6,20 @@ the accuracy task's character prompts it answers correctly, except that with
 ``FAKE_VLLM_WRONG=<backend>`` that attention backend answers every 10th problem wrong
 and changes a token of every 10th other prompt (the harnesses must then notice).
 ``FAKE_VLLM_LATE_BUILDS=<backend>:<n>``: while generating, a child process (as a
-tensor-parallel worker would) logs TRITON_ATTN's after-warm-up build warning n times.
+tensor-parallel worker would) logs vLLM's JIT-monitor warning n times.
 """
 
 import os
 import subprocess
 import sys
 import time
+
+# vLLM 0.26's JIT monitor (vllm/utils/jit_monitor.py) in warn mode, as a worker logs it.
+JIT_MONITOR_LINE = (
+    "(Worker_TP1 pid=7) WARNING 11-30 12:00:00 [jit_monitor.py:130] Triton kernel JIT "
+    "compilation during inference: _prefix_prefill_kernel. This causes a latency "
+    "spike; consider extending warmup to cover this shape/config."
+)
 from dataclasses import dataclass, field
 
 __version__ = "0.0.fake"
@@ -82,7 +89,7 @@ class LLM:
     def generate(self, prompts, params, use_tqdm=True):
         backend, _, count = os.environ.get("FAKE_VLLM_LATE_BUILDS", "").partition(":")
         if backend == self.attention_backend:
-            line = "WARNING TRITON_ATTN: Triton built k after the backend's warm-up"
+            line = JIT_MONITOR_LINE
             code = f"print({line!r}, flush=True)\n" * int(count)
             subprocess.run([sys.executable, "-c", code], check=True)
         if not isinstance(params, list):

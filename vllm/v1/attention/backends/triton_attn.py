@@ -217,43 +217,6 @@ _WARMED_UP: set[tuple] = set()
 # How queries reach forward(): vLLM passes a view of the fused QKV output, or a
 # contiguous tensor after some compiler passes; the decode kernel specialises on it.
 _QUERY_LAYOUTS = ("qkv_view", "contiguous")
-# Kernels of vllm.attention.ops that Triton built in this process after the first
-# warm-up, outside any warm-up: a specialisation the warm-up missed, built while
-# serving (see _watch_compiles). Empty in a healthy server.
-COMPILED_AFTER_WARM_UP: list[str] = []
-_warm_up_depth = 0  # > 0 while a warm-up runs (its builds are expected)
-
-
-def _after_warm_up_compile(*, fn, repr, **_) -> None:
-    """Triton post-compile hook: log a build of this fork's kernels outside the
-    warm-up (it stalled a request, and a CUDA-graph capture would not include it)."""
-    if _warm_up_depth or not fn.module.startswith("vllm.attention.ops"):
-        return
-    COMPILED_AFTER_WARM_UP.append(f"{fn.module}.{fn.name}")
-    logger.warning(
-        "TRITON_ATTN: Triton built %s after the backend's warm-up, while serving; "
-        "the warm-up missed this specialisation (%s). Please report it.",
-        fn.name,
-        repr[:300],
-    )
-
-
-def _watch_compiles() -> None:
-    """Install ``_after_warm_up_compile`` as Triton's post-compile hook, once per
-    process, keeping any hook already there (it runs after ours)."""
-    import triton
-
-    runtime = triton.knobs.runtime
-    previous = runtime.jit_post_compile_hook
-    if getattr(previous, "_triton_attn_watch", False):
-        return
-
-    def hook(**kwargs):
-        _after_warm_up_compile(**kwargs)
-        return previous(**kwargs) if previous is not None else None
-
-    hook._triton_attn_watch = True  # type: ignore[attr-defined]
-    runtime.jit_post_compile_hook = hook
 
 
 @dataclass
@@ -421,7 +384,9 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
 
     def warm_up(self, block_table_stride: int) -> None:
         """Launch every kernel specialisation this group's layers can use, on a
-        scratch cache, so that no Triton compilation happens while serving.
+        scratch cache, so that no Triton compilation happens while serving. (vLLM's
+        JIT monitor, activated after the worker's warm-up, logs any that does:
+        ``--jit-monitor-mode error`` makes it fail instead.)
 
         A failure here is logged, not raised: it costs compilations at first use,
         never a wrong answer (the same launches then fail or succeed in forward).
@@ -429,8 +394,6 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return  # never launch scratch work into a CUDA graph
         self._warmed_stride_classes.add(_stride_class(block_table_stride))
-        global _warm_up_depth
-        _warm_up_depth += 1
         try:
             self._warm_up(block_table_stride)
         except Exception as e:  # the model may still run; say why it was not warmed
@@ -440,9 +403,6 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
                 type(e).__name__,
                 e,
             )
-        finally:
-            _warm_up_depth -= 1
-        _watch_compiles()
 
     def _warm_up(self, block_table_stride: int) -> None:
         from vllm.config import get_layers_from_vllm_config

@@ -4,8 +4,8 @@ The server answers /health, /metrics, /v1/completions (streamed or not; the text
 a function of the prompt) and /v1/chat/completions (not streamed).
 ``FAKE_VLLM_SOAK_ERROR_EVERY=n`` makes every n-th completion fail with HTTP 500;
 ``FAKE_VLLM_NO_CHAT=<backend>`` makes that server answer chat requests with 400;
-``FAKE_VLLM_LATE_BUILDS=<backend>:<n>``: that server logs TRITON_ATTN's after-warm-up
-build warning n times when the first completion request comes."""
+``FAKE_VLLM_LATE_BUILDS=<backend>:<n>``: that server logs vLLM's JIT-monitor
+warning n times when the first completion request comes."""
 
 import json
 import os
@@ -13,6 +13,8 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from vllm import JIT_MONITOR_LINE
 
 
 def _arg(argv, name, default=None):
@@ -43,7 +45,7 @@ class _Health(BaseHTTPRequestHandler):
         if backend == self.server.backend and not getattr(self.server, "built", 0):
             self.server.built = 1
             for _ in range(int(count)):
-                print("WARNING TRITON_ATTN: Triton built k after the backend's warm-up")
+                print(JIT_MONITOR_LINE)
             sys.stdout.flush()
         every = int(os.environ.get("FAKE_VLLM_SOAK_ERROR_EVERY", "0"))
         if self.path == "/v1/chat/completions":
