@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -254,7 +255,10 @@ def test_detached_job_outlives_its_calls_process_group(tmp_path):
     script = REPO / "benchmarks" / "gpu" / "detached.sh"
     env = dict(os.environ, DETACHED_DIR=str(tmp_path / "jobs"), OUT=str(tmp_path / "o"))
     marker = tmp_path / "go"
-    job = f'echo "out=$OUT pwd=$PWD"; test -f benchmarks/gpu/detached.sh || exit 9; while [ ! -f {marker} ]; do sleep 0.2; done; echo r > $OUT/r.txt; exit 5'
+    job = (
+        'echo "out=$OUT pwd=$PWD"; test -f benchmarks/gpu/detached.sh || exit 9; '
+        f"while [ ! -f {marker} ]; do sleep 0.2; done; echo r > $OUT/r.txt; exit 5"
+    )
     # The starting "call": its own process group, killed once the start returned.
     call = subprocess.Popen(
         ["bash", "-c", f"bash {script} start j '{job}' && sleep 60"],
@@ -295,3 +299,98 @@ def test_detached_job_outlives_its_calls_process_group(tmp_path):
         ["bash", str(script), "wait", "other"], env=env, capture_output=True
     )
     assert gone.returncode == 2
+
+
+def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path):
+    """kernel_work.sh (the sittings' owed kernel measurements) gives each step at most
+    its cap or what is left before UNTIL, skips a step with < 30 s left, hands the
+    prefill tuner a budget that ends before its box, and always collects."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    calls = tmp_path / "calls.log"
+    (shim / "python3").write_text(f'#!/bin/sh\necho "python3 $*" >> {calls}\n')
+    (shim / "python3").chmod(0o755)
+    script = REPO / "benchmarks" / "gpu" / "sittings" / "kernel_work.sh"
+
+    def run(seconds_left):
+        calls.write_text("")
+        env = dict(
+            os.environ,
+            PATH=f"{shim}:{os.environ['PATH']}",
+            STATE=str(tmp_path / "state"),
+            OUT=str(tmp_path / "out"),
+            BENCH_COMMIT="abc1234",
+            UNTIL=str(int(time.time()) + seconds_left),
+        )
+        r = subprocess.run(
+            ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60
+        )
+        return r, calls.read_text()
+
+    r, log = run(2000)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "-k early_convert" in log and "--retune-decode" in log
+    assert log.count("tune_prefix_prefill") == 2
+    assert log.count("--budget-minutes 2.58") == 2, log  # (200 s box - 45) / 60
+    assert "--kv-dtypes fp8 --commit abc1234" in log
+    assert (tmp_path / "out" / "results.tgz").is_file()
+    r, log = run(20)
+    assert r.returncode == 0 and log == "", log
+    assert r.stderr.count("skipped") == 5 and "[kernel-work]" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "script, lane_files, kernel_work",
+    [
+        (
+            "rates_and_short_full",
+            (
+                {"llama-3.1-8b-quick-rates-gpu0.json", "llama-3.1-8b-gpu0.json"},
+                {"llama-3.1-8b-quick-rates-gpu1.json"},
+            ),
+            True,
+        ),
+        (
+            "long_full_and_e2e",
+            ({"llama-3.1-8b-gpu0.json"}, {"llama-3.1-8b-gpu1.json", "gpu1.json"}),
+            False,
+        ),
+    ],
+)
+def test_sitting_scripts_run_both_lanes(
+    session_env, tmp_path, script, lane_files, kernel_work
+):
+    """A sitting script as the device would run it, on the fake vLLM (python3
+    shimmed for the kernel work: no GPU here): each lane's results come back as one
+    archive, with the files its steps promise."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "python3").write_text(f'#!/bin/sh\necho "python3 $*" >> {tmp_path}/k.log\n')
+    (shim / "python3").chmod(0o755)
+    env = dict(
+        session_env,
+        PATH=f"{shim}:{os.environ['PATH']}",
+        STATE_ROOT=str(tmp_path),
+        BENCH_COMMIT="abc1234",
+        JOB_S="600",
+    )
+    r = subprocess.run(
+        ["bash", str(REPO / f"benchmarks/gpu/sittings/{script}.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    out = Path(env["OUT"])
+    logs = {i: (out / f"lane{i}.log").read_text() for i in (0, 1)}
+    assert r.returncode == 0, r.stdout + logs[0][-3000:] + logs[1][-3000:]
+    day = time.strftime("%Y-%m-%d", time.gmtime())
+    for i in (0, 1):
+        with tarfile.open(out / f"results-lane{i}.tgz") as tar:
+            names = {Path(n).name for n in tar.getnames()}
+        want = {f"{day}-abc1234-{name}" for name in lane_files[i]}
+        assert want <= names, (i, names)
+    kernel_calls = (tmp_path / "k.log").read_text() if kernel_work else ""
+    assert ("--retune-decode" in kernel_calls) == kernel_work
+    assert ("tune_prefix_prefill" in kernel_calls) == kernel_work
