@@ -312,7 +312,7 @@ def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path):
     (shim / "python3").chmod(0o755)
     script = REPO / "benchmarks" / "gpu" / "sittings" / "kernel_work.sh"
 
-    def run(seconds_left):
+    def run(seconds_left, *steps):
         calls.write_text("")
         env = dict(
             os.environ,
@@ -323,24 +323,33 @@ def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path):
             UNTIL=str(int(time.time()) + seconds_left),
         )
         r = subprocess.run(
-            ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60
+            ["bash", str(script), *steps],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         return r, calls.read_text()
 
     r, log = run(2000)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "-k early_convert" in log and "--retune-decode" in log
-    assert log.count("tune_prefix_prefill") == 2
-    assert log.count("--budget-minutes 2.58") == 2, log  # (200 s box - 45) / 60
+    assert log.count("tune_prefix_prefill") == 3
+    assert log.count("--budget-minutes 2.50") == 3, log  # (240 s box - 90) / 60
+    assert "--groups 8 --block-sizes 64" in log
     assert "--kv-dtypes fp8 --commit abc1234" in log
     assert (tmp_path / "out" / "results.tgz").is_file()
     r, log = run(20)
     assert r.returncode == 0 and log == "", log
-    assert r.stderr.count("skipped") == 5 and "[kernel-work]" in r.stdout
+    assert r.stderr.count("skipped") == 6 and "[kernel-work]" in r.stdout
+    r, log = run(2000, "fp8-sweep")
+    assert log.count("python3") == 1 and "--fp8-qk 0 1" in log, log
+    r, log = run(2000, "no-such-step")
+    assert r.returncode == 2 and "unknown step" in r.stderr
 
 
 @pytest.mark.parametrize(
-    "script, lane_files, kernel_work",
+    "script, lane_files, kernel_calls",
     [
         (
             "rates_and_short_full",
@@ -348,17 +357,17 @@ def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path):
                 {"llama-3.1-8b-quick-rates-gpu0.json", "llama-3.1-8b-gpu0.json"},
                 {"llama-3.1-8b-quick-rates-gpu1.json"},
             ),
-            True,
+            ("-k early_convert", "--groups 8", "--retune-decode"),
         ),
         (
             "long_full_and_e2e",
             ({"llama-3.1-8b-gpu0.json"}, {"llama-3.1-8b-gpu1.json", "gpu1.json"}),
-            False,
+            ("--fp8-qk 0 1", "--maxnreg 0 128"),
         ),
     ],
 )
 def test_sitting_scripts_run_both_lanes(
-    session_env, tmp_path, script, lane_files, kernel_work
+    session_env, tmp_path, script, lane_files, kernel_calls
 ):
     """A sitting script as the device would run it, on the fake vLLM (python3
     shimmed for the kernel work: no GPU here): each lane's results come back as one
@@ -391,6 +400,7 @@ def test_sitting_scripts_run_both_lanes(
             names = {Path(n).name for n in tar.getnames()}
         want = {f"{day}-abc1234-{name}" for name in lane_files[i]}
         assert want <= names, (i, names)
-    kernel_calls = (tmp_path / "k.log").read_text() if kernel_work else ""
-    assert ("--retune-decode" in kernel_calls) == kernel_work
-    assert ("tune_prefix_prefill" in kernel_calls) == kernel_work
+    calls = (tmp_path / "k.log").read_text()
+    assert all(c in calls for c in kernel_calls), calls
+    # (the fp8 kernel table goes through gpu_session.sh, which runs $PYTHON)
+    assert calls.count("python3 ") == len(kernel_calls), calls
