@@ -334,14 +334,14 @@ def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path):
     r, log = run(2000)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "-k early_convert" in log and "--retune-decode" in log
-    assert log.count("tune_prefix_prefill") == 3
-    assert log.count("--budget-minutes 2.50") == 3, log  # (240 s box - 90) / 60
+    assert log.count("tune_prefix_prefill") == 4
+    assert log.count("--budget-minutes 2.50") == 4, log  # (240 s box - 90) / 60
     assert "--groups 8 --block-sizes 64" in log
     assert "--kv-dtypes fp8 --commit abc1234" in log
     assert (tmp_path / "out" / "results.tgz").is_file()
     r, log = run(20)
     assert r.returncode == 0 and log == "", log
-    assert r.stderr.count("skipped") == 6 and "[kernel-work]" in r.stdout
+    assert r.stderr.count("skipped") == 7 and "[kernel-work]" in r.stdout
     r, log = run(2000, "fp8-sweep")
     assert log.count("python3") == 1 and "--fp8-qk 0 1" in log, log
     r, log = run(2000, "no-such-step")
@@ -362,7 +362,7 @@ def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path):
         (
             "long_full_and_e2e",
             ({"llama-3.1-8b-gpu0.json"}, {"llama-3.1-8b-gpu1.json", "gpu1.json"}),
-            ("--fp8-qk 0 1", "--maxnreg 0 128"),
+            ("--fp8-qk 0 1", "--maxnreg 0 128", "--head-sizes 256"),
         ),
     ],
 )

@@ -12,6 +12,10 @@
 #   fp8-sweep      a prefill sweep of the fp8 keys over fp8_qk and lazy_rescale
 #   bf16-sweep     a sweep of the bf16 long-prefill buckets over lazy_rescale and
 #                  128-row 8-warp tiles capped at 128 registers
+#   head256        a first sweep of the head-size-256 keys (Gemma-2-9B: group 2), which
+#                  hold the heuristic's 64x32 4-warp tile; in an sm_90 build it spills
+#                  64-76 bytes per thread at 255 registers, while 64x32 with 8 warps
+#                  needs 192 and spills nothing
 # The sweeps write into copies of the H200 table (recorded, not installed: merge an
 # entry only together with its record).
 # Usage: STATE=/tmp/some-state BENCH_COMMIT=<sha> [UNTIL=<epoch s>] \
@@ -50,7 +54,7 @@ sweep() {
   cp "$STATE/$name-table.json" "$T/"
 }
 
-for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-sweep}"; do
+for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-sweep head256}"; do
   for name in $s; do
     step "$name"
     case $name in
@@ -79,6 +83,10 @@ for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-swee
         sweep bf16 240 --head-sizes 128 --groups 4 --block-sizes 64 \
           --query-lens 1024 4096 16384 --block-m 64 128 --block-n 32 64 \
           --num-warps 4 8 --num-stages 2 --use-tma 1 --maxnreg 0 128 --lazy-rescale 0 1 ;;
+      head256)
+        sweep head256 240 --head-sizes 256 --groups 2 --block-sizes 64 \
+          --query-lens 1024 4096 16384 --block-m 64 128 --block-n 32 64 \
+          --num-warps 4 8 --num-stages 1 2 ;;
       *) echo "kernel_work: unknown step $name" >&2; exit 2 ;;
     esac
   done
