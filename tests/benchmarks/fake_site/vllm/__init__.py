@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 
 # vLLM 0.26's JIT monitor (vllm/utils/jit_monitor.py) in warn mode, as a worker logs it.
 JIT_MONITOR_LINE = (
@@ -20,7 +21,6 @@ JIT_MONITOR_LINE = (
     "compilation during inference: _prefix_prefill_kernel. This causes a latency "
     "spike; consider extending warmup to cover this shape/config."
 )
-from dataclasses import dataclass, field
 
 __version__ = "0.0.fake"
 
