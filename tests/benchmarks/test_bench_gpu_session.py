@@ -404,3 +404,37 @@ def test_sitting_scripts_run_both_lanes(
     assert all(c in calls for c in kernel_calls), calls
     # (the fp8 kernel table goes through gpu_session.sh, which runs $PYTHON)
     assert calls.count("python3 ") == len(kernel_calls), calls
+
+
+def test_seventy_b_sitting_serves_both_backends_at_tp2(session_env, tmp_path):
+    """The 70B sitting script on the fake vLLM: one TP-2 server per backend (its
+    start timeout raised for the ~9-minute starts), the workloads WORKLOADS names
+    (random-5k-100 only: the one the 974141e sitting left without FLASH_ATTN)."""
+    env = dict(
+        session_env,
+        STATE_ROOT=str(tmp_path),
+        BENCH_COMMIT="abc1234",
+        JOB_S="600",
+        WORKLOADS="random-5k-100",
+    )
+    r = subprocess.run(
+        ["bash", str(REPO / "benchmarks/gpu/sittings/seventy_b.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("--tensor-parallel-size 2") == 2  # one server per backend
+    with tarfile.open(Path(env["OUT"]) / "results.tgz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    day = time.strftime("%Y-%m-%d", time.gmtime())
+    assert f"{day}-abc1234-llama-3.1-70b-quick.json" in names, names
+    results = tmp_path / "bs-70b" / "results" / "serving"
+    body = json.loads(next(results.glob("*-70b-quick.json")).read_text())
+    assert body["complete"] and "--startup-timeout-s 1200" in body["command"]
+    assert {(rec["workload"], rec["backend"]) for rec in body["records"]} == {
+        ("random-5k-100", "FLASH_ATTN"),
+        ("random-5k-100", "TRITON_ATTN-fork"),
+    }
