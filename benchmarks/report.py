@@ -612,8 +612,10 @@ def build(results_dir: Path, doc: Path, plots: bool) -> str:
             "Reproduce on the GPU host, one step per call (the call sequence with "
             "times: `benchmarks/gpu/README.md`): `bash benchmarks/gpu_session.sh "
             "prefill-tune`, `fork`, `kernel-bench`, `e2e-full`, `train`, `accuracy`, "
-            "`serving-quick` (see the script's header); unpack `results.tgz` into "
-            "`benchmarks/results/` and run `python3 benchmarks/report.py`."
+            "`serving-quick`, `serving-70b` (see the script's header), or a whole "
+            "sitting as one detached job (`benchmarks/gpu/sittings/`); unpack the "
+            "`results*.tgz` into `benchmarks/results/` and run "
+            "`python3 benchmarks/report.py`."
         ),
         "",
     ]
