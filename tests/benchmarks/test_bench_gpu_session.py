@@ -352,17 +352,23 @@ def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path):
     "script, lane_files, kernel_calls",
     [
         (
-            "rates_and_short_full",
+            "rates_and_sweeps",
             (
-                {"llama-3.1-8b-quick-rates-gpu0.json", "llama-3.1-8b-gpu0.json"},
+                {"llama-3.1-8b-quick-rates-gpu0.json"},
                 {"llama-3.1-8b-quick-rates-gpu1.json"},
             ),
-            ("-k early_convert", "--groups 8", "--retune-decode"),
+            (
+                "--fp8-qk 0 1",
+                "--maxnreg 0 128",
+                "-k early_convert",
+                "--groups 8",
+                "--retune-decode",
+            ),
         ),
         (
-            "long_full_and_e2e",
+            "full_sizes_and_e2e",
             ({"llama-3.1-8b-gpu0.json"}, {"llama-3.1-8b-gpu1.json", "gpu1.json"}),
-            ("--fp8-qk 0 1", "--maxnreg 0 128", "--head-sizes 256"),
+            ("--head-sizes 256",),
         ),
     ],
 )
@@ -404,6 +410,17 @@ def test_sitting_scripts_run_both_lanes(
     assert all(c in calls for c in kernel_calls), calls
     # (the fp8 kernel table goes through gpu_session.sh, which runs $PYTHON)
     assert calls.count("python3 ") == len(kernel_calls), calls
+    if script == "full_sizes_and_e2e":
+        # GPU 0's three workloads share one server per backend and one file.
+        with tarfile.open(out / "results-lane0.tgz") as tar:
+            name = next(n for n in tar.getnames() if n.endswith("-gpu0.json"))
+            body = json.load(tar.extractfile(name))
+        assert {r["workload"] for r in body["records"]} == {
+            "random-10k-100",
+            "sharegpt-like",
+            "decode-1k-1k",
+        }
+        assert logs[0].count("server healthy") == 2, logs[0][-2000:]
 
 
 def test_seventy_b_sitting_serves_both_backends_at_tp2(session_env, tmp_path):
