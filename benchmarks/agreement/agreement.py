@@ -105,6 +105,9 @@ def _triton_compiles() -> dict[str, int]:
     return counts
 
 
+# A guard against a hung engine, not a budget: a TP-2 side took ~7 min at c1399dd.
+SIDE_TIMEOUT_S = 3600.0
+
 # vLLM's speculative-decoding counters (``vllm:spec_decode_<name>``) kept per run.
 SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
@@ -223,29 +226,24 @@ def _run_side(args, backend, pythonpath, prompts_file, model_dir, out, speculati
     ]
     if speculative:
         cmd += ["--speculative", speculative]
-    print(f"[agreement] {backend}: {' '.join(cmd[3:])}", flush=True)
-    from benchmarks.harness import late_jit_compiles
+    from benchmarks.harness import late_jit_compiles_in, run_logged
 
-    # The output of the run and of vLLM's worker processes (tensor parallel), shown
-    # as it comes and searched for vLLM's JIT monitor's reports of kernels compiled
-    # while serving (the worker processes log their own).
-    late: list[str] = []
-    with subprocess.Popen(
+    # The run's output, vLLM's worker processes' included (tensor parallel), is shown
+    # live and kept next to the side's result: vLLM's JIT monitor reports there any
+    # kernel compiled while serving.
+    log = Path(out).with_suffix(".log")
+    rc = run_logged(
         cmd,
         env=env,
+        log=log,
+        timeout_s=SIDE_TIMEOUT_S,
+        what=f"agreement {backend}",
         cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-    ) as proc:
-        for line in proc.stdout:
-            print(line, end="", flush=True)
-            late += late_jit_compiles([line])
-    if proc.returncode != 0:
-        raise subprocess.CalledProcessError(proc.returncode, cmd)
+    )
+    if rc != 0:
+        raise subprocess.CalledProcessError(rc, cmd)
     body = json.loads(Path(out).read_text())
-    body["late_jit_compiles"] = late
+    body["late_jit_compiles"] = late_jit_compiles_in(log)
     Path(out).write_text(json.dumps(body))
     return body
 
