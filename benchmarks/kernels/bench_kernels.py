@@ -735,13 +735,12 @@ def environment(args, files) -> dict:
     if commit and _run(["git", "status", "--porcelain", "--untracked-files=no"], REPO):
         commit += "-dirty"
     on_gpu = torch.cuda.is_available() and not args.interpret
-    # nvidia-smi prints one line per GPU of the host (one driver): keep the first.
-    query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
-    drivers = _run(query) or ""
+    from benchmarks.harness import gpu_info  # import_modules put REPO on sys.path
+
     return {
         "commit": commit or "unknown",
         "gpu": torch.cuda.get_device_name() if on_gpu else "cpu (interpreter)",
-        "driver": drivers.splitlines()[0] if drivers else None,
+        "driver": gpu_info()["driver"] if on_gpu else None,
         "torch": torch.__version__,
         "triton": triton.__version__,
         "vllm": getattr(vllm, "__version__", None),
