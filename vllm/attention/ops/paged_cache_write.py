@@ -17,9 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm.attention.ops.triton_attention_common import quantize_fp8
+from vllm.attention.ops.triton_attention_common import (
+    FP8_DTYPES,
+    fp8_max,
+    quantize_fp8,
+)
 
-_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Elements a program moves per tensor (keeps registers per thread small).
 _MAX_TILE_ELEMENTS = 4096
@@ -120,7 +123,7 @@ def _launch_arguments(
     """Grid and keyword arguments of ``_paged_cache_write_kernel`` (no checks)."""
     num_tokens = slot_mapping.shape[0]
     _, num_kv_heads, block_size, head_size = key_cache.shape
-    is_fp8 = key_cache.dtype in _FP8_DTYPES
+    is_fp8 = key_cache.dtype in FP8_DTYPES
     head_pad = triton.next_power_of_2(head_size)
     heads_per_program = min(
         triton.next_power_of_2(num_kv_heads), max(1, _MAX_TILE_ELEMENTS // head_pad)
@@ -149,7 +152,7 @@ def _launch_arguments(
         "HEAD_SIZE": head_size,
         "HEAD_PAD": head_pad,
         "BLOCK_SIZE": block_size,
-        "FP8_MAX": float(torch.finfo(key_cache.dtype).max) if is_fp8 else 0.0,
+        "FP8_MAX": fp8_max(key_cache.dtype),
         "IS_FP8": is_fp8,
         "num_warps": 4,
     }
@@ -206,7 +209,7 @@ def write_to_paged_cache(
         _fail(
             f"key/value cache dtypes differ: {key_cache.dtype} vs {value_cache.dtype}"
         )
-    is_fp8 = key_cache.dtype in _FP8_DTYPES
+    is_fp8 = key_cache.dtype in FP8_DTYPES
     if is_fp8:
         for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
             if not (

@@ -61,7 +61,9 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vllm.attention.ops.triton_attention_common import (
+    FP8_DTYPES,
     finalize_output,
+    fp8_max,
     init_softmax_state,
     load_kv_tile,
     online_softmax_step,
@@ -81,7 +83,6 @@ from vllm.attention.ops.tuning.tables import device_gpu_name
 
 MAX_HEAD_SIZE = 256
 _QUERY_DTYPES = (torch.bfloat16, torch.float16)
-_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 # Triton's limit on the 2nd and 3rd grid dimensions.
 _MAX_GRID_YZ = 65535
 
@@ -496,7 +497,7 @@ def _launch_arguments(
     block_q = max(1, config.block_m // group_pad)
     block_m = block_q * group_pad
     head_pad = max(16, next_power_of_2(head_size))
-    is_fp8 = key_cache.dtype in _FP8_DTYPES
+    is_fp8 = key_cache.dtype in FP8_DTYPES
     tile_in_page = block_size % config.block_n == 0
     use_tma = (
         config.use_tma
@@ -545,7 +546,7 @@ def _launch_arguments(
         "USE_TMA": use_tma,
         "IS_FP8": is_fp8,
         "FP8_QK": is_fp8 and config.fp8_qk,
-        "FP8_MAX": float(torch.finfo(key_cache.dtype).max) if is_fp8 else 0.0,
+        "FP8_MAX": fp8_max(key_cache.dtype),
         "LAZY_RESCALE": config.lazy_rescale,
         "USE_SOFT_CAP": bool(logits_soft_cap),
         "USE_ALIBI": alibi_slopes is not None,
@@ -690,7 +691,7 @@ def prefix_prefill_attention(
         )
     if not (key_cache.device == device and value_cache.device == device):
         _fail("query and caches must be on one device")
-    is_fp8 = key_cache.dtype in _FP8_DTYPES
+    is_fp8 = key_cache.dtype in FP8_DTYPES
     if is_fp8:
         for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
             if not (

@@ -35,13 +35,26 @@ absolute key positions inside the sequence. Scores handed between helpers are fp
 and in log2 units (natural-log score times log2(e)); masked scores are ``-inf``.
 The softmax state ``(m_i, l_i)`` is kept in log2 units as well.
 
+Host side, for the launchers: ``FP8_DTYPES`` (the fp8 cache formats) and ``fp8_max``.
+
 Every helper takes its flags as keyword constexprs; callers pass them by name.
 These signatures are shared by several kernels: add helpers or trailing keyword
 arguments with defaults, never change existing ones.
 """
 
+import torch
 import triton
 import triton.language as tl
+
+# The caches' fp8 formats (NVIDIA's e4m3fn, MI300's e4m3fnuz), for the launchers.
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+def fp8_max(dtype: torch.dtype) -> float:
+    """Largest finite value of an fp8 cache format (a kernel's ``FP8_MAX``); 0.0 for
+    16-bit caches, whose kernels do not read it."""
+    return float(torch.finfo(dtype).max) if dtype in FP8_DTYPES else 0.0
+
 
 # log2(e): scores are multiplied by it once so that exp(x) == exp2(x * LOG2E).
 LOG2E = tl.constexpr(1.4426950408889634)

@@ -58,6 +58,7 @@ import triton
 import triton.language as tl
 
 from vllm.attention.ops.triton_attention_common import (
+    FP8_DTYPES,
     LOG2E,
     e4m3_to_fp16_at_load,
     finalize_output,
@@ -89,11 +90,6 @@ SPLIT_TARGET_WAVES = 3
 WORKSPACE_DTYPE = torch.float32
 
 _FP16_DTYPES = (torch.float16, torch.bfloat16)
-_FP8_DTYPES = tuple(
-    getattr(torch, name)
-    for name in ("float8_e4m3fn", "float8_e4m3fnuz")
-    if hasattr(torch, name)
-)
 
 
 # ----------------------------------------------------------------------------------
@@ -401,7 +397,7 @@ def early_convert_applies(key_cache: torch.Tensor) -> bool:
     """Whether ``DecodeConfig.early_convert`` can apply to a cache: e4m3fn on an
     NVIDIA GPU (inline PTX; not ROCm's e4m3fnuz, not the CPU interpreter)."""
     return (
-        key_cache.dtype == getattr(torch, "float8_e4m3fn", None)
+        key_cache.dtype == torch.float8_e4m3fn
         and key_cache.device.type == "cuda"
         and torch.version.hip is None
     )
@@ -473,7 +469,7 @@ def _check_inputs(
             "paged_decode_attention: key_cache and value_cache must have the same "
             "strides (pass kv_cache[:, 0] and kv_cache[:, 1] of one tensor)."
         )
-    is_fp8 = key_cache.dtype in _FP8_DTYPES
+    is_fp8 = key_cache.dtype in FP8_DTYPES
     if not is_fp8 and key_cache.dtype != query.dtype:
         raise ValueError(
             f"paged_decode_attention: cache dtype {key_cache.dtype} must equal the "
