@@ -171,9 +171,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("num_splits", [1, 4], ids=["2d", "split4"])
-@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
-def test_decode_features(case, num_splits):
+def _run_case(case, num_splits, config=None):
+    """One entry of CASES against the reference (``config``: the kernel's default
+    lookup unless given)."""
     head_size, group, kv_heads, block_size, q_dtype, cache_dtype, feats = CASES[case]
     if reason := fp8_skip_reason(cache_dtype):
         pytest.skip(reason)
@@ -188,7 +188,14 @@ def test_decode_features(case, num_splits):
         num_splits=num_splits,
         features=feats,
         workspace=True,
+        config=config,
     )
+
+
+@pytest.mark.parametrize("num_splits", [1, 4], ids=["2d", "split4"])
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_decode_features(case, num_splits):
+    _run_case(case, num_splits)
 
 
 @pytest.mark.parametrize("num_splits", sorted({2, 3, 16, MAX_NUM_SPLITS}))
@@ -741,19 +748,6 @@ def test_early_convert_only_where_it_applies():
 @pytest.mark.parametrize("num_splits", [1, 4], ids=["2d", "split4"])
 def test_early_convert_matches_reference(num_splits):
     """The inline-PTX conversion on the GPU: the fp8 case with every feature."""
-    head_size, group, kv_heads, block_size, q_dtype, cache_dtype, feats = CASES[
-        "all_features_fp8"
-    ]
-    _run_and_compare(
-        seq_lens=CPU_SEQ_LENS,
-        num_kv_heads=kv_heads,
-        group=group,
-        head_size=head_size,
-        block_size=block_size,
-        q_dtype=q_dtype,
-        cache_dtype=cache_dtype,
-        num_splits=num_splits,
-        features=feats,
-        workspace=True,
-        config=dc.DecodeConfig(64, 4, 2, early_convert=True),
+    _run_case(
+        "all_features_fp8", num_splits, dc.DecodeConfig(64, 4, 2, early_convert=True)
     )
