@@ -141,7 +141,8 @@ def _fail(what: str, why: str, log: Path) -> None:
 def openai_check(port: int, served: str) -> dict:
     """One greedy request to each OpenAI-compatible endpoint issue #5 names
     (``/v1/completions`` and ``/v1/chat/completions``): ok and the text, or the
-    error. Run once per backend, right after the server is healthy."""
+    error. Run once per backend, after its passes (the first pass stays the
+    server's first traffic)."""
     requests = {
         "completions": (
             "/v1/completions",
@@ -352,6 +353,12 @@ def collect(
     return records
 
 
+def _per_backend(work_root: Path, backends, name: str) -> dict:
+    """{backend: the JSON file ``name`` of its work folder}, for those that have it."""
+    files = {b.name: work_root / b.name / name for b in backends}
+    return {b: harness.read_json(f) for b, f in files.items() if f.is_file()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -453,16 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         "backends": [b.as_dict() for b in backends],
         "complete": not failed,
         "records": records,
-        "server_starts": {
-            b.name: harness.read_json(work_root / b.name / "server-starts.json")
-            for b in backends
-            if (work_root / b.name / "server-starts.json").is_file()
-        },
-        "openai_check": {
-            b.name: harness.read_json(work_root / b.name / "openai-check.json")
-            for b in backends
-            if (work_root / b.name / "openai-check.json").is_file()
-        },
+        "server_starts": _per_backend(work_root, backends, "server-starts.json"),
+        "openai_check": _per_backend(work_root, backends, "openai-check.json"),
     }
     date = time.strftime("%Y-%m-%d", time.gmtime())
     gpu = harness.gpu_tag()
