@@ -208,12 +208,7 @@ def _serving_file(files, plot_dir: Path | None, doc_dir: Path) -> list[str]:
                 + "; ".join(
                     f"{name} "
                     + ", ".join(
-                        f"{s['healthy_after_s']:.0f}"
-                        + (
-                            f" ({', '.join(s['late_jit_compiles']) or 'none'})"
-                            if "late_jit_compiles" in s
-                            else ""
-                        )
+                        f"{s['healthy_after_s']:.0f} ({_late_jit_cell(s)})"
                         for s in starts
                     )
                     for name, starts in body["server_starts"].items()
@@ -512,7 +507,8 @@ def _backend_cell(b: dict) -> str:
 
 
 def _late_jit_cell(side: dict) -> str:
-    """vLLM's JIT-monitor reports of one side ("-" for runs before it was read)."""
+    """vLLM's JIT-monitor reports of an agreement side or a server start ("-" for
+    runs from before they were read)."""
     if "late_jit_compiles" not in side:
         return "-"
     return ", ".join(side["late_jit_compiles"]) or "none"
