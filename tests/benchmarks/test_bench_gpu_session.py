@@ -33,6 +33,19 @@ def session_env(tmp_path, fake_sites):
     return env
 
 
+@pytest.fixture
+def python3_shim(tmp_path):
+    """A ``python3`` that only logs its arguments (for the GPU-only kernel work):
+    returns (the PATH with it first, the log)."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    calls = tmp_path / "calls.log"
+    calls.write_text("")
+    (shim / "python3").write_text(f'#!/bin/sh\necho "python3 $*" >> {calls}\n')
+    (shim / "python3").chmod(0o755)
+    return f"{shim}:{os.environ['PATH']}", calls
+
+
 def _step(env, step):
     """Run a step, then unpack its archives as a developer would: results.tgz into
     $OUT/results, logs.tgz into $OUT/logs."""
@@ -301,22 +314,18 @@ def test_detached_job_outlives_its_calls_process_group(tmp_path):
     assert gone.returncode == 2
 
 
-def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path):
+def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path, python3_shim):
     """kernel_work.sh (the sittings' owed kernel measurements) gives each step at most
     its cap or what is left before UNTIL, skips a step with < 30 s left, hands the
     prefill tuner a budget that ends before its box, and always collects."""
-    shim = tmp_path / "bin"
-    shim.mkdir()
-    calls = tmp_path / "calls.log"
-    (shim / "python3").write_text(f'#!/bin/sh\necho "python3 $*" >> {calls}\n')
-    (shim / "python3").chmod(0o755)
+    path, calls = python3_shim
     script = REPO / "benchmarks" / "gpu" / "sittings" / "kernel_work.sh"
 
     def run(seconds_left, *steps):
         calls.write_text("")
         env = dict(
             os.environ,
-            PATH=f"{shim}:{os.environ['PATH']}",
+            PATH=path,
             STATE=str(tmp_path / "state"),
             OUT=str(tmp_path / "out"),
             BENCH_COMMIT="abc1234",
@@ -378,18 +387,15 @@ def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path):
     ],
 )
 def test_sitting_scripts_run_both_lanes(
-    session_env, tmp_path, script, lane_files, kernel_calls
+    session_env, tmp_path, python3_shim, script, lane_files, kernel_calls
 ):
     """A sitting script as the device would run it, on the fake vLLM (python3
     shimmed for the kernel work: no GPU here): each lane's results come back as one
     archive, with the files its steps promise."""
-    shim = tmp_path / "bin"
-    shim.mkdir()
-    (shim / "python3").write_text(f'#!/bin/sh\necho "python3 $*" >> {tmp_path}/k.log\n')
-    (shim / "python3").chmod(0o755)
+    path, calls_log = python3_shim
     env = dict(
         session_env,
-        PATH=f"{shim}:{os.environ['PATH']}",
+        PATH=path,
         STATE_ROOT=str(tmp_path),
         BENCH_COMMIT="abc1234",
         JOB_S="600",
@@ -411,7 +417,7 @@ def test_sitting_scripts_run_both_lanes(
             names = {Path(n).name for n in tar.getnames()}
         want = {f"{day}-abc1234-{name}" for name in lane_files[i]}
         assert want <= names, (i, names)
-    calls = (tmp_path / "k.log").read_text() if kernel_calls else ""
+    calls = calls_log.read_text()
     assert all(c in calls for c in kernel_calls), calls
     # (the fp8 kernel table goes through gpu_session.sh, which runs $PYTHON)
     assert calls.count("python3 ") == len(kernel_calls), calls
