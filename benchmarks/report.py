@@ -476,7 +476,9 @@ def _cfg(config: dict | None) -> str:
         f"s{config['num_stages']}"
     )
     text += " tma" if config.get("use_tma") else ""
-    return text + (f" r{config['maxnreg']}" if config.get("maxnreg") else "")
+    text += f" r{config['maxnreg']}" if config.get("maxnreg") else ""
+    text += " fp8_qk" if config.get("fp8_qk") else ""
+    return text + (" lazy_rescale" if config.get("lazy_rescale") else "")
 
 
 def notes_section(path: Path) -> list[str]:

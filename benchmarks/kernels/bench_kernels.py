@@ -563,9 +563,14 @@ def copy_bandwidth_gbs() -> float:
 # ----------------------------------------------------------------------------------
 
 
-def retune_decode(shapes: list[Shape], args) -> dict:
+def retune_decode(shapes: list[Shape], args, write=None) -> dict:
     """Time every valid DecodeConfig on the decode points of each problem key and
-    return the table (JSON dict) with the fastest config per key."""
+    return the table (JSON dict) with the fastest correct config per key.
+
+    The config the GPU's shipped table (or the heuristic) gives the key is timed
+    too, as ``previous``, and every timing goes into the table's ``records``.
+    ``write(table)`` runs after each key, so a run cut short keeps its finished
+    keys (one key takes minutes)."""
     global OVERRIDE_DECODE_CONFIG
     from vllm.attention.ops.tuning import decode_configs as dc
 
@@ -578,7 +583,7 @@ def retune_decode(shapes: list[Shape], args) -> dict:
             num_kv_heads=s.num_kv_heads,
             num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
         )
-        key = dc.problem_key(
+        fields = dict(
             head_size=s.head_size,
             q_dtype=getattr(torch, s.dtype),
             kv_dtype=getattr(torch, s.kv_dtype),
@@ -586,18 +591,34 @@ def retune_decode(shapes: list[Shape], args) -> dict:
             block_size=s.block_size,
             split=splits > 1,
         )
-        groups.setdefault(key, []).append(s)
-    entries = []
-    fields = list(dc.DECODE_CONFIG_SPACE)
-    for key, points in groups.items():
+        groups.setdefault(dc.problem_key(**fields), (fields, []))[1].append(s)
+    table = {
+        "provenance": {
+            "gpu": torch.cuda.get_device_name(),
+            "triton": triton.__version__,
+            "timing": "do_bench_cudagraph median, summed over the decode points of "
+            "the key (bench_kernels.py sweep)",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "command": " ".join(sys.argv),
+        },
+        "configs": [],
+        "records": [],
+    }
+    names = list(dc.DECODE_CONFIG_SPACE)
+    for key, (fields, points) in groups.items():
         inputs = [build_inputs(s, "cuda", rotate=True) for s in points]
         checked = [reference_rows(s, inp) for s, inp in zip(points, inputs)]
         # key[2] is the table's dtype name ("fp8" for both e4m3 flavours), not a
         # torch attribute: take the points' dtype.
-        kv_dtype = getattr(torch, points[0].kv_dtype)
-        best = None
-        for values in itertools.product(*dc.DECODE_CONFIG_SPACE.values()):
-            cfg = dc.DecodeConfig(**dict(zip(fields, values)))
+        kv_dtype = fields["kv_dtype"]
+        previous = dc.get_decode_config(gpu_name=torch.cuda.get_device_name(), **fields)
+        space = [
+            dc.DecodeConfig(**dict(zip(names, values)))
+            for values in itertools.product(*dc.DECODE_CONFIG_SPACE.values())
+        ]
+        space = [previous] + [c for c in space if c != previous]
+        timings = []
+        for cfg in space:
             if not dc.is_valid_config(cfg, head_size=key[0], kv_dtype=kv_dtype):
                 continue
             OVERRIDE_DECODE_CONFIG = cfg
@@ -613,26 +634,39 @@ def retune_decode(shapes: list[Shape], args) -> dict:
                     total += time_us(runner, inp.num_sets, True)[0]
             except Exception as exc:  # e.g. out of resources, or a wrong result
                 print(f"  {cfg}: failed ({type(exc).__name__}: {exc})"[:200])
+                timings.append({**asdict(cfg), "failed": type(exc).__name__})
                 continue
-            if best is None or total < best[0]:
-                best = (total, cfg)
+            timings.append({**asdict(cfg), "us_summed": round(total, 2)})
         OVERRIDE_DECODE_CONFIG = None
-        if best is not None:
-            print(f"retune {key}: {best[1]} ({best[0]:.1f} us summed)")
-            entries.append(dc.table_entry(key, best[1]))
+        done = [t for t in timings if "us_summed" in t]
+        if done:
+            best = min(done, key=lambda t: t["us_summed"])
+            cfg = dc.DecodeConfig(**{n: best[n] for n in names})
+            # The previous config was timed first (if valid for the key).
+            first = timings[0]
+            was = (
+                first.get("us_summed")
+                if first == {**asdict(previous), **first}
+                else None
+            )
+            print(
+                f"retune {key}: {cfg} ({best['us_summed']:.1f} us summed; "
+                f"previous {previous}: {was} us)"
+            )
+            table["configs"].append(dc.table_entry(key, cfg))
+            table["records"].append(
+                {
+                    "entry": dc.table_entry(key, cfg),
+                    "previous": asdict(previous),
+                    "points": [str(s) for s in points],
+                    "timings": timings,
+                }
+            )
+            if write is not None:
+                write(table)
         del inputs
         torch.cuda.empty_cache()
-    return {
-        "provenance": {
-            "gpu": torch.cuda.get_device_name(),
-            "triton": triton.__version__,
-            "timing": "do_bench_cudagraph median, summed over the decode points of "
-            "the key (bench_kernels.py sweep)",
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "command": " ".join(sys.argv),
-        },
-        "configs": entries,
-    }
+    return table
 
 
 # ----------------------------------------------------------------------------------
@@ -841,10 +875,16 @@ def main() -> None:
     if args.retune_decode:
         from vllm.attention.ops.tuning.decode_configs import table_path
 
-        table = retune_decode(shapes, args)
         path = out_dir / table_path(torch.cuda.get_device_name()).name
-        path.write_text(json.dumps(table, indent=1) + "\n")
-        print(f"wrote {path}; copy it to vllm/attention/ops/tuning/ to use it")
+
+        def write(table):
+            path.write_text(json.dumps(table, indent=1) + "\n")
+            print(f"wrote {path} ({len(table['configs'])} keys)", flush=True)
+
+        retune_decode(shapes, args, write)
+        print(
+            f"merge its configs into vllm/attention/ops/tuning/{path.name} to use them"
+        )
         return
     start = time.time()
     result = environment(args, files)

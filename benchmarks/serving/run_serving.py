@@ -259,7 +259,9 @@ def run_backend(
             }
         )
         harness.write_json(starts_file, starts)
-        served_here: set[str] = set()  # (workload, rate) passed on this server
+        # Workloads whose requests this server has seen: every pass of a workload
+        # sends the same requests (same seed and count), whatever its rate.
+        served_here: set[str] = set()
         for run in todo:
             if not budget.allows(PASS_ALLOWANCE_S):
                 print(
@@ -269,9 +271,9 @@ def run_backend(
                 ok = False
                 break
             group = run.key.rsplit("-", 1)[0]
-            if run.pass_name == "steady" and group not in served_here:
-                # Resumed after its first pass ran on an earlier server: the
-                # steady pass still needs an untimed pass over its requests here.
+            if run.pass_name == "steady" and run.workload.name not in served_here:
+                # Resumed after the workload's earlier passes ran on an earlier
+                # server: the steady pass needs an untimed pass over its requests.
                 bench_pass(
                     run,
                     f"{group}-warmup",
@@ -287,7 +289,7 @@ def run_backend(
             bcmd, rc = bench_pass(
                 run, run.key, env, args, work, served, port, budget, what
             )
-            served_here.add(group)
+            served_here.add(run.workload.name)
             tmp = work / f"{run.key}.bench.json"
             if rc != 0 or not tmp.is_file():
                 _fail(what, f"bench pass {run.key} failed (exit {rc})", log)

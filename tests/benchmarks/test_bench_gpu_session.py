@@ -343,14 +343,16 @@ def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path, python3_shim):
     r, log = run(2000)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "-k early_convert" in log and "--retune-decode" in log
-    assert log.count("tune_prefix_prefill") == 4
+    assert log.count("tune_prefix_prefill") == 6
     assert log.count("--budget-minutes 2.50") == 4, log  # (240 s box - 90) / 60
+    assert log.count("--budget-minutes 3.50") == 2, log  # 300 s boxes
     assert "--groups 8 --block-sizes 64" in log
     assert "--kv-dtypes fp8 --commit abc1234" in log
+    assert "--kv-dtypes bf16 --commit abc1234" in log
     assert (tmp_path / "out" / "results.tgz").is_file()
     r, log = run(20)
     assert r.returncode == 0 and log == "", log
-    assert r.stderr.count("skipped") == 7 and "[kernel-work]" in r.stdout
+    assert r.stderr.count("skipped") == 10 and "[kernel-work]" in r.stdout
     r, log = run(2000, "fp8-sweep")
     assert log.count("python3") == 1 and "--fp8-qk 0 1" in log, log
     r, log = run(2000, "no-such-step")
@@ -361,23 +363,27 @@ def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path, python3_shim):
     "script, lane_files, kernel_calls",
     [
         (
-            "rates_and_sweeps",
+            "rates",
             (
                 {"llama-3.1-8b-quick-rates-gpu0.json"},
                 {"llama-3.1-8b-quick-rates-gpu1.json"},
             ),
-            (
-                "--fp8-qk 0 1",
-                "--maxnreg 0 128",
-                "-k early_convert",
-                "--groups 8",
-                "--retune-decode",
-            ),
+            (),
         ),
         (
-            "full_sizes_and_e2e",
-            ({"llama-3.1-8b-gpu0.json"}, {"llama-3.1-8b-gpu1.json", "gpu1.json"}),
-            ("--head-sizes 256",),
+            "full_sizes",
+            ({"llama-3.1-8b-gpu0.json"}, {"llama-3.1-8b-gpu1.json"}),
+            ("--head-sizes 256", "--query-lens 16 64 256"),
+        ),
+        (
+            "e2e_and_tiles",
+            ({"gpu0.json", "llama-3.1-8b-fp8.json"}, {"gpu1.json"}),
+            (
+                "--head-sizes 256",
+                "--fp8-qk 1",
+                "--retune-decode",
+                "--query-lens 16 64 256",
+            ),
         ),
         (
             "e2e_bf16_and_fp8",
@@ -421,7 +427,7 @@ def test_sitting_scripts_run_both_lanes(
     assert all(c in calls for c in kernel_calls), calls
     # (the fp8 kernel table goes through gpu_session.sh, which runs $PYTHON)
     assert calls.count("python3 ") == len(kernel_calls), calls
-    if script == "full_sizes_and_e2e":
+    if script == "full_sizes":
         # GPU 0's three workloads share one server per backend and one file.
         with tarfile.open(out / "results-lane0.tgz") as tar:
             name = next(n for n in tar.getnames() if n.endswith("-gpu0.json"))

@@ -48,10 +48,28 @@ def test_retune_decode_skips_wrong_configs_and_sweeps_every_field(monkeypatch):
         bk.Shape("decode", "m", 64, 1, 8192, 32, 8, 128, 64, kv_dtype=kv)
         for kv in ("float8_e4m3fn", "bfloat16")
     ]
-    table = bk.retune_decode(shapes, SimpleNamespace())
+    written = []
+    table = bk.retune_decode(
+        shapes, SimpleNamespace(), lambda t: written.append(len(t["configs"]))
+    )
+    assert written == [1, 2]  # after each key: a cut-short run keeps its keys
     chosen = {e["kv_dtype"]: dc.DecodeConfig(**e["config"]) for e in table["configs"]}
     assert chosen["fp8"] == best_right
-    assert chosen["bfloat16"] == dc.DecodeConfig(32, 2, 1)  # all tie at 10: first
+    # All tie at 10: the config the key had before (here the heuristic's) stays.
+    before = dc.get_decode_config(
+        gpu_name="Fake GPU",
+        head_size=128,
+        q_dtype=torch.bfloat16,
+        kv_dtype=torch.bfloat16,
+        group=4,
+        block_size=64,
+        split=False,
+    )
+    assert chosen["bfloat16"] == before and tried[27 * 2] == before
+    # Every timing is recorded, the wrong config as failed.
+    fp8_record = table["records"][0]
+    assert len(fp8_record["timings"]) == 27 * 2
+    assert sum("failed" in t for t in fp8_record["timings"]) == 1
     assert fast_but_wrong in tried
     # 27 tiles/warps/stages, twice for fp8 (early_convert), once for bf16.
     assert len(set(tried)) == 27 * 2

@@ -229,7 +229,7 @@ def test_kernel_tables_newest_first_with_tuning_and_notes(results_dir, tmp_path)
                 "records": [
                     {
                         "key": key,
-                        "best": {**cfg, "use_tma": True},
+                        "best": {**cfg, "use_tma": True, "fp8_qk": True},
                         "best_timing": {"ms": 1.0, "tflops": 450.0},
                         "previous": cfg,
                         "previous_timing": {"ms": 1.1, "tflops": 416.0},
@@ -246,7 +246,8 @@ def test_kernel_tables_newest_first_with_tuning_and_notes(results_dir, tmp_path)
     assert "c-quick.json" not in text
     assert "| 450 TFLOP/s | 500.00 |" in text and "| 300 TFLOP/s | 500.00 |" in text
     assert (
-        "| 128, 4, 64, 16384 | 64x64 w4 s2 tma | 450 | 64x64 w4 s2 | 416 | - |" in text
+        "| 128, 4, 64, 16384 | 64x64 w4 s2 tma fp8_qk | 450 | 64x64 w4 s2 | 416 | - |"
+        in text
     )
     assert text.index("TMA did.") < text.index("## Serving")
 

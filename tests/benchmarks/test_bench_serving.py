@@ -288,6 +288,9 @@ def test_quick_rates_mode(tmp_path, fake_sites, model_dir_8b):
         [("inf", "first"), ("inf", "steady"), (8.0, "steady"), (16.0, "steady")],
         key=str,
     ), got
+    # The saturated passes sent the rates' requests to this server already: no
+    # untimed pass of their own (an extra pass per rate cost a sitting its time).
+    assert "warmup" not in r.stdout
     assert (tmp_path / "work" / "llama-3.1-8b-quick-rates" / "FLASH_ATTN").is_dir()
     full = subprocess.run(
         [

@@ -16,6 +16,12 @@
 #                  hold the heuristic's 64x32 4-warp tile; in an sm_90 build it spills
 #                  64-76 bytes per thread at 255 registers, while 64x32 with 8 warps
 #                  needs 192 and spills nothing
+#   bf16-table     the bf16 kernel table (ours, FA3, stock Triton) with the table's
+#                  128x64 4-warp TMA prefill tiles (e5b6df6's sweeps)
+#   fp8-tiles      the fp8 keys' long buckets over 128-row tiles with fp8_qk (the fp8
+#                  sweep of e5b6df6 had only 64x64 tiles; 128x64 4-warp won bf16)
+#   short-tiles    the bf16 short buckets (16, 64, 256; groups 4 and 8) over the TMA
+#                  tiles, 128-row 4-warp ones included
 # The sweeps write into copies of the H200 table (recorded, not installed: merge an
 # entry only together with its record).
 # Usage: STATE=/tmp/some-state BENCH_COMMIT=<sha> [UNTIL=<epoch s>] \
@@ -54,7 +60,7 @@ sweep() {
   cp "$STATE/$name-table.json" "$T/"
 }
 
-for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-sweep head256}"; do
+for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-sweep head256 bf16-table fp8-tiles short-tiles}"; do
   for name in $s; do
     step "$name"
     case $name in
@@ -71,7 +77,8 @@ for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-swee
         t=$(box 200) && KB_ARGS="--kernels prefill decode --kv-dtypes fp8 --commit $BENCH_COMMIT" \
           timeout "$t" bash benchmarks/gpu_session.sh kernel-bench ;;
       fp8-retune)
-        t=$(box 300) && timeout "$t" python3 benchmarks/kernels/bench_kernels.py \
+        # One key took ~5 min at e5b6df6 (every config checked, then timed).
+        t=$(box 660) && timeout "$t" python3 benchmarks/kernels/bench_kernels.py \
           --stock-site /tmp/site --retune-decode --kernels decode --kv-dtypes fp8 \
           --results-dir "$T" > "$T/retune-decode.log" 2>&1
         echo "exit $?"; grep -E "^retune|wrote" "$T/retune-decode.log" ;;
@@ -87,6 +94,17 @@ for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-swee
         sweep head256 240 --head-sizes 256 --groups 2 --block-sizes 64 \
           --query-lens 1024 4096 16384 --block-m 64 128 --block-n 32 64 \
           --num-warps 4 8 --num-stages 1 2 ;;
+      bf16-table)
+        t=$(box 300) && KB_ARGS="--kernels prefill decode --kv-dtypes bf16 --commit $BENCH_COMMIT" \
+          timeout "$t" bash benchmarks/gpu_session.sh kernel-bench ;;
+      fp8-tiles)
+        sweep fp8-tiles 300 --head-sizes 128 --groups 4 --block-sizes 64 --kv-dtypes fp8 \
+          --query-lens 1024 4096 16384 --block-m 64 128 --block-n 64 --num-warps 4 8 \
+          --num-stages 2 --use-tma 1 --maxnreg 0 128 --fp8-qk 1 ;;
+      short-tiles)
+        sweep short-tiles 300 --head-sizes 128 --groups 4 8 --block-sizes 64 \
+          --query-lens 16 64 256 --block-m 64 128 --block-n 32 64 --num-warps 4 8 \
+          --num-stages 2 3 --use-tma 1 ;;
       *) echo "kernel_work: unknown step $name" >&2; exit 2 ;;
     esac
   done
