@@ -563,14 +563,15 @@ def copy_bandwidth_gbs() -> float:
 # ----------------------------------------------------------------------------------
 
 
-def retune_decode(shapes: list[Shape], args, write=None) -> dict:
+def retune_decode(shapes: list[Shape], args, write=None, environment=None) -> dict:
     """Time every valid DecodeConfig on the decode points of each problem key and
     return the table (JSON dict) with the fastest correct config per key.
 
     The config the GPU's shipped table (or the heuristic) gives the key is timed
     too, as ``previous``, and every timing goes into the table's ``records``.
     ``write(table)`` runs after each key, so a run cut short keeps its finished
-    keys (one key takes minutes)."""
+    keys (one key takes minutes). ``environment`` (commit, driver, versions) goes
+    into the provenance."""
     global OVERRIDE_DECODE_CONFIG
     from vllm.attention.ops.tuning import decode_configs as dc
 
@@ -600,6 +601,7 @@ def retune_decode(shapes: list[Shape], args, write=None) -> dict:
             "the key (bench_kernels.py sweep)",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "command": " ".join(sys.argv),
+            **(environment or {}),
         },
         "configs": [],
         "records": [],
@@ -881,7 +883,9 @@ def main() -> None:
             path.write_text(json.dumps(table, indent=1) + "\n")
             print(f"wrote {path} ({len(table['configs'])} keys)", flush=True)
 
-        retune_decode(shapes, args, write)
+        env = environment(args, files)
+        keep = ("commit", "driver", "torch", "vllm")
+        retune_decode(shapes, args, write, {k: env[k] for k in keep})
         print(
             f"merge its configs into vllm/attention/ops/tuning/{path.name} to use them"
         )

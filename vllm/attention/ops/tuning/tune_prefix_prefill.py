@@ -41,6 +41,7 @@ from vllm.attention.ops.tuning.prefill_configs import (
     table_entry,
     table_path,
 )
+from vllm.attention.ops.tuning.tables import table_text
 
 NUM_KV_HEADS = 8
 KEY_FIELDS = tuple(PREFILL_TABLE.key_fields)
@@ -249,7 +250,7 @@ def main() -> None:
         # Entries of earlier runs stay in the file: keep how they were made.
         provenance["earlier"] = {k: v for k, v in earlier.items() if k != "earlier"}
     with open(path, "w") as f:
-        f.write(_table_text(provenance, [entries[k] for k in sorted(entries)]))
+        f.write(table_text(provenance, [entries[k] for k in sorted(entries)]))
     print(f"wrote {path} ({len(entries)} entries, {tuned} tuned now)")
     if args.record:
         with open(args.record, "w") as f:
@@ -278,18 +279,6 @@ def _git_commit() -> str:
     """Short HEAD of the checkout this file is in, or 'unknown' (a copied tree)."""
     here = os.path.dirname(os.path.abspath(__file__))
     return _run_text(["git", "-C", here, "rev-parse", "--short", "HEAD"]) or "unknown"
-
-
-def _table_text(provenance: dict, configs: list[dict]) -> str:
-    """JSON with the provenance first and one entry per line (diffs stay small)."""
-    lines = ",\n".join("  " + json.dumps(entry) for entry in configs)
-    return (
-        '{\n "provenance": '
-        + json.dumps(provenance)
-        + ',\n "configs": [\n'
-        + lines
-        + "\n ]\n}\n"
-    )
 
 
 def _tune_one(shape, bucket, gen, space, previous=None):

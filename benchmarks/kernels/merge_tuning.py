@@ -1,0 +1,111 @@
+"""Merge the winners of recorded GPU sweeps into the shipped tuning tables.
+
+A sitting's sweeps write into copies of the tables (benchmarks/gpu/sittings/
+kernel_work.sh); an entry reaches ``vllm/attention/ops/tuning/`` only together with
+the record that timed it. Each RECORD is one of:
+
+- a prefill tuner record (``tune_prefix_prefill --record``): ``records`` whose items
+  have the table ``key`` and the ``best`` config;
+- a decode retune output (``bench_kernels.py --retune-decode``): a table file whose
+  ``records`` hold every timing and whose ``configs`` are the winners.
+
+The table of RECORD's GPU gets each key's winner (replaced or added), its entries
+sorted by key as the tuner writes them, and one ``merged_later`` provenance item per
+record (path, commit, keys). Later records win over earlier ones for a key.
+
+    python3 benchmarks/kernels/merge_tuning.py \\
+        benchmarks/results/tuning/2026-11-30-e5b6df6-prefill-bf16.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from vllm.attention.ops.tuning.decode_configs import DECODE_TABLE  # noqa: E402
+from vllm.attention.ops.tuning.prefill_configs import PREFILL_TABLE  # noqa: E402
+from vllm.attention.ops.tuning.tables import table_text  # noqa: E402
+
+
+def winners(body: dict):
+    """(table kind, {key: config}) of one record file."""
+    records = body.get("records") or []
+    if records and all("key" in r and "best" in r for r in records):
+        table = PREFILL_TABLE
+        pairs = [(r["key"], r["best"]) for r in records]
+    elif records and "configs" in body and all("entry" in r for r in records):
+        table = DECODE_TABLE
+        pairs = [
+            ({k: e[k] for k in table.key_fields}, e["config"]) for e in body["configs"]
+        ]
+    else:
+        raise SystemExit(
+            "not a tuning record: expected a prefill tuner record (records with "
+            "'key' and 'best') or a decode retune output (records with 'entry')"
+        )
+    return table, {table.key(**k): table.config_cls(**c) for k, c in pairs}
+
+
+def merge(record_paths: list[Path], table_path: Path | None = None) -> Path:
+    """Merge the records (all of one kind and GPU) into their table; return its path."""
+    bodies = [json.loads(p.read_text()) for p in record_paths]
+    kinds = {winners(b)[0].kind for b in bodies}
+    gpus = {b.get("gpu") or b.get("provenance", {}).get("gpu") for b in bodies}
+    if len(kinds) != 1 or len(gpus) != 1 or None in gpus:
+        raise SystemExit(
+            f"merge one table at a time: these records are of kinds {sorted(kinds)} "
+            f"and GPUs {sorted(map(str, gpus))}"
+        )
+    table = winners(bodies[0])[0]
+    path = table_path or table.path(gpus.pop())
+    data = json.loads(path.read_text()) if path.is_file() else {"configs": []}
+    entries = {
+        table.key(**{k: e[k] for k in table.key_fields}): e for e in data["configs"]
+    }
+    provenance = data.get("provenance", {})
+    merged = list(provenance.get("merged_later", []))
+    for record_path, body in zip(record_paths, bodies):
+        _, best = winners(body)
+        for key, config in best.items():
+            old = entries.get(key, {}).get("config")
+            entries[key] = table.entry(key, config)
+            change = "added" if old is None else f"was {old}"
+            print(f"{key}: {entries[key]['config']} ({change})")
+        try:
+            shown = record_path.resolve().relative_to(REPO)
+        except ValueError:
+            shown = record_path
+        merged.append(
+            {
+                "record": str(shown),
+                "commit": body.get("commit")
+                or body.get("provenance", {}).get("commit"),
+                "keys": len(best),
+            }
+        )
+    provenance["merged_later"] = merged
+    path.write_text(table_text(provenance, [entries[k] for k in sorted(entries)]))
+    print(f"wrote {path} ({len(entries)} entries)")
+    return path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("records", nargs="+", type=Path, help="record files, oldest first")
+    p.add_argument(
+        "--table",
+        type=Path,
+        help="table file to update (default: the shipped one of the records' GPU)",
+    )
+    args = p.parse_args()
+    merge(args.records, args.table)
+
+
+if __name__ == "__main__":
+    main()
