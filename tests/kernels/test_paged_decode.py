@@ -332,6 +332,40 @@ def test_decode_tuning_tables_load(tmp_path, monkeypatch):
         tables.clear_caches()
 
 
+@pytest.mark.parametrize(
+    "name, capability, hip, expected",
+    [
+        # An sm_90 GPU without tables of its own takes the H200's (same SM).
+        ("NVIDIA H100 80GB HBM3", (9, 0), False, "NVIDIA H200"),
+        ("NVIDIA H200", (9, 0), False, "NVIDIA H200"),  # its own
+        ("NVIDIA A100-SXM4-80GB", (8, 0), False, "NVIDIA A100-SXM4-80GB"),
+        # ROCm reports gfx942 as capability (9, 4), and no ROCm GPU borrows tables.
+        ("AMD Instinct MI300X", (9, 0), True, "AMD Instinct MI300X"),
+    ],
+)
+def test_gpu_without_tables_uses_its_architectures(
+    monkeypatch, caplog, name, capability, hip, expected
+):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_capability", lambda device=None: capability
+    )
+    monkeypatch.setattr(torch.version, "hip", "6.4" if hip else None)
+    tables.clear_caches()
+    try:
+        with caplog.at_level("INFO", logger=tables.__name__):
+            got = tables.device_gpu_name(torch.device("cuda", 0))
+            assert tables.device_gpu_name(torch.device("cuda", 0)) == got
+    finally:
+        tables.clear_caches()
+    assert got == expected
+    borrowed = [r.getMessage() for r in caplog.records]
+    if expected != name:
+        assert len(borrowed) == 1 and f"no tuning tables for {name}" in borrowed[0]
+    else:
+        assert borrowed == []
+
+
 def _small_batch(**over):
     args = {
         "seqs": [(1, 20)],

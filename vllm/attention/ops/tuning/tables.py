@@ -15,6 +15,7 @@ once; later launches with the same key are a dict hit.
 
 import functools
 import json
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -22,22 +23,57 @@ from pathlib import Path
 from typing import Any
 
 TUNING_DIR = Path(__file__).resolve().parent
+# Every table kind's file prefix (one TuningTable each, declared by its kernel).
+KINDS = ("prefix_prefill", "paged_decode")
+# A GPU with no table of its own uses the tables of a tuned GPU with the same SM
+# design, where the same tiles win: {NVIDIA compute capability: GPU name}. An H100
+# or H800 (sm_90, like the H200) is closer to the H200's tuned tiles, most of them
+# TMA tiles, than to the heuristic, which uses none.
+SAME_ARCHITECTURE = {(9, 0): "NVIDIA H200"}
+
+logger = logging.getLogger(__name__)
 
 # Shared memory of one Hopper SM as Triton sees it (232,448 bytes per program);
 # the validity filters of the config sweeps keep the pipelined tiles within it.
 SMEM_BYTES = 232_448
 
 
+def _slug(gpu_name: str) -> str:
+    """A GPU name as table files spell it: every non-alphanumeric run as '_'."""
+    return re.sub(r"[^0-9A-Za-z]+", "_", gpu_name).strip("_")
+
+
+def has_tables(gpu_name: str) -> bool:
+    """Whether any kind of table is shipped for this GPU name."""
+    return any((TUNING_DIR / f"{k}_{_slug(gpu_name)}.json").is_file() for k in KINDS)
+
+
 @functools.cache
 def device_gpu_name(device) -> str:
-    """Name that picks a device's tables (``torch.cuda.get_device_name``; the device
-    type off CUDA/ROCm). Queried once per device at the first launch, never at
-    import."""
+    """Name that picks a device's tables: ``torch.cuda.get_device_name`` when tables
+    are shipped for it; else, for an NVIDIA architecture in SAME_ARCHITECTURE, the
+    name of the tuned GPU there (logged once); else the device's own name (every
+    lookup then takes the heuristic), and the device type off CUDA/ROCm. Queried
+    once per device at the first launch, never at import."""
     if device.type != "cuda":
         return device.type
     import torch
 
-    return torch.cuda.get_device_name(device)
+    name = torch.cuda.get_device_name(device)
+    if has_tables(name) or torch.version.hip is not None:
+        return name
+    stand_in = SAME_ARCHITECTURE.get(tuple(torch.cuda.get_device_capability(device)))
+    if stand_in is None or not has_tables(stand_in):
+        return name
+    logger.info(
+        "TRITON_ATTN: no tuning tables for %s; using those of %s (same "
+        "architecture). To tune for this GPU: python -m "
+        "vllm.attention.ops.tuning.tune_prefix_prefill (vllm/attention/ops/tuning/"
+        "README.md).",
+        name,
+        stand_in,
+    )
+    return stand_in
 
 
 def next_power_of_2(n: int) -> int:
@@ -85,10 +121,13 @@ class TuningTable:
     heuristic: Callable[..., Any]
     heuristic_fields: tuple[str, ...]
 
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"add table kind {self.kind!r} to tables.KINDS")
+
     def path(self, gpu_name: str) -> Path:
         """``<kind>_<gpu>.json``, every non-alphanumeric run of the name as '_'."""
-        slug = re.sub(r"[^0-9A-Za-z]+", "_", gpu_name).strip("_")
-        return TUNING_DIR / f"{self.kind}_{slug}.json"
+        return TUNING_DIR / f"{self.kind}_{_slug(gpu_name)}.json"
 
     def key(self, **fields) -> tuple:
         """The problem key of one launch: every key field, normalised, in order."""
@@ -132,6 +171,7 @@ def clear_caches() -> None:
     """Forget every loaded table and memoised lookup (for tests that swap files)."""
     _load.cache_clear()
     _lookup.cache_clear()
+    device_gpu_name.cache_clear()
 
 
 @functools.cache
