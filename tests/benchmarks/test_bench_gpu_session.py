@@ -343,16 +343,16 @@ def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path, python3_shim):
     r, log = run(2000)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "-k early_convert" in log and "--retune-decode" in log
-    assert log.count("tune_prefix_prefill") == 6
+    assert log.count("tune_prefix_prefill") == 7
     assert log.count("--budget-minutes 2.50") == 4, log  # (240 s box - 90) / 60
-    assert log.count("--budget-minutes 3.50") == 2, log  # 300 s boxes
+    assert log.count("--budget-minutes 3.50") == 3, log  # 300 s boxes
     assert "--groups 8 --block-sizes 64" in log
     assert "--kv-dtypes fp8 --commit abc1234" in log
     assert "--kv-dtypes bf16 --commit abc1234" in log
     assert (tmp_path / "out" / "results.tgz").is_file()
     r, log = run(20)
     assert r.returncode == 0 and log == "", log
-    assert r.stderr.count("skipped") == 10 and "[kernel-work]" in r.stdout
+    assert r.stderr.count("skipped") == 11 and "[kernel-work]" in r.stdout
     r, log = run(2000, "fp8-sweep")
     assert log.count("python3") == 1 and "--fp8-qk 0 1" in log, log
     r, log = run(2000, "no-such-step")
@@ -383,6 +383,7 @@ def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path, python3_shim):
                 "--fp8-qk 1",
                 "--retune-decode",
                 "--query-lens 16 64 256",
+                "--block-m 128 256",
             ),
         ),
         (

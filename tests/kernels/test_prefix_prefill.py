@@ -213,6 +213,16 @@ CASES = [
         config=PrefillConfig(32, 32, 4, 1, use_tma=True),
     ),
     _case("tma-requested-d80", head_size=80, config=PrefillConfig(16, 16, 4, 1, True)),
+    # 256 rows over two warpgroups (8 warps): 64 tokens x group 4 per program, the
+    # diagonal inside a program's rows, short and long sequences, a prefix.
+    _case(
+        "block-m-256-g4",
+        num_q_heads=8,
+        num_kv_heads=2,
+        block_size=64,
+        seqs=[(130, 150), (1, 9), (64, 64)],
+        config=PrefillConfig(256, 32, 8, 1, use_tma=True),
+    ),
 ]
 
 
@@ -721,6 +731,19 @@ def test_block_offsets_past_int32():
         atol=TOLERANCES[torch.bfloat16][1],
         rtol=TOLERANCES[torch.bfloat16][2],
     )
+
+
+def test_valid_configs_keep_at_most_128_rows_per_warpgroup():
+    """256-row tiles are candidates with two warpgroups (8 warps) only: one
+    warpgroup's fp32 accumulator for 256 rows would not fit its registers."""
+    from vllm.attention.ops.tuning.prefill_configs import is_valid_config
+
+    def valid(block_m, num_warps):
+        config = PrefillConfig(block_m, 64, num_warps, 2, use_tma=True)
+        return is_valid_config(config, head_size=128, kv_dtype=torch.bfloat16)
+
+    assert valid(256, 8) and valid(128, 4) and valid(128, 8) and valid(64, 4)
+    assert not valid(256, 4)
 
 
 def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():

@@ -22,6 +22,10 @@
 #                  sweep of e5b6df6 had only 64x64 tiles; 128x64 4-warp won bf16)
 #   short-tiles    the bf16 short buckets (16, 64, 256; groups 4 and 8) over the TMA
 #                  tiles, 128-row 4-warp ones included
+#   m256           the bf16 long buckets (groups 4 and 8) over 256-row 8-warp TMA tiles
+#                  (two warpgroups of 128 rows sharing each K/V tile, one program per
+#                  SM; sm_90 build: 255 registers, 200-byte stack with 64-key tiles)
+#                  against the 128-row ones
 # The sweeps write into copies of the H200 table (recorded, not installed: merge an
 # entry only together with its record).
 # Usage: STATE=/tmp/some-state BENCH_COMMIT=<sha> [UNTIL=<epoch s>] \
@@ -60,7 +64,7 @@ sweep() {
   cp "$STATE/$name-table.json" "$T/"
 }
 
-for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-sweep head256 bf16-table fp8-tiles short-tiles}"; do
+for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-sweep head256 bf16-table fp8-tiles short-tiles m256}"; do
   for name in $s; do
     step "$name"
     case $name in
@@ -99,8 +103,12 @@ for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-swee
           timeout "$t" bash benchmarks/gpu_session.sh kernel-bench ;;
       fp8-tiles)
         sweep fp8-tiles 300 --head-sizes 128 --groups 4 --block-sizes 64 --kv-dtypes fp8 \
-          --query-lens 1024 4096 16384 --block-m 64 128 --block-n 64 --num-warps 4 8 \
-          --num-stages 2 --use-tma 1 --maxnreg 0 128 --fp8-qk 1 ;;
+          --query-lens 1024 4096 16384 --block-m 64 128 256 --block-n 64 \
+          --num-warps 4 8 --num-stages 2 --use-tma 1 --maxnreg 0 128 --fp8-qk 1 ;;
+      m256)
+        sweep m256 300 --head-sizes 128 --groups 4 8 --block-sizes 64 \
+          --query-lens 1024 4096 16384 --block-m 128 256 --block-n 32 64 \
+          --num-warps 4 8 --num-stages 1 2 --use-tma 1 ;;
       short-tiles)
         sweep short-tiles 300 --head-sizes 128 --groups 4 8 --block-sizes 64 \
           --query-lens 16 64 256 --block-m 64 128 --block-n 32 64 --num-warps 4 8 \

@@ -36,7 +36,8 @@ QUERY_LEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384)
 
 # The sweep of a tuning run (candidates violating `is_valid_config` are skipped).
 PREFILL_CONFIG_SPACE = {
-    "block_m": (64, 128),
+    # 256 rows need 8 warps: two warpgroups of 128 rows sharing each K/V tile.
+    "block_m": (64, 128, 256),
     "block_n": (32, 64, 128),
     "num_warps": (4, 8),
     "num_stages": (1, 2, 3, 4),
@@ -106,6 +107,9 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
     return (
         config.block_m % 64 == 0
         and config.num_warps % 4 == 0
+        # at most 128 rows per warpgroup (4 warps): its fp32 accumulator alone
+        # takes block_m / warpgroups * head_pad / 128 registers per thread
+        and config.block_m // (config.num_warps // 4) <= 128
         and config.block_n >= 16
         and smem <= SMEM_BYTES
         and not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 64)
