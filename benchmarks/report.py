@@ -478,7 +478,8 @@ def _cfg(config: dict | None) -> str:
     text += " tma" if config.get("use_tma") else ""
     text += f" r{config['maxnreg']}" if config.get("maxnreg") else ""
     text += " fp8_qk" if config.get("fp8_qk") else ""
-    return text + (" lazy_rescale" if config.get("lazy_rescale") else "")
+    text += " lazy_rescale" if config.get("lazy_rescale") else ""
+    return text + (" fast_exp" if config.get("fast_exp") else "")
 
 
 def notes_section(path: Path) -> list[str]:

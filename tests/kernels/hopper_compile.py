@@ -118,6 +118,8 @@ def ptx_summary(compiled) -> dict:
         "wgmma": ptx.count("wgmma.mma_async"),
         # fp8_qk: q.k on fp8 tensor cores (wgmma with e4m3 operands).
         "wgmma_e4m3": ptx.count("e4m3.e4m3"),
+        # fast_exp: two fp16 exponentials per instruction.
+        "ex2_f16x2": ptx.count("ex2.approx.f16x2"),
         "mma_sync": ptx.count("mma.sync"),
         "cp_async": ptx.count("cp.async"),
         "tma": ptx.count("cp.async.bulk.tensor"),
@@ -272,6 +274,12 @@ def _prefix_prefill_cases():
     # fp8_qk: q.k on fp8 tensor cores, p.v in fp16 (V still converted).
     fp8_qk = PrefillConfig(64, 64, 4, 2, use_tma=True, fp8_qk=True)
     yield launch(128, 4, 64, torch.float8_e4m3fn, 4096, True, fp8_qk)
+    # fast_exp: fp16 exponentials (inline PTX; the launcher turns it on for NVIDIA
+    # GPUs only, so a build from CPU tensors sets it here).
+    for cache_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        fast = PrefillConfig(64, 64, 4, 2, use_tma=True, fast_exp=True)
+        name, kwargs = launch(128, 4, 64, cache_dtype, 4096, True, fast)
+        yield name, {**kwargs, "FAST_EXP": True}
     # What the H200 table ships for head sizes up to 128, each distinct
     # (head size, group, page, cache dtype, config) once: these run in production.
     # An entry that a committed GPU sweep's record chose by timing is marked TIMED.
@@ -292,6 +300,7 @@ def _prefix_prefill_cases():
         name, kwargs = launch(
             head_size, group, block_size, cache_dtype, 4096, entry.use_tma, entry
         )
+        kwargs = {**kwargs, "FAST_EXP": entry.fast_exp}  # as on an NVIDIA GPU
         yield (f"{TIMED} {name}" if was_timed else name), kwargs
 
 
@@ -318,8 +327,9 @@ def main() -> int:
     """Compile the kernels' production shapes for sm_90 (and one for MI300) and
     print one line each. Fails unless everything compiles, every Hopper prefill
     shape uses wgmma and cp.async (TMA where asked), no fp8-cache shape converts
-    through bf16, fp8 q.k runs on e4m3 wgmma exactly where asked, no shape up to
-    head size 128 spills registers, and the MI300 one uses MFMA."""
+    through bf16, fp8 q.k runs on e4m3 wgmma and fp16 exponentials run exactly
+    where asked, no shape up to head size 128 spills registers (except timed table
+    entries), and the MI300 one uses MFMA."""
     from vllm.attention.ops.paged_cache_write import _paged_cache_write_kernel
     from vllm.attention.ops.prefix_prefill import _prefix_prefill_kernel
 
@@ -332,6 +342,7 @@ def main() -> int:
         good &= not (kwargs["IS_FP8"] and summary["cvt_bf16_f16"])
         good &= summary["maxnreg"] == kwargs.get("maxnreg", 0)
         good &= (summary["wgmma_e4m3"] > 0) == kwargs["FP8_QK"]
+        good &= (summary["ex2_f16x2"] > 0) == kwargs["FAST_EXP"]
         # No register spills up to head size 128, except in a tile a GPU sweep
         # chose by timing against spill-free ones (the H200 table's 128x64 4-warp
         # TMA tiles spill 288 bytes per thread and were 3-19% faster than every

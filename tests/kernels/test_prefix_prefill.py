@@ -765,6 +765,7 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         "maxnreg": (0,),
         "fp8_qk": (False, True),
         "lazy_rescale": (False,),
+        "fast_exp": (False,),
     }
     got = list(tune._candidates(128, torch.bfloat16, 4, 64, space))
     assert got == [
@@ -797,6 +798,41 @@ def test_register_cap_reaches_only_nvidia_launches(monkeypatch):
     assert "maxnreg" not in compile_options(PrefillConfig(64, 64, 4, 1), cuda)
     monkeypatch.setattr(torch.version, "hip", "7.0")
     assert "maxnreg" not in compile_options(capped, cuda)
+
+
+def test_fast_exp_reaches_only_nvidia_launches(monkeypatch):
+    """fast_exp is inline PTX: it applies on NVIDIA GPUs, never on ROCm or in the
+    interpreter (the sm_90 compile check sees it as ex2.approx.f16x2)."""
+    from vllm.attention.ops.prefix_prefill import fast_exp_applies
+
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert fast_exp_applies(torch.device("cuda", 0))
+    assert not fast_exp_applies(torch.device("cpu"))
+    monkeypatch.setattr(torch.version, "hip", "7.0")
+    assert not fast_exp_applies(torch.device("cuda", 0))
+
+
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.version.hip is None),
+    reason="inline PTX runs on NVIDIA GPUs only",
+)
+@pytest.mark.parametrize("cache_dtype", [None, torch.float8_e4m3fn], ids=str)
+def test_fast_exp_matches_reference(cache_dtype):
+    """fp16 exponentials on the GPU, within the dtype's usual tolerance: every
+    feature, the production tile shape, pointer loads and TMA."""
+    for use_tma in (False, True):
+        _check_case(
+            CASES[0].values[0]
+            | ALL_FEATURES_FP8
+            | {
+                "seqs": GPU_SEQS,
+                "head_size": 128,
+                "num_kv_heads": 2,
+                "block_size": 64,
+                "cache_dtype": cache_dtype,
+                "config": PrefillConfig(64, 64, 4, 2, use_tma, fast_exp=True),
+            }
+        )
 
 
 def test_tuning_always_times_the_heuristic_and_the_previous_entry(monkeypatch):

@@ -18,14 +18,16 @@
 #                  needs 192 and spills nothing
 #   bf16-table     the bf16 kernel table (ours, FA3, stock Triton) with the table's
 #                  128x64 4-warp TMA prefill tiles (e5b6df6's sweeps)
-#   fp8-tiles      the fp8 keys' long buckets over 128-row tiles with fp8_qk (the fp8
-#                  sweep of e5b6df6 had only 64x64 tiles; 128x64 4-warp won bf16)
+#   fp8-tiles      the fp8 keys' long buckets over 128- and 256-row tiles with fp8_qk,
+#                  with and without fast_exp (the fp8 sweep of e5b6df6 had only 64x64
+#                  tiles; 128x64 4-warp won bf16)
 #   short-tiles    the bf16 short buckets (16, 64, 256; groups 4 and 8) over the TMA
 #                  tiles, 128-row 4-warp ones included
 #   m256           the bf16 long buckets (groups 4 and 8) over 256-row 8-warp TMA tiles
 #                  (two warpgroups of 128 rows sharing each K/V tile, one program per
 #                  SM; sm_90 build: 255 registers, 200-byte stack with 64-key tiles)
-#                  against the 128-row ones
+#                  against the 128-row ones, each with and without fast_exp (fp16
+#                  exponentials, two per instruction)
 # The sweeps write into copies of the H200 table (recorded, not installed: merge an
 # entry only together with its record).
 # Usage: STATE=/tmp/some-state BENCH_COMMIT=<sha> [UNTIL=<epoch s>] \
@@ -104,11 +106,11 @@ for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-swee
       fp8-tiles)
         sweep fp8-tiles 300 --head-sizes 128 --groups 4 --block-sizes 64 --kv-dtypes fp8 \
           --query-lens 1024 4096 16384 --block-m 64 128 256 --block-n 64 \
-          --num-warps 4 8 --num-stages 2 --use-tma 1 --maxnreg 0 128 --fp8-qk 1 ;;
+          --num-warps 4 8 --num-stages 2 --use-tma 1 --fp8-qk 1 --fast-exp 0 1 ;;
       m256)
         sweep m256 300 --head-sizes 128 --groups 4 8 --block-sizes 64 \
-          --query-lens 1024 4096 16384 --block-m 128 256 --block-n 32 64 \
-          --num-warps 4 8 --num-stages 1 2 --use-tma 1 ;;
+          --query-lens 1024 4096 16384 --block-m 128 256 --block-n 64 \
+          --num-warps 4 8 --num-stages 2 --use-tma 1 --fast-exp 0 1 ;;
       short-tiles)
         sweep short-tiles 300 --head-sizes 128 --groups 4 8 --block-sizes 64 \
           --query-lens 16 64 256 --block-m 64 128 --block-n 32 64 --num-warps 4 8 \

@@ -117,6 +117,7 @@ def _attend_kv_range(
     USE_TMA: tl.constexpr,  # load K/V tiles by TMA (needs TILE_IN_PAGE)
     FP8_QK: tl.constexpr,  # q is fp8 (the cache's format): V goes to fp16 for p.v
     LAZY_RESCALE: tl.constexpr,  # see online_softmax_step
+    FAST_EXP: tl.constexpr,  # fp16 probabilities (common.probabilities)
     MASKED: tl.constexpr,  # False: every key of every tile is visible to every row
     USE_SOFT_CAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
@@ -192,7 +193,14 @@ def _attend_kv_range(
             )
         v = to_dot_dtype(v, DOT_DTYPE=tl.float16 if FP8_QK else q.dtype)
         acc, m_i, l_i = online_softmax_step(
-            acc, m_i, l_i, scores, v, score_scale, LAZY_RESCALE=LAZY_RESCALE
+            acc,
+            m_i,
+            l_i,
+            scores,
+            v,
+            score_scale,
+            LAZY_RESCALE=LAZY_RESCALE,
+            FAST_EXP=FAST_EXP,
         )
     return acc, m_i, l_i
 
@@ -241,6 +249,7 @@ def _prefix_prefill_kernel(
     FP8_QK: tl.constexpr,  # IS_FP8 and the config's fp8_qk
     FP8_MAX: tl.constexpr,  # largest finite value of the cache's fp8 format
     LAZY_RESCALE: tl.constexpr,  # the config's lazy_rescale
+    FAST_EXP: tl.constexpr,  # the config's fast_exp, where it applies (NVIDIA)
     USE_SOFT_CAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -352,6 +361,7 @@ def _prefix_prefill_kernel(
             USE_TMA=USE_TMA,
             FP8_QK=FP8_QK,
             LAZY_RESCALE=LAZY_RESCALE,
+            FAST_EXP=FAST_EXP,
             MASKED=True,
             USE_SOFT_CAP=USE_SOFT_CAP,
             USE_ALIBI=USE_ALIBI,
@@ -387,6 +397,7 @@ def _prefix_prefill_kernel(
         USE_TMA=USE_TMA,
         FP8_QK=FP8_QK,
         LAZY_RESCALE=LAZY_RESCALE,
+        FAST_EXP=FAST_EXP,
         MASKED=False,
         USE_SOFT_CAP=USE_SOFT_CAP,
         USE_ALIBI=USE_ALIBI,
@@ -422,6 +433,7 @@ def _prefix_prefill_kernel(
         USE_TMA=USE_TMA,
         FP8_QK=FP8_QK,
         LAZY_RESCALE=LAZY_RESCALE,
+        FAST_EXP=FAST_EXP,
         MASKED=True,
         USE_SOFT_CAP=USE_SOFT_CAP,
         USE_ALIBI=USE_ALIBI,
@@ -548,12 +560,19 @@ def _launch_arguments(
         "FP8_QK": is_fp8 and config.fp8_qk,
         "FP8_MAX": fp8_max(key_cache.dtype),
         "LAZY_RESCALE": config.lazy_rescale,
+        "FAST_EXP": config.fast_exp and fast_exp_applies(query.device),
         "USE_SOFT_CAP": bool(logits_soft_cap),
         "USE_ALIBI": alibi_slopes is not None,
         "USE_WINDOW": sliding_window is not None,
         "USE_SINKS": sinks is not None,
         **compile_options(config, query.device),
     }
+
+
+def fast_exp_applies(device: torch.device) -> bool:
+    """Whether ``PrefillConfig.fast_exp`` can apply on a device: an NVIDIA GPU
+    (inline PTX; not ROCm, not the CPU interpreter)."""
+    return device.type == "cuda" and torch.version.hip is None
 
 
 def compile_options(config: PrefillConfig, device: torch.device) -> dict:

@@ -206,6 +206,32 @@ def e4m3_to_fp16_at_load(tile):
 
 
 @triton.jit
+def exp2_fp16(x):
+    """``exp2`` of an fp16 tensor, two values per instruction (``ex2.approx.f16x2``,
+    relative error below 2**-9.9; -inf gives 0). NVIDIA only (inline PTX: no
+    interpreter, no ROCm): the launcher enables it only there."""
+    return tl.inline_asm_elementwise(
+        asm="ex2.approx.f16x2 $0, $1;",
+        constraints="=r,r",
+        args=[x],
+        dtype=tl.float16,
+        is_pure=True,
+        pack=2,
+    )
+
+
+@triton.jit
+def probabilities(x, FAST_EXP: tl.constexpr):
+    """``exp2(x)`` of the scores minus their reference max (``x <= 0`` or -inf): fp32,
+    or with ``FAST_EXP`` fp16 from ``exp2_fp16`` (half the special-function work;
+    P is rounded to 16 bits for the p.v product anyway)."""
+    if FAST_EXP:
+        return exp2_fp16(x.to(tl.float16))
+    else:
+        return tl.math.exp2(x)
+
+
+@triton.jit
 def dequantize(tile, scale):
     """fp32 value of a cache tile: ``tile * scale`` (scale 1.0 for 16-bit caches)."""
     return tile.to(tl.float32) * scale
@@ -348,20 +374,21 @@ def softmax_rescale(
     l_i,  # [BLOCK_M] fp32: running denominator
     scores,  # [BLOCK_M, BLOCK_N] fp32: log2 units once times score_scale; -inf masked
     score_scale=1.0,  # fp32 > 0 (see scores_and_scale)
+    FAST_EXP: tl.constexpr = False,
 ):
     """One online-softmax update without the value product.
 
     Returns ``(p, alpha, m_new, l_new)``: ``p = exp2(scores * score_scale - m_new)``
-    (one FMA per score), the factor ``alpha`` that rescales the old accumulator, the
-    new max and denominator. Rows with no visible key so far (max still -inf) use 0
-    as the reference, giving ``p = 0`` and ``alpha = 0`` instead of NaN from
-    ``-inf - -inf``.
+    (one FMA per score; fp16 with ``FAST_EXP``, see ``probabilities``), the factor
+    ``alpha`` that rescales the old accumulator, the new max and denominator. Rows
+    with no visible key so far (max still -inf) use 0 as the reference, giving
+    ``p = 0`` and ``alpha = 0`` instead of NaN from ``-inf - -inf``.
     """
     m_new = tl.maximum(m_i, tl.max(scores, 1) * score_scale)
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(scores * score_scale - m_ref[:, None])
+    p = probabilities(scores * score_scale - m_ref[:, None], FAST_EXP=FAST_EXP)
     alpha = tl.math.exp2(m_i - m_ref)
-    l_new = l_i * alpha + tl.sum(p, 1)
+    l_new = l_i * alpha + tl.sum(p.to(tl.float32), 1)
     return p, alpha, m_new, l_new
 
 
@@ -374,6 +401,7 @@ def online_softmax_step(
     v,  # [BLOCK_N, HEAD_PAD] in the dot dtype (bf16/fp16)
     score_scale=1.0,  # fp32 > 0 (see scores_and_scale)
     LAZY_RESCALE: tl.constexpr = False,
+    FAST_EXP: tl.constexpr = False,  # see probabilities
 ):
     """FlashAttention-2 step over one KV tile: rescale ``acc`` and add ``p @ v``
     (``tl.dot``, fp32 accumulation). Returns ``(acc, m_i, l_i)``.
@@ -390,15 +418,19 @@ def online_softmax_step(
         m_tile = tl.max(scores, 1) * score_scale
         growth = tl.where(m_tile > m_i, m_tile - m_i, 0.0)  # +inf for a first key
         if tl.max(growth, 0) > RESCALE_THRESHOLD:
-            p, alpha, m_i, l_i = softmax_rescale(m_i, l_i, scores, score_scale)
+            p, alpha, m_i, l_i = softmax_rescale(
+                m_i, l_i, scores, score_scale, FAST_EXP=FAST_EXP
+            )
             acc = acc * alpha[:, None]
         else:
             # Every row here has a finite max or no key yet (then p = 0).
             m_ref = tl.where(m_i == float("-inf"), 0.0, m_i)
-            p = tl.math.exp2(scores * score_scale - m_ref[:, None])
-            l_i = l_i + tl.sum(p, 1)
+            p = probabilities(scores * score_scale - m_ref[:, None], FAST_EXP=FAST_EXP)
+            l_i = l_i + tl.sum(p.to(tl.float32), 1)
     else:
-        p, alpha, m_i, l_i = softmax_rescale(m_i, l_i, scores, score_scale)
+        p, alpha, m_i, l_i = softmax_rescale(
+            m_i, l_i, scores, score_scale, FAST_EXP=FAST_EXP
+        )
         acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, m_i, l_i

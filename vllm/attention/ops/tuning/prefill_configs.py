@@ -2,8 +2,8 @@
 """Launch configurations of the prefix-prefill kernel: table lookup + heuristic.
 
 A configuration is ``(block_m, block_n, num_warps, num_stages, use_tma, maxnreg,
-fp8_qk, lazy_rescale)``. It is
-chosen per *problem key*, the properties that change which tiles are fast:
+fp8_qk, lazy_rescale, fast_exp)``. It is chosen per *problem key*, the properties
+that change which tiles are fast:
 
     head_size, q_dtype, kv_dtype, group (q heads per KV head), block_size,
     max_query_len bucket (QUERY_LEN_BUCKETS)
@@ -49,6 +49,8 @@ PREFILL_CONFIG_SPACE = {
     "fp8_qk": (False,),
     # Rescale the accumulator only when a row max grows by > 2**8 (--lazy-rescale 0 1).
     "lazy_rescale": (False,),
+    # fp16 exponentials, two per instruction (NVIDIA; --fast-exp 0 1).
+    "fast_exp": (False,),
 }
 
 
@@ -76,6 +78,14 @@ class PrefillConfig:
         only when some row's max grows by more than 2**8, as FlashAttention-4 does;
         exact (``online_softmax_step``), fewer multiplies and exponentials per
         tile, one block-wide reduction and branch more.
+    fast_exp: the probabilities as fp16 exponentials of fp16 arguments, two per
+        special-function instruction (``ex2.approx.f16x2``) instead of one fp32
+        each: half the special-function work per tile. P is rounded to 16 bits for
+        the p.v product anyway; this adds the fp16 rounding of the argument
+        ``s - max``: for P >= 2**-8 (arguments >= -8) at most 2**-9 * ln 2 = 0.14%
+        relative, below bf16's own rounding of P (up to 0.39%), and the
+        instruction's error (below 2**-9.9). NVIDIA only (inline PTX); ignored on
+        ROCm and in the interpreter.
     """
 
     block_m: int
@@ -86,6 +96,7 @@ class PrefillConfig:
     maxnreg: int = 0
     fp8_qk: bool = False
     lazy_rescale: bool = False
+    fast_exp: bool = False
 
 
 def query_len_bucket(max_query_len: int) -> int:
