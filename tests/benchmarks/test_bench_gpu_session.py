@@ -343,6 +343,7 @@ def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path, python3_shim):
     r, log = run(2000)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "-k early_convert" in log and "--retune-decode" in log
+    assert "-k fast_exp" in log
     assert log.count("tune_prefix_prefill") == 7
     assert log.count("--budget-minutes 2.50") == 4, log  # (240 s box - 90) / 60
     assert log.count("--budget-minutes 3.50") == 3, log  # 300 s boxes
@@ -352,7 +353,7 @@ def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path, python3_shim):
     assert (tmp_path / "out" / "results.tgz").is_file()
     r, log = run(20)
     assert r.returncode == 0 and log == "", log
-    assert r.stderr.count("skipped") == 11 and "[kernel-work]" in r.stdout
+    assert r.stderr.count("skipped") == 12 and "[kernel-work]" in r.stdout
     r, log = run(2000, "fp8-sweep")
     assert log.count("python3") == 1 and "--fp8-qk 0 1" in log, log
     r, log = run(2000, "no-such-step")
@@ -384,6 +385,7 @@ def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path, python3_shim):
                 "--retune-decode",
                 "--query-lens 16 64 256",
                 "--block-m 128 256",
+                "-k fast_exp",
             ),
         ),
         (

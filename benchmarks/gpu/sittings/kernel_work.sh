@@ -3,6 +3,7 @@
 # deadline; results under $STATE/results/tuning and $STATE/results/kernels. Steps, in
 # the order given (default: all, in this order):
 #   early-convert  the GPU tests of fp8 decode's early_convert (inline PTX: GPU only)
+#   fast-exp       the GPU tests of prefill's fast_exp (inline PTX: GPU only)
 #   group8-tma     a prefill sweep of the Llama-3.1-70B-at-TP-2 keys (head 128, group
 #                  8, page 64; their table entries predate TMA) over TMA tiles, long
 #                  buckets only
@@ -66,7 +67,7 @@ sweep() {
   cp "$STATE/$name-table.json" "$T/"
 }
 
-for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-sweep head256 bf16-table fp8-tiles short-tiles m256}"; do
+for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-sweep head256 bf16-table fp8-tiles short-tiles m256 fast-exp}"; do
   for name in $s; do
     step "$name"
     case $name in
@@ -75,6 +76,11 @@ for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-swee
           tests/kernels/test_paged_decode.py -k early_convert \
           > "$T/early-convert-tests.log" 2>&1
         echo "exit $?"; tail -n 2 "$T/early-convert-tests.log" ;;
+      fast-exp)
+        t=$(box 120) && timeout "$t" python3 -m pytest -q -p no:cacheprovider \
+          tests/kernels/test_prefix_prefill.py -k fast_exp \
+          > "$T/fast-exp-tests.log" 2>&1
+        echo "exit $?"; tail -n 2 "$T/fast-exp-tests.log" ;;
       group8-tma)
         sweep group8-tma 240 --head-sizes 128 --groups 8 --block-sizes 64 \
           --query-lens 1024 4096 16384 --use-tma 1 --block-m 64 128 --block-n 32 64 \
