@@ -803,13 +803,13 @@ def test_register_cap_reaches_only_nvidia_launches(monkeypatch):
 def test_fast_exp_reaches_only_nvidia_launches(monkeypatch):
     """fast_exp is inline PTX: it applies on NVIDIA GPUs, never on ROCm or in the
     interpreter (the sm_90 compile check sees it as ex2.approx.f16x2)."""
-    from vllm.attention.ops.prefix_prefill import fast_exp_applies
+    from vllm.attention.ops.triton_attention_common import nvidia_gpu
 
     monkeypatch.setattr(torch.version, "hip", None)
-    assert fast_exp_applies(torch.device("cuda", 0))
-    assert not fast_exp_applies(torch.device("cpu"))
+    assert nvidia_gpu(torch.device("cuda", 0))
+    assert not nvidia_gpu(torch.device("cpu"))
     monkeypatch.setattr(torch.version, "hip", "7.0")
-    assert not fast_exp_applies(torch.device("cuda", 0))
+    assert not nvidia_gpu(torch.device("cuda", 0))
 
 
 @pytest.mark.skipif(

@@ -66,6 +66,7 @@ from vllm.attention.ops.triton_attention_common import (
     fp8_max,
     init_softmax_state,
     load_kv_tile,
+    nvidia_gpu,
     online_softmax_step,
     page_tile_offset,
     paged_row_offsets,
@@ -456,7 +457,7 @@ def tma_supported(device: torch.device) -> bool:
     descriptors (so the CPU tests cover that path). Not on ROCm."""
     if device.type == "cpu":
         return True
-    if device.type != "cuda" or torch.version.hip is not None:
+    if not nvidia_gpu(device):
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
 
@@ -560,7 +561,7 @@ def _launch_arguments(
         "FP8_QK": is_fp8 and config.fp8_qk,
         "FP8_MAX": fp8_max(key_cache.dtype),
         "LAZY_RESCALE": config.lazy_rescale,
-        "FAST_EXP": config.fast_exp and fast_exp_applies(query.device),
+        "FAST_EXP": config.fast_exp and nvidia_gpu(query.device),  # inline PTX
         "USE_SOFT_CAP": bool(logits_soft_cap),
         "USE_ALIBI": alibi_slopes is not None,
         "USE_WINDOW": sliding_window is not None,
@@ -569,17 +570,11 @@ def _launch_arguments(
     }
 
 
-def fast_exp_applies(device: torch.device) -> bool:
-    """Whether ``PrefillConfig.fast_exp`` can apply on a device: an NVIDIA GPU
-    (inline PTX; not ROCm, not the CPU interpreter)."""
-    return device.type == "cuda" and torch.version.hip is None
-
-
 def compile_options(config: PrefillConfig, device: torch.device) -> dict:
     """Triton's launch options of ``config`` on ``device``: warps and stages, and
     the register cap where it applies (NVIDIA; not ROCm, not the interpreter)."""
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    if config.maxnreg and device.type == "cuda" and torch.version.hip is None:
+    if config.maxnreg and nvidia_gpu(device):
         options["maxnreg"] = config.maxnreg
     return options
 

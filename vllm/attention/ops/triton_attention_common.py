@@ -56,6 +56,13 @@ def fp8_max(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max) if dtype in FP8_DTYPES else 0.0
 
 
+def nvidia_gpu(device: torch.device) -> bool:
+    """Whether launches on ``device`` compile for an NVIDIA GPU: what inline PTX
+    (``e4m3_to_fp16_at_load``, ``exp2_fp16``), TMA and register caps need. Not ROCm,
+    not the CPU interpreter."""
+    return device.type == "cuda" and torch.version.hip is None
+
+
 # log2(e): scores are multiplied by it once so that exp(x) == exp2(x * LOG2E).
 LOG2E = tl.constexpr(1.4426950408889634)
 # Lazy rescaling (online_softmax_step's LAZY_RESCALE): the running max is moved, and

@@ -64,6 +64,7 @@ from vllm.attention.ops.triton_attention_common import (
     finalize_output,
     init_softmax_state,
     load_kv_tile,
+    nvidia_gpu,
     online_softmax_step,
     paged_row_offsets,
     query_for_cache,
@@ -396,11 +397,7 @@ def _merge_splits_kernel(
 def early_convert_applies(key_cache: torch.Tensor) -> bool:
     """Whether ``DecodeConfig.early_convert`` can apply to a cache: e4m3fn on an
     NVIDIA GPU (inline PTX; not ROCm's e4m3fnuz, not the CPU interpreter)."""
-    return (
-        key_cache.dtype == torch.float8_e4m3fn
-        and key_cache.device.type == "cuda"
-        and torch.version.hip is None
-    )
+    return key_cache.dtype == torch.float8_e4m3fn and nvidia_gpu(key_cache.device)
 
 
 def choose_num_splits(
