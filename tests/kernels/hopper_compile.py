@@ -172,19 +172,19 @@ RECORDS = os.path.join(
 
 
 def _timed_entries():
-    """{table key: PrefillConfig} of the best configs in the committed prefill
-    tuning records (the sweeps' newest record wins for a key)."""
+    """{(table key, PrefillConfig)} of every winner in the committed prefill tuning
+    records (a record not merged into the table adds pairs no entry matches)."""
     from vllm.attention.ops.tuning.prefill_configs import PREFILL_TABLE, PrefillConfig
 
-    best = {}
-    for path in sorted(glob.glob(os.path.join(RECORDS, "*-prefill*.json"))):
+    winners = set()
+    for path in glob.glob(os.path.join(RECORDS, "*-prefill*.json")):
         with open(path) as f:
             records = json.load(f).get("records", [])
         for record in records:
             if "key" in record and "best" in record:
                 key = PREFILL_TABLE.key(**record["key"])
-                best[key] = PrefillConfig(**record["best"])
-    return best
+                winners.add((key, PrefillConfig(**record["best"])))
+    return winners
 
 
 def _prefix_prefill_cases():
@@ -294,7 +294,7 @@ def _prefix_prefill_cases():
         ]
         shape = (fields["head_size"], fields["group"], fields["block_size"])
         case = (*shape, cache_dtype, entry)
-        shipped[case] = shipped.get(case, False) or timed.get(key) == entry
+        shipped[case] = shipped.get(case, False) or (key, entry) in timed
     for case, was_timed in sorted(shipped.items(), key=str):
         head_size, group, block_size, cache_dtype, entry = case
         name, kwargs = launch(
