@@ -52,17 +52,24 @@ def winners(body: dict):
     return table, {table.key(**k): table.config_cls(**c) for k, c in pairs}
 
 
+def _field(body: dict, name: str):
+    """A record's top-level field (prefill records), else its provenance's (decode
+    retune files)."""
+    return body.get(name) or body.get("provenance", {}).get(name)
+
+
 def merge(record_paths: list[Path], table_path: Path | None = None) -> Path:
     """Merge the records (all of one kind and GPU) into their table; return its path."""
     bodies = [json.loads(p.read_text()) for p in record_paths]
-    kinds = {winners(b)[0].kind for b in bodies}
-    gpus = {b.get("gpu") or b.get("provenance", {}).get("gpu") for b in bodies}
+    parsed = [winners(b) for b in bodies]
+    kinds = {table.kind for table, _ in parsed}
+    gpus = {_field(b, "gpu") for b in bodies}
     if len(kinds) != 1 or len(gpus) != 1 or None in gpus:
         raise SystemExit(
             f"merge one table at a time: these records are of kinds {sorted(kinds)} "
             f"and GPUs {sorted(map(str, gpus))}"
         )
-    table = winners(bodies[0])[0]
+    table = parsed[0][0]
     path = table_path or table.path(gpus.pop())
     data = json.loads(path.read_text()) if path.is_file() else {"configs": []}
     entries = {
@@ -70,8 +77,7 @@ def merge(record_paths: list[Path], table_path: Path | None = None) -> Path:
     }
     provenance = data.get("provenance", {})
     merged = list(provenance.get("merged_later", []))
-    for record_path, body in zip(record_paths, bodies):
-        _, best = winners(body)
+    for record_path, body, (_, best) in zip(record_paths, bodies, parsed):
         for key, config in best.items():
             old = entries.get(key, {}).get("config")
             entries[key] = table.entry(key, config)
@@ -84,8 +90,7 @@ def merge(record_paths: list[Path], table_path: Path | None = None) -> Path:
         merged.append(
             {
                 "record": str(shown),
-                "commit": body.get("commit")
-                or body.get("provenance", {}).get("commit"),
+                "commit": _field(body, "commit"),
                 "keys": len(best),
             }
         )
