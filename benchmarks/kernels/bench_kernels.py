@@ -574,6 +574,7 @@ def retune_decode(shapes: list[Shape], args, write=None, environment=None) -> di
     into the provenance."""
     global OVERRIDE_DECODE_CONFIG
     from vllm.attention.ops.tuning import decode_configs as dc
+    from vllm.attention.ops.tuning.tables import device_gpu_name
 
     groups: dict[tuple, list[Shape]] = {}
     for s in shapes:
@@ -613,17 +614,22 @@ def retune_decode(shapes: list[Shape], args, write=None, environment=None) -> di
         # key[2] is the table's dtype name ("fp8" for both e4m3 flavours), not a
         # torch attribute: take the points' dtype.
         kv_dtype = fields["kv_dtype"]
-        previous = dc.get_decode_config(gpu_name=torch.cuda.get_device_name(), **fields)
+        # What a launch on this GPU uses now (its table, a stand-in's, or the
+        # heuristic): device_gpu_name is the launchers' own choice of table.
+        previous = dc.get_decode_config(
+            gpu_name=device_gpu_name(torch.device("cuda")), **fields
+        )
         space = [
             dc.DecodeConfig(**dict(zip(names, values)))
             for values in itertools.product(*dc.DECODE_CONFIG_SPACE.values())
         ]
         space = [previous] + [c for c in space if c != previous]
-        timings = []
+        timed = {}  # config -> us summed over the key's points, None if it failed
         for cfg in space:
             if not dc.is_valid_config(cfg, head_size=key[0], kv_dtype=kv_dtype):
                 continue
             OVERRIDE_DECODE_CONFIG = cfg
+            timed[cfg] = None
             try:
                 total = 0.0
                 for s, inp, ref in zip(points, inputs, checked):
@@ -634,26 +640,17 @@ def retune_decode(shapes: list[Shape], args, write=None, environment=None) -> di
                     if not err <= RETUNE_MAX_ERR:
                         raise ValueError(f"max abs error {err:.3g} on {s}")
                     total += time_us(runner, inp.num_sets, True)[0]
+                timed[cfg] = round(total, 2)
             except Exception as exc:  # e.g. out of resources, or a wrong result
                 print(f"  {cfg}: failed ({type(exc).__name__}: {exc})"[:200])
-                timings.append({**asdict(cfg), "failed": type(exc).__name__})
-                continue
-            timings.append({**asdict(cfg), "us_summed": round(total, 2)})
         OVERRIDE_DECODE_CONFIG = None
-        done = [t for t in timings if "us_summed" in t]
+        done = {c: us for c, us in timed.items() if us is not None}
         if done:
-            best = min(done, key=lambda t: t["us_summed"])
-            cfg = dc.DecodeConfig(**{n: best[n] for n in names})
-            # The previous config was timed first (if valid for the key).
-            first = timings[0]
-            was = (
-                first.get("us_summed")
-                if first == {**asdict(previous), **first}
-                else None
-            )
+            # min keeps the first of equals: the previous config, timed first.
+            cfg = min(done, key=done.get)
             print(
-                f"retune {key}: {cfg} ({best['us_summed']:.1f} us summed; "
-                f"previous {previous}: {was} us)"
+                f"retune {key}: {cfg} ({done[cfg]:.1f} us summed; "
+                f"previous {previous}: {timed.get(previous)} us)"
             )
             table["configs"].append(dc.table_entry(key, cfg))
             table["records"].append(
@@ -661,7 +658,12 @@ def retune_decode(shapes: list[Shape], args, write=None, environment=None) -> di
                     "entry": dc.table_entry(key, cfg),
                     "previous": asdict(previous),
                     "points": [str(s) for s in points],
-                    "timings": timings,
+                    "timings": [
+                        {**asdict(c), "us_summed": us}
+                        if us is not None
+                        else {**asdict(c), "failed": True}
+                        for c, us in timed.items()
+                    ],
                 }
             )
             if write is not None:

@@ -6,9 +6,10 @@ import torch
 
 from benchmarks.kernels import bench_kernels as bk
 from vllm.attention.ops.tuning import decode_configs as dc
+from vllm.attention.ops.tuning import tables
 
 
-def test_retune_decode_skips_wrong_configs_and_sweeps_every_field(monkeypatch):
+def test_retune_decode_skips_wrong_configs_and_sweeps_every_field(monkeypatch, request):
     """Every field of DECODE_CONFIG_SPACE is swept (early_convert only for fp8), and
     a config whose output is wrong is never chosen, however fast."""
     fast_but_wrong = dc.DecodeConfig(32, 2, 1, early_convert=True)
@@ -31,8 +32,12 @@ def test_retune_decode_skips_wrong_configs_and_sweeps_every_field(monkeypatch):
     monkeypatch.setattr(
         torch.cuda,
         "get_device_properties",
-        lambda i: SimpleNamespace(multi_processor_count=132),
+        # An sm_80 part: no stand-in tables (tables.SAME_ARCHITECTURE).
+        lambda i: SimpleNamespace(multi_processor_count=132, major=8, minor=0),
     )
+    tables.clear_caches()  # device_gpu_name is memoised per device
+    request.addfinalizer(tables.clear_caches)
+    monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(
