@@ -67,20 +67,22 @@ sweep() {
   cp "$STATE/$name-table.json" "$T/"
 }
 
+# gpu_tests NAME FILE EXPR: the kernel tests of tests/kernels/FILE matching EXPR
+# (inline PTX: they run on the GPU only), within 120 s.
+gpu_tests() {
+  local t
+  t=$(box 120) || return 0
+  timeout "$t" python3 -m pytest -q -p no:cacheprovider "tests/kernels/$2" -k "$3" \
+    > "$T/$1-tests.log" 2>&1
+  echo "exit $?"; tail -n 2 "$T/$1-tests.log"
+}
+
 for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-sweep head256 bf16-table fp8-tiles short-tiles m256 fast-exp}"; do
   for name in $s; do
     step "$name"
     case $name in
-      early-convert)
-        t=$(box 120) && timeout "$t" python3 -m pytest -q -p no:cacheprovider \
-          tests/kernels/test_paged_decode.py -k early_convert \
-          > "$T/early-convert-tests.log" 2>&1
-        echo "exit $?"; tail -n 2 "$T/early-convert-tests.log" ;;
-      fast-exp)
-        t=$(box 120) && timeout "$t" python3 -m pytest -q -p no:cacheprovider \
-          tests/kernels/test_prefix_prefill.py -k fast_exp \
-          > "$T/fast-exp-tests.log" 2>&1
-        echo "exit $?"; tail -n 2 "$T/fast-exp-tests.log" ;;
+      early-convert) gpu_tests early-convert test_paged_decode.py early_convert ;;
+      fast-exp) gpu_tests fast-exp test_prefix_prefill.py fast_exp ;;
       group8-tma)
         sweep group8-tma 240 --head-sizes 128 --groups 8 --block-sizes 64 \
           --query-lens 1024 4096 16384 --use-tma 1 --block-m 64 128 --block-n 32 64 \
