@@ -746,6 +746,36 @@ def test_valid_configs_keep_at_most_128_rows_per_warpgroup():
     assert not valid(256, 4)
 
 
+def test_shipped_prefill_tables_hold_valid_configs_for_their_keys():
+    """Every committed prefill table parses, and each entry passes the sweep's own
+    filter for its key (a merged record cannot bring in a tile that overflows
+    shared memory or a warpgroup's registers, or fp8_qk on a 16-bit cache)."""
+    import json
+
+    from vllm.attention.ops.tuning import tables
+    from vllm.attention.ops.tuning.prefill_configs import (
+        PREFILL_TABLE,
+        is_valid_config,
+    )
+
+    paths = sorted(tables.TUNING_DIR.glob("prefix_prefill_*.json"))
+    assert paths
+    for path in paths:
+        gpu = json.loads(path.read_text())["provenance"]["gpu"]
+        table = PREFILL_TABLE.load(gpu)
+        assert table, path.name
+        for key, config in table.items():
+            fields = dict(zip(PREFILL_TABLE.key_fields, key))
+            kv = {"fp8": torch.float8_e4m3fn}.get(fields["kv_dtype"], torch.bfloat16)
+            assert is_valid_config(
+                config, head_size=fields["head_size"], kv_dtype=kv
+            ), (
+                path.name,
+                key,
+                config,
+            )
+
+
 def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
     """The tuner sweeps exactly PrefillConfig's fields, drops use_tma candidates
     whose tile spans pages (they would time the pointer loads twice) and fp8_qk
@@ -959,4 +989,7 @@ def test_tuning_run_records_its_provenance(tmp_path):
         body = json.loads(path.read_text())
         provenance = body.get("provenance", body)
         assert provenance["commit"] == "abc1234" and "driver" in provenance, path
+        # ... and where the timed kernels came from (here: this checkout).
+        ops_dir = Path(__file__).resolve().parents[2] / "vllm" / "attention" / "ops"
+        assert provenance["vllm"].endswith(f"kernels from {ops_dir}"), provenance
     assert len(json.loads(out.read_text())["configs"]) == 6  # one per query bucket

@@ -237,6 +237,7 @@ def main() -> None:
         "commit": args.commit or _git_commit(),
         "triton": triton.__version__,
         "torch": torch.__version__,
+        "vllm": _vllm_source(),
         "method": "untuned: heuristic_prefill_config values"
         if args.untuned
         else "triton.testing.do_bench median (ms), fastest correct candidate",
@@ -256,6 +257,21 @@ def main() -> None:
         with open(args.record, "w") as f:
             json.dump({**provenance, "space": space, "records": records}, f, indent=1)
         print(f"wrote {args.record}")
+
+
+def _vllm_source() -> str:
+    """Where the timed kernels came from: the installed vLLM distribution's version
+    (a fork install says ``+tritonattn``) or a checkout without one, and the path of
+    the kernel module."""
+    import importlib.metadata
+
+    from vllm.attention.ops import prefix_prefill
+
+    try:
+        version = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        version = "no vllm distribution"
+    return f"{version}; kernels from {os.path.dirname(prefix_prefill.__file__)}"
 
 
 def _run_text(cmd: list[str]) -> str | None:
