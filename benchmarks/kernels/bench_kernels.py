@@ -563,15 +563,33 @@ def copy_bandwidth_gbs() -> float:
 # ----------------------------------------------------------------------------------
 
 
+def _time_config(points, inputs, checked) -> float:
+    """Microseconds of ``OVERRIDE_DECODE_CONFIG`` summed over ``points``, each
+    output checked against its reference first (ValueError when wrong)."""
+    total = 0.0
+    for s, inp, ref in zip(points, inputs, checked):
+        runner = caller_ours(s, inp)
+        runner.run(0)
+        # A config must be right before it may be fast.
+        err = max_abs_err(runner.output, ref)
+        if not err <= RETUNE_MAX_ERR:
+            raise ValueError(f"max abs error {err:.3g} on {s}")
+        total += time_us(runner, inp.num_sets, True)[0]
+    return round(total, 2)
+
+
 def retune_decode(shapes: list[Shape], args, write=None, environment=None) -> dict:
-    """Time every valid DecodeConfig on the decode points of each problem key and
+    """Time the valid DecodeConfigs on the decode points of each problem key and
     return the table (JSON dict) with the fastest correct config per key.
 
-    The config the GPU's shipped table (or the heuristic) gives the key is timed
-    too, as ``previous``, and every timing goes into the table's ``records``.
+    Two rounds per key: every config on the key's heaviest point (most K/V bytes),
+    then the ``args.retune_finalists`` fastest of those on every point of the key
+    (0: every config on every point). One config on one point costs a compile and a
+    CUDA-graph timing; 54 fp8 configs on all points took ~5 min per key at e5b6df6.
+    The config the GPU's shipped table (or the heuristic) gives the key is always a
+    finalist, as ``previous``, and every timing goes into the table's ``records``.
     ``write(table)`` runs after each key, so a run cut short keeps its finished
-    keys (one key takes minutes). ``environment`` (commit, driver, versions) goes
-    into the provenance."""
+    keys. ``environment`` (commit, driver, versions) goes into the provenance."""
     global OVERRIDE_DECODE_CONFIG
     from vllm.attention.ops.tuning import decode_configs as dc
     from vllm.attention.ops.tuning.tables import device_gpu_name
@@ -623,24 +641,37 @@ def retune_decode(shapes: list[Shape], args, write=None, environment=None) -> di
             dc.DecodeConfig(**dict(zip(names, values)))
             for values in itertools.product(*dc.DECODE_CONFIG_SPACE.values())
         ]
-        space = [previous] + [c for c in space if c != previous]
+        space = [
+            c
+            for c in [previous] + [c for c in space if c != previous]
+            if dc.is_valid_config(c, head_size=key[0], kv_dtype=kv_dtype)
+        ]
+        kept = [c for c in space if c == previous]  # always a finalist
+        heaviest = max(
+            range(len(points)), key=lambda i: points[i].batch * points[i].context
+        )
+        finalists = getattr(args, "retune_finalists", 0)
+        screened = {}  # config -> us on the heaviest point, None if it failed
+        if finalists and len(space) > finalists + len(kept):
+            one = ([points[heaviest]], [inputs[heaviest]], [checked[heaviest]])
+            for cfg in space:
+                OVERRIDE_DECODE_CONFIG = cfg
+                try:
+                    screened[cfg] = _time_config(*one)
+                except Exception as exc:  # e.g. out of resources, or a wrong result
+                    screened[cfg] = None
+                    print(f"  {cfg}: failed ({type(exc).__name__}: {exc})"[:200])
+            ranked = sorted(
+                (c for c in space if c not in kept and screened[c] is not None),
+                key=screened.get,
+            )
+            space = kept + ranked[:finalists]
         timed = {}  # config -> us summed over the key's points, None if it failed
         for cfg in space:
-            if not dc.is_valid_config(cfg, head_size=key[0], kv_dtype=kv_dtype):
-                continue
             OVERRIDE_DECODE_CONFIG = cfg
             timed[cfg] = None
             try:
-                total = 0.0
-                for s, inp, ref in zip(points, inputs, checked):
-                    runner = caller_ours(s, inp)
-                    runner.run(0)
-                    # A config must be right before it may be fast.
-                    err = max_abs_err(runner.output, ref)
-                    if not err <= RETUNE_MAX_ERR:
-                        raise ValueError(f"max abs error {err:.3g} on {s}")
-                    total += time_us(runner, inp.num_sets, True)[0]
-                timed[cfg] = round(total, 2)
+                timed[cfg] = _time_config(points, inputs, checked)
             except Exception as exc:  # e.g. out of resources, or a wrong result
                 print(f"  {cfg}: failed ({type(exc).__name__}: {exc})"[:200])
         OVERRIDE_DECODE_CONFIG = None
@@ -663,6 +694,14 @@ def retune_decode(shapes: list[Shape], args, write=None, environment=None) -> di
                         if us is not None
                         else {**asdict(c), "failed": True}
                         for c, us in timed.items()
+                    ],
+                    # Round one (when there was one): every config on one point.
+                    "screen_point": str(points[heaviest]) if screened else None,
+                    "screen": [
+                        {**asdict(c), "us": us}
+                        if us is not None
+                        else {**asdict(c), "failed": True}
+                        for c, us in screened.items()
                     ],
                 }
             )
@@ -854,6 +893,14 @@ def main() -> None:
         action="store_true",
         help="search DECODE_CONFIG_SPACE on the decode points and write "
         "paged_decode_<gpu>.json to --results-dir",
+    )
+    p.add_argument(
+        "--retune-finalists",
+        type=int,
+        default=6,
+        help="--retune-decode: time every config on each key's heaviest point, "
+        "then this many of the fastest (and the key's current config) on all its "
+        "points; 0 = every config on every point",
     )
     args = p.parse_args()  # fmt: skip
     args.skip_reason = {}
