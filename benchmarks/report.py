@@ -314,6 +314,10 @@ def e2e_section(items) -> list[str]:
         lines.append("")
         lines.append(e2e_results.format_table(body["records"]))
         lines.append("")
+        lines += _profile_lines(body.get("profiles"))
+        for backend, errors in body.get("profile_errors", {}).items():
+            for workload, why in sorted(errors.items()):
+                lines.append(f"- no profile of {workload} for {backend}: {why}")
         for a in body.get("output_agreement", []):
             lines.append(
                 f"- greedy outputs {a['backend']} vs FLASH_ATTN, "
@@ -323,6 +327,39 @@ def e2e_section(items) -> list[str]:
             )
         lines.append("")
     return lines
+
+
+def _profile_lines(profiles: dict | None) -> list[str]:
+    """Where each backend's GPU time went in the profiled requests (run_e2e.py
+    --profile-requests), per workload: ms per kernel category and the share."""
+    if not profiles:
+        return []
+    cats = sorted(
+        {c for p in profiles.values() for w in p.values() for c in w["categories"]}
+    )
+    rows = []
+    for backend, per_workload in profiles.items():
+        for workload, prof in sorted(per_workload.items()):
+            total = prof["total_ms"] or 1.0
+            rows.append(
+                [workload, backend, prof["requests"], f"{prof['total_ms']:,.0f}"]
+                + [
+                    f"{prof['categories'].get(c, 0.0):,.0f} "
+                    f"({prof['categories'].get(c, 0.0) / total:.0%})"
+                    for c in cats
+                ]
+            )
+    rows.sort(key=lambda r: (r[0], r[1]))
+    head = ["workload", "backend", "requests", "GPU ms"] + [f"{c} ms" for c in cats]
+    return [
+        (
+            "GPU time of a few requests under vLLM's torch profiler, run after the "
+            "timed passes (kernel categories: benchmarks/e2e/profile_table.py):"
+        ),
+        "",
+        *_table(head, rows),
+        "",
+    ]
 
 
 def accuracy_section(items) -> list[str]:

@@ -11,7 +11,12 @@ torch.compile + CUDA graphs, all requests of a workload submitted at once, greed
 3. ``steady`` pass: the same requests again, timed (pass 2 was its untimed warm-up).
 
 total tok/s = (prompt tokens + generated tokens) / wall time of the pass. Greedy outputs
-of the steady pass are compared with FLASH_ATTN's (fraction identical). Results:
+of the steady pass are compared with FLASH_ATTN's (fraction identical). With
+``--profile-requests N`` the engine also has vLLM's torch profiler, and once every
+timed pass has run, each workload's first N requests run once more under it: the
+results get that run's GPU time per kernel category (``profiles``;
+benchmarks/e2e/profile_table.py), so two backends can be compared by where their time
+goes. Results:
 ``<results-dir>/<date>-<commit>.json``; per-backend partial files in ``--work-dir`` make
 the run resumable: a rerun skips (backend, workload) pairs already measured, and
 ``--budget-s`` bounds one invocation (work that does not fit is left for the rerun).
@@ -32,6 +37,7 @@ if str(REPO) not in sys.path:
     sys.path.append(str(REPO))
 
 from benchmarks import harness  # noqa: E402
+from benchmarks.e2e import profile_table  # noqa: E402
 from benchmarks.e2e import results as res  # noqa: E402
 from benchmarks.e2e.workloads import (  # noqa: E402
     WORKLOADS,
@@ -48,6 +54,7 @@ HEAD_TOKENS = 32  # output tokens kept per request for the agreement check
 STARTUP_ALLOWANCE_S = 150.0
 WORKLOAD_ALLOWANCE_S = 60.0
 WARMUP_TOKENS = 16  # output tokens of each warm-up request
+PROFILE_MAX_ITERATIONS = 256  # engine steps of a --profile-requests run
 
 
 def start_allowance(scale: float, num_workloads: int) -> float:
@@ -65,6 +72,22 @@ def stop_after(timeout_s: float) -> float:
 
 def partial_name(backend: str, scale: float, kv: str) -> str:
     return f"{backend}-s{scale:g}-kv{kv}.json"
+
+
+def profile_workload(llm, prompts, params, profile_dir: Path) -> dict:
+    """Run ``prompts`` once under vLLM's torch profiler and summarise its kernel
+    table; the traces (large) are deleted, the table is kept next to them."""
+    llm.start_profile()
+    llm.generate(prompts, params, use_tqdm=False)
+    llm.stop_profile()
+    table = profile_dir / "profiler_out_0.txt"
+    if not table.is_file():
+        raise RuntimeError(f"vLLM's profiler wrote no {table}")
+    text = table.read_text()
+    for trace in profile_dir.iterdir():  # *.pt.trace.json.gz, tens of MB each
+        if trace.is_file() and trace != table:
+            trace.unlink()
+    return {"requests": len(prompts), **profile_table.summarize(text)}
 
 
 # ----------------------------------------------------------------------------- worker
@@ -93,6 +116,19 @@ def worker(args) -> int:
         "torch": versions.get("torch"),
         "triton": versions.get("triton"),
     }
+    profile_dir = path.parent / f"profile-{args.label}"
+    extra = {}
+    if args.profile_requests:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        extra["profiler_config"] = {
+            "profiler": "torch",
+            "torch_profiler_dir": str(profile_dir.resolve()),
+            "torch_profiler_with_stack": False,
+            "ignore_frontend": True,  # the worker's GPU kernels are what we want
+            # A decode-heavy workload runs ~1000 engine steps; a few hundred show
+            # the same mix with traces and a table that stay small.
+            "max_iterations": PROFILE_MAX_ITERATIONS,
+        }
     t0 = time.monotonic()
     llm = LLM(
         model=str(args.model_dir),
@@ -104,10 +140,12 @@ def worker(args) -> int:
         enable_prefix_caching=False,
         seed=0,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        **extra,
     )
     state["startup_s"] = round(time.monotonic() - t0, 1)
     print(f"[e2e {args.label}] engine up in {state['startup_s']}s", flush=True)
 
+    measured = []  # (workload, prompts, params) of the passes run here
     for i, w in enumerate(parse_workloads(args.workloads)):
         used = time.monotonic() - t0
         if i > 0 and args.stop_after_s is not None and used > args.stop_after_s:
@@ -185,6 +223,30 @@ def worker(args) -> int:
                 f"{len(reqs)} requests)",
                 flush=True,
             )
+        measured.append((w.name, prompts, params))
+    # Profiles after every timed pass, so that no timed pass runs after the profiler.
+    for name, prompts, params in measured if args.profile_requests else ():
+        used = time.monotonic() - t0
+        if args.stop_after_s is not None and used > args.stop_after_s:
+            print(f"[e2e {args.label}] {used:.0f}s used, no profile of {name}")
+            break
+        n = min(args.profile_requests, len(prompts))
+        try:
+            prof = profile_workload(llm, prompts[:n], params[:n], profile_dir)
+        except (RuntimeError, ValueError) as exc:
+            # The timed passes stand without it: say why, keep going.
+            print(f"[e2e {args.label}] {name}: no profile: {exc}", flush=True)
+            state.setdefault("profile_errors", {})[name] = str(exc)
+            harness.write_json(path, state)
+            continue
+        state.setdefault("profiles", {})[name] = prof
+        harness.write_json(path, state)
+        cats = ", ".join(f"{k} {v:,.0f}" for k, v in prof["categories"].items())
+        print(
+            f"[e2e {args.label}] {name} profile of {n} requests: GPU "
+            f"{prof['total_ms']:,.0f} ms ({cats})",
+            flush=True,
+        )
     return 0
 
 
@@ -247,6 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--warmup-requests", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--profile-requests",
+        type=int,
+        default=0,
+        help="once every timed pass has run, profile each workload's first N "
+        "requests (vLLM's torch profiler; GPU time per kernel category in the "
+        "results)",
+    )
     p.add_argument("--timeout-s", type=float, default=480.0, help="per backend process")
     p.add_argument(
         "--budget-s",
@@ -326,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
             str(args.warmup_requests),
             "--seed",
             str(args.seed),
+            "--profile-requests",
+            str(args.profile_requests),
             "--stop-after-s",
             str(stop_after(budget.timeout(args.timeout_s))),
         ]
@@ -369,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
         "output_agreement": agree,
         "complete": not failed,
     }
+    for field in ("profiles", "profile_errors"):
+        found = {k: s[field] for k, s in states.items() if s.get(field)}
+        if found:
+            body[field] = found
     date = time.strftime("%Y-%m-%d", time.gmtime())
     kv = "" if args.kv_cache_dtype == "auto" else f"-kv{args.kv_cache_dtype}"
     scale = "" if args.scale == 1.0 else f"-s{args.scale:g}"

@@ -226,3 +226,99 @@ def test_across_sittings_median_and_spread():
     # the sittings ran two commits, both named
     want = "| auto | long10k | steady | TRITON_ATTN-fork | 3 | 1.00x | 0.90-1.05 | 90 "
     assert row == [want + "| 1.00x | aaa, bbb |"]
+
+
+# torch's key_averages().table layout as vLLM's profiler writes it (CUDA columns;
+# the row limit leaves part of the total unlisted).
+PROFILER_TABLE = """\
+------------------------------------------  ------------  ------------  ----------
+                                      Name     Self CUDA   Self CUDA %  # of Calls
+------------------------------------------  ------------  ------------  ----------
+     nvjet_tst_192x192_64x4_2x1_v_bz_coopA        1.250s        50.00%        2240
+                    _prefix_prefill_kernel     600.000ms        24.00%         320
+ void flash::FlashAttnFwdSm90<flash::ke...     100.500ms         4.02%          32
+            reshape_and_cache_flash_kernel      20.000ms         0.80%         320
+                                  aten::mm       0.000us         0.00%        2240
+                   _paged_decode_kernel_2d     250.000us         0.01%          10
+               triton_poi_fused_mul_silu_0     400.000ms        16.00%         320
+------------------------------------------  ------------  ------------  ----------
+Self CPU time total: 60.000ms
+Self CUDA time total: 2.500s
+"""
+
+
+def test_profile_table_sums_kernels_by_category():
+    from benchmarks.e2e import profile_table
+
+    s = profile_table.summarize(PROFILER_TABLE, top=3)
+    assert s["total_ms"] == 2500.0
+    cats = s["categories"]
+    assert cats["gemm"] == 1250.0
+    assert cats["attention"] == 600.0 + 100.5 + 0.25  # ours, FA3's, decode
+    assert cats["kv_cache_write"] == 20.0
+    # the fused elementwise kernel, plus what the row limit left out of the table
+    assert cats["other"] == pytest.approx(400.0 + (2500.0 - 2370.75))
+    assert [k["name"] for k in s["kernels"]] == [
+        "nvjet_tst_192x192_64x4_2x1_v_bz_coopA",
+        "_prefix_prefill_kernel",
+        "triton_poi_fused_mul_silu_0",
+    ]
+    assert s["kernels"][1] == {
+        "name": "_prefix_prefill_kernel",
+        "category": "attention",
+        "self_cuda_ms": 600.0,
+        "calls": 320,
+    }
+    cpu_only = PROFILER_TABLE.replace("Self CUDA", "Self XPU ")
+    with pytest.raises(ValueError, match="Self CUDA"):
+        profile_table.summarize(cpu_only)
+    with pytest.raises(ValueError, match="no profiler table"):
+        profile_table.summarize("nothing here")
+
+
+def test_profile_requests_put_each_backends_kernel_time_in_the_results(
+    tmp_path, fake_sites, model_dir_8b, monkeypatch
+):
+    def run(where, *extra):
+        """long10k for FLASH_ATTN and the fork: the run and its results file."""
+        r = _run(
+            where,
+            model_dir_8b,
+            "--workloads",
+            "long10k",
+            "--backends",
+            "FLASH_ATTN,TRITON_ATTN-fork",
+            *extra,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        (res_file,) = (where / "res").glob("*.json")
+        return r, json.loads(res_file.read_text())
+
+    r, body = run(tmp_path, "--profile-requests", "4")
+    profiles = body["profiles"]
+    assert set(profiles) == {"FLASH_ATTN", "TRITON_ATTN-fork"}
+    for backend, top in (
+        ("FLASH_ATTN", "void flash::FlashAttnFwdSm90"),
+        ("TRITON_ATTN-fork", "_prefix_prefill_kernel"),
+    ):
+        prof = profiles[backend]["long10k"]
+        assert prof["requests"] == 4 and prof["total_ms"] == 46.0
+        assert prof["categories"]["attention"] == 12.5
+        assert any(k["name"].startswith(top) for k in prof["kernels"])
+        # the traces are deleted, the kernel table is kept
+        work = tmp_path / "work" / f"profile-{backend}"
+        assert (work / "profiler_out_0.txt").is_file()
+        assert not list(work.glob("*.pt.trace.json*"))
+    assert "long10k profile of 4 requests" in r.stdout
+    assert "'profiler_config': {'profiler': 'torch'" in r.stdout  # the fake's kwargs
+    # A backend whose profile fails keeps its timed passes; the results say why.
+    monkeypatch.setenv("FAKE_VLLM_NO_PROFILE", "TRITON_ATTN")
+    _, body = run(tmp_path / "noprof", "--profile-requests", "4")
+    monkeypatch.delenv("FAKE_VLLM_NO_PROFILE")
+    assert set(body["profiles"]) == {"FLASH_ATTN"}
+    assert "wrote no" in body["profile_errors"]["TRITON_ATTN-fork"]["long10k"]
+    assert len(body["records"]) == 4  # both backends' first and steady passes
+    # Without the option the engine gets no profiler and the results no profiles.
+    r2, body = run(tmp_path / "plain")
+    assert "profiles" not in body
+    assert "profiler_config" not in r2.stdout

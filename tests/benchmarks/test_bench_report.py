@@ -360,3 +360,38 @@ def test_e2e_shows_every_gpu_file_of_the_newest_sitting(tmp_path):
     assert "### scale 0.25 · KV cache auto (2026-11-30-bbb-s0.25-gpu0.json" in text
     assert "### scale 0.25 · KV cache auto (2026-11-30-bbb-s0.25-gpu1.json" in text
     assert "### scale 0.25 · KV cache auto (2026-11-30-fff" not in text
+
+
+def test_e2e_profiles_show_each_backends_gpu_time_by_category(tmp_path):
+    root = tmp_path / "results"
+    (root / "e2e").mkdir(parents=True)
+    body = _e2e_body()
+    cats = {"attention": 300.0, "gemm": 600.0, "kv_cache_write": 10.0, "other": 90.0}
+    body["profiles"] = {
+        "FLASH_ATTN": {
+            "long10k": {"requests": 8, "total_ms": 1000.0, "categories": cats}
+        },
+        "TRITON_ATTN-fork": {
+            "long10k": {
+                "requests": 8,
+                "total_ms": 1100.0,
+                "categories": {**cats, "attention": 400.0},
+            }
+        },
+    }
+    (root / "e2e" / "2026-11-30-abc.json").write_text(json.dumps(body))
+    text = report.build(root, tmp_path / "performance.md", plots=False)
+    head = "| workload | backend | requests | GPU ms | attention ms | gemm ms |"
+    assert head in text
+    assert "| long10k | FLASH_ATTN | 8 | 1,000 | 300 (30%) | 600 (60%) |" in text
+    assert "| long10k | TRITON_ATTN-fork | 8 | 1,100 | 400 (36%) | 600 (55%) |" in text
+    # A failed profile is named with its reason.
+    body["profile_errors"] = {"TRITON_ATTN-fork": {"decode": "no table"}}
+    (root / "e2e" / "2026-11-30-abc.json").write_text(json.dumps(body))
+    text = report.build(root, tmp_path / "performance.md", plots=False)
+    assert "- no profile of decode for TRITON_ATTN-fork: no table" in text
+    # A file without profiles gets no such table.
+    del body["profiles"], body["profile_errors"]
+    (root / "e2e" / "2026-11-30-abc.json").write_text(json.dumps(body))
+    text = report.build(root, tmp_path / "performance.md", plots=False)
+    assert "torch profiler" not in text

@@ -86,6 +86,45 @@ class LLM:
         )
         self.calls = 0
 
+    def start_profile(self, profile_prefix=None):
+        self.profiling = True
+
+    def stop_profile(self):
+        """Write what vLLM's torch profiler writes: a trace and the kernel table
+        (torch's ``key_averages().table`` layout), rows by backend."""
+        out = self.kwargs["profiler_config"]["torch_profiler_dir"]
+        if os.environ.get("FAKE_VLLM_NO_PROFILE") == self.attention_backend:
+            return  # as when the profiler could not trace the GPU
+        attn = {"FLASH_ATTN": "void flash::FlashAttnFwdSm90<Ktraits, ...>"}.get(
+            self.attention_backend, "_prefix_prefill_kernel"
+        )
+        rows = [
+            ("nvjet_tst_128x256_64x4_1x2_h_bz_coopB_TNT", "30.000ms", 900),
+            (attn, "12.500ms", 320),
+            ("reshape_and_cache_flash_kernel", "500.000us", 320),
+            ("aten::mm", "0.000us", 900),
+            ("triton_poi_fused_mul_silu_0", "2.000ms", 320),
+        ]
+        rule = "-" * 44 + "  " + "  ".join(["-" * 12] * 3)
+        lines = [
+            rule,
+            f"{'Name':>44}  {'Self CPU':>12}  {'Self CUDA':>12}  {'# of Calls':>12}",
+            rule,
+        ]
+        lines += [
+            f"{n[:44]:>44}  {'1.000ms':>12}  {t:>12}  {c:>12}" for n, t, c in rows
+        ]
+        lines += [
+            rule,
+            "Self CPU time total: 5.000ms",
+            "Self CUDA time total: 46.000ms",
+        ]
+        with open(os.path.join(out, "profiler_out_0.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        with open(os.path.join(out, "rank0.123.pt.trace.json.gz"), "w") as f:
+            f.write("trace")
+        self.profiling = False
+
     def generate(self, prompts, params, use_tqdm=True):
         backend, _, count = os.environ.get("FAKE_VLLM_LATE_BUILDS", "").partition(":")
         if backend == self.attention_backend:
