@@ -19,7 +19,11 @@
 # call's $OUT and prints the log's last lines. Exit status of `wait`: the job's own when
 # it has ended, 75 while it still runs (call `wait` again, within the 30 s the machine
 # stays held), 2 when there is no such job (a fresh machine lost it). Issue the `wait`
-# calls back to back: held time counts whether or not a call is waiting.
+# calls back to back: held time counts whether or not a call is waiting. A `wait` that
+# returns before the job's end also packs what the job has written so far (the
+# directories DETACHED_PARTIAL names, globs allowed; default: the sitting lanes'
+# ${STATE_ROOT:-/tmp}/bs-lane*/results, logs left out) into $OUT/partial.tgz, so a
+# machine lost before the next call still leaves the finished passes behind.
 set -uo pipefail
 usage="usage: detached.sh start NAME 'COMMAND' | detached.sh wait NAME [SECONDS]"
 [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
@@ -66,7 +70,15 @@ case $what in
     tail -n "${DETACHED_TAIL:-60}" "$JOB/job.log"
     if [ -f "$JOB/rc" ]; then
       rc=$(cat "$JOB/rc"); echo "detached: job $name ended, exit $rc"; exit "$rc"
-    elif kill -0 "$(cat "$JOB/pid")" 2>/dev/null; then
+    fi
+    # shellcheck disable=SC2086  # the globs are meant to expand
+    partial=$(for d in ${DETACHED_PARTIAL:-${STATE_ROOT:-/tmp}/bs-lane*/results}; do
+      [ -d "$d" ] && printf '%s\n' "${d#/}"; done)
+    if [ -n "$partial" ]; then
+      printf '%s\n' "$partial" | tar czf "$OUT/partial.tgz" -C / --exclude='*.log' -T - &&
+        echo "detached: what the job wrote so far: partial.tgz ($(printf '%s\n' "$partial" | tr '\n' ' '))"
+    fi
+    if kill -0 "$(cat "$JOB/pid")" 2>/dev/null; then
       echo "detached: job $name still running after ${limit}s; call wait again"; exit 75
     else
       echo "detached: job $name died without an exit status (killed?)"; exit 1

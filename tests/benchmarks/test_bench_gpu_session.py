@@ -266,7 +266,16 @@ def test_agreement_step_passes_a_speculative_config_through_agree_args(
 def test_detached_job_outlives_its_calls_process_group(tmp_path):
     """A call's leftover processes are killed (process group): the job runs on."""
     script = REPO / "benchmarks" / "gpu" / "detached.sh"
-    env = dict(os.environ, DETACHED_DIR=str(tmp_path / "jobs"), OUT=str(tmp_path / "o"))
+    lane = tmp_path / "state" / "bs-lane0" / "results"
+    (lane / "e2e").mkdir(parents=True)
+    (lane / "e2e" / "pass.json").write_text("{}")
+    (lane / "e2e" / "server.log").write_text("long")
+    env = dict(
+        os.environ,
+        DETACHED_DIR=str(tmp_path / "jobs"),
+        OUT=str(tmp_path / "o"),
+        STATE_ROOT=str(tmp_path / "state"),
+    )
     marker = tmp_path / "go"
     job = (
         'echo "out=$OUT pwd=$PWD"; test -f benchmarks/gpu/detached.sh || exit 9; '
@@ -296,6 +305,11 @@ def test_detached_job_outlives_its_calls_process_group(tmp_path):
 
     running = wait("o1", 1)
     assert running.returncode == 75 and "still running" in running.stdout
+    # What the lanes have written so far comes back with a wait that returns early.
+    with tarfile.open(tmp_path / "o1" / "partial.tgz") as tar:
+        names = tar.getnames()
+    assert any(n.endswith("bs-lane0/results/e2e/pass.json") for n in names), names
+    assert not any(n.endswith(".log") for n in names), names
     again = subprocess.run(
         ["bash", str(script), "start", "j", "true"], env=env, capture_output=True
     )
@@ -304,6 +318,7 @@ def test_detached_job_outlives_its_calls_process_group(tmp_path):
     done = wait("o2", 30)
     assert done.returncode == 5, done.stdout + done.stderr
     assert (tmp_path / "o2" / "r.txt").read_text() == "r\n"
+    assert not (tmp_path / "o2" / "partial.tgz").exists()  # the steps packed theirs
     assert (
         f"out={tmp_path}/jobs/j/out pwd={tmp_path}/jobs/j/tree\n"
         in (tmp_path / "o2" / "job.log").read_text()
@@ -374,19 +389,12 @@ def test_kernel_work_boxes_every_step_by_the_deadline(tmp_path, python3_shim):
         (
             "full_sizes",
             ({"llama-3.1-8b-gpu0.json"}, {"llama-3.1-8b-gpu1.json"}),
-            ("--head-sizes 256", "--query-lens 16 64 256"),
+            ("--head-sizes 256 --groups 2 --block-sizes 64 --query-lens 16 64 16384",),
         ),
         (
-            "e2e_and_tiles",
+            "e2e_and_tables",
             ({"gpu0.json", "llama-3.1-8b-fp8.json"}, {"gpu1.json"}),
-            (
-                "--head-sizes 256",
-                "--fp8-qk 1",
-                "--retune-decode",
-                "--query-lens 16 64 256",
-                "--block-m 128 256",
-                "-k fast_exp",
-            ),
+            ("--retune-decode",),
         ),
         (
             "e2e_bf16_and_fp8",

@@ -13,10 +13,9 @@
 #   fp8-sweep      a prefill sweep of the fp8 keys over fp8_qk and lazy_rescale
 #   bf16-sweep     a sweep of the bf16 long-prefill buckets over lazy_rescale and
 #                  128-row 8-warp tiles capped at 128 registers
-#   head256        a first sweep of the head-size-256 keys (Gemma-2-9B: group 2), which
-#                  hold the heuristic's 64x32 4-warp tile; in an sm_90 build it spills
-#                  64-76 bytes per thread at 255 registers, while 64x32 with 8 warps
-#                  needs 192 and spills nothing
+#   head256        the head-size-256 keys (Gemma-2-9B: group 2) that 85516c0's sweep
+#                  left on the heuristic's 64x32 4-warp tile (buckets 16, 64 and
+#                  16384; 256, 1k and 4k took 128x64 8-warp TMA, +30%)
 #   bf16-table     the bf16 kernel table (ours, FA3, stock Triton) with the table's
 #                  128x64 4-warp TMA prefill tiles (e5b6df6's sweeps)
 #   fp8-tiles      the fp8 keys' long buckets over 128- and 256-row tiles with fp8_qk,
@@ -91,7 +90,8 @@ for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-swee
         t=$(box 200) && KB_ARGS="--kernels prefill decode --kv-dtypes fp8 --commit $BENCH_COMMIT" \
           timeout "$t" bash benchmarks/gpu_session.sh kernel-bench ;;
       fp8-retune)
-        # One key took ~5 min at e5b6df6 (every config checked, then timed).
+        # One key took ~5 min at e5b6df6 with every config on every point; now all
+        # 54 on the heaviest point, then 6 finalists and the current config on all.
         t=$(box 660) && timeout "$t" python3 benchmarks/kernels/bench_kernels.py \
           --stock-site /tmp/site --retune-decode --kernels decode --kv-dtypes fp8 \
           --results-dir "$T" > "$T/retune-decode.log" 2>&1
@@ -106,8 +106,8 @@ for s in "${@:-early-convert group8-tma fp8-table fp8-retune fp8-sweep bf16-swee
           --num-warps 4 8 --num-stages 2 --use-tma 1 --maxnreg 0 128 --lazy-rescale 0 1 ;;
       head256)
         sweep head256 240 --head-sizes 256 --groups 2 --block-sizes 64 \
-          --query-lens 1024 4096 16384 --block-m 64 128 --block-n 32 64 \
-          --num-warps 4 8 --num-stages 1 2 ;;
+          --query-lens 16 64 16384 --block-m 64 128 --block-n 32 64 \
+          --num-warps 4 8 --num-stages 2 --use-tma 0 1 ;;
       bf16-table)
         t=$(box 300) && KB_ARGS="--kernels prefill decode --kv-dtypes bf16 --commit $BENCH_COMMIT" \
           timeout "$t" bash benchmarks/gpu_session.sh kernel-bench ;;
