@@ -86,13 +86,11 @@ def summarize(table: str, top: int = 25) -> dict:
     footer = re.search(r"Self CUDA time total:\s*(\S+)", table)
     listed = sum(r["self_cuda_ms"] for r in rows)
     total = _ms(footer[1]) if footer else listed
-    categories = {cat: 0.0 for cat, _ in CATEGORIES}
+    categories = {cat: 0.0 for cat, _ in CATEGORIES} | {"other": 0.0}
     for r in rows:
-        categories[r["category"]] = (
-            categories.get(r["category"], 0.0) + r["self_cuda_ms"]
-        )
+        categories[r["category"]] += r["self_cuda_ms"]
     # Rows past torch's row limit are only in the total: count them as "other".
-    categories["other"] = categories.get("other", 0.0) + max(0.0, total - listed)
+    categories["other"] += max(0.0, total - listed)
     return {
         "total_ms": round(total, 3),
         "categories": {k: round(v, 3) for k, v in categories.items()},

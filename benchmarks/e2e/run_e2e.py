@@ -77,10 +77,13 @@ def partial_name(backend: str, scale: float, kv: str) -> str:
 def profile_workload(llm, prompts, params, profile_dir: Path) -> dict:
     """Run ``prompts`` once under vLLM's torch profiler and summarise its kernel
     table; the traces (large) are deleted, the table is kept next to them."""
+    table = profile_dir / "profiler_out_0.txt"
+    # vLLM overwrites the table at each stop: one left from the previous workload
+    # must not pass for this one's when this stop writes none.
+    table.unlink(missing_ok=True)
     llm.start_profile()
     llm.generate(prompts, params, use_tqdm=False)
     llm.stop_profile()
-    table = profile_dir / "profiler_out_0.txt"
     if not table.is_file():
         raise RuntimeError(f"vLLM's profiler wrote no {table}")
     text = table.read_text()

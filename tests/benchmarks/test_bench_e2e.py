@@ -276,6 +276,26 @@ def test_profile_table_sums_kernels_by_category():
         profile_table.summarize("nothing here")
 
 
+def test_a_profile_that_writes_no_table_is_not_given_the_previous_ones(tmp_path):
+    """vLLM overwrites profiler_out_0.txt at each stop; a stop that writes none must
+    raise, not hand back the table the previous workload left."""
+    from benchmarks.e2e import run_e2e
+
+    class Silent:  # an engine whose profiler writes nothing
+        def start_profile(self):
+            pass
+
+        def generate(self, prompts, params, use_tqdm):
+            pass
+
+        def stop_profile(self):
+            pass
+
+    (tmp_path / "profiler_out_0.txt").write_text(PROFILER_TABLE)
+    with pytest.raises(RuntimeError, match="wrote no"):
+        run_e2e.profile_workload(Silent(), ["p"], [None], tmp_path)
+
+
 def test_profile_requests_put_each_backends_kernel_time_in_the_results(
     tmp_path, fake_sites, model_dir_8b, monkeypatch
 ):

@@ -767,13 +767,8 @@ def test_shipped_prefill_tables_hold_valid_configs_for_their_keys():
         for key, config in table.items():
             fields = dict(zip(PREFILL_TABLE.key_fields, key))
             kv = {"fp8": torch.float8_e4m3fn}.get(fields["kv_dtype"], torch.bfloat16)
-            assert is_valid_config(
-                config, head_size=fields["head_size"], kv_dtype=kv
-            ), (
-                path.name,
-                key,
-                config,
-            )
+            valid = is_valid_config(config, head_size=fields["head_size"], kv_dtype=kv)
+            assert valid, (path.name, key, config)
 
 
 def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
