@@ -245,6 +245,8 @@ def revert_site(site: Path, *, allow_partial: bool = False) -> list[str]:
             os.replace(tmp, file)
         else:
             file.unlink(missing_ok=True)
+        # Bytecode compiled from the fork's version of the file goes too.
+        if file.suffix == ".py":
             for pyc in (file.parent / "__pycache__").glob(f"{file.stem}.*.pyc"):
                 pyc.unlink()
     for rel in sorted(manifest["created_dirs"], key=lambda d: -d.count("/")):

@@ -62,9 +62,11 @@ def cache_dir() -> Path:
 
 def _how_to_supply(kind: str) -> str:
     filename, _, option, env = KINDS[kind]
+    # pip reads only the wheel (`pip install .`); the sdist serves setup.py commands.
+    pip = f", `pip install . --config-settings {option[2:]}=PATH`" * (kind == "wheel")
     return (
-        f"pass a local copy of {filename}: `python setup.py ... {option} PATH`, "
-        f"`pip install . --config-settings {option[2:]}=PATH`, or {env}=PATH"
+        f"pass a local copy of {filename}: `python setup.py ... {option} PATH`{pip}, "
+        f"or {env}=PATH"
     )
 
 

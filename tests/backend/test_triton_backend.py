@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""TRITON_ATTN backend inside real vLLM 0.26.0 code (one subprocess, see conftest).
+"""TRITON_ATTN backend inside real vLLM code (backend_in_vllm.py, one subprocess).
 
-Each test reports one check of ``site_checks.py``:
+Each test reports one check of ``backend_in_vllm.py``:
 
 - registry: TRITON_ATTN resolves to this repository's class; every name stock
   modules import from triton_attn.py exists.
@@ -16,22 +16,21 @@ Each test reports one check of ``site_checks.py``:
   shapes) against ref_paged_attention on a cache filled by plain indexing.
 """
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from tests.site_runner import check_names, passed, run_checks
 
-def _check_names() -> list[str]:
-    path = Path(__file__).with_name("site_checks.py")
-    spec = importlib.util.spec_from_file_location("_backend_site_checks", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # stdlib imports only; vLLM is not imported
-    return list(module.CHECKS)
+CHECKS = Path(__file__).with_name("backend_in_vllm.py")
 
 
-@pytest.mark.parametrize("name", _check_names())
+@pytest.fixture(scope="session")
+def site_results(patched_vllm_site):
+    """All checks, run once per session (one vLLM import)."""
+    return run_checks(patched_vllm_site, CHECKS)
+
+
+@pytest.mark.parametrize("name", check_names(CHECKS))
 def test_backend(site_results, name):
-    result = site_results[name]
-    assert result["ok"], f"check {name} failed:\n{result['detail']}"
-    print(result["detail"])  # shown with pytest -rP
+    print(passed(site_results, name))  # shown with pytest -rP

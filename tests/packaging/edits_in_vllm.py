@@ -1,26 +1,17 @@
-"""Checks of the fork's edits that run inside a patched vLLM site.
+"""Checks of the fork's edits inside a patched vLLM site.
 
-Run by test_build_vllm.py as `python vllm_checks.py` with `PYTHONPATH=<site>` (the
-`patched_vllm_site` fixture, or an installed wheel), so vLLM is imported only in
-this subprocess. Each check prints one line `CHECK {"name", "ok", "detail"}`; a
-failing check's detail is its traceback.
+Run by test_build_vllm.py through tests/site_runner.py, in a subprocess whose
+``PYTHONPATH`` is the ``patched_vllm_site`` fixture, so vLLM is imported only there.
 """
 
 import json
 import os
 import sys
 import tempfile
-import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CHECKS = {}
 ENV = "VLLM_ATTENTION_BACKEND"
-
-
-def check(fn):
-    CHECKS[fn.__name__.removeprefix("check_")] = fn
-    return fn
 
 
 def set_env(value):
@@ -30,7 +21,6 @@ def set_env(value):
         os.environ[ENV] = value
 
 
-@check
 def check_version():
     import importlib.metadata
 
@@ -42,7 +32,6 @@ def check_version():
     }
 
 
-@check
 def check_env_getter():
     import vllm.envs as envs
 
@@ -56,7 +45,6 @@ def check_env_getter():
     return seen
 
 
-@check
 def check_attention_config():
     from vllm.config.attention import AttentionConfig
 
@@ -87,7 +75,6 @@ def check_attention_config():
     return result
 
 
-@check
 def check_registry():
     import importlib.util
 
@@ -130,7 +117,6 @@ def _force_cpu_platform():
     vllm.platforms._current_platform = CpuPlatform()
 
 
-@check
 def check_engine_args_precedence():
     _force_cpu_platform()
     import vllm.engine.arg_utils as arg_utils
@@ -175,27 +161,12 @@ def _run_cli(*argv: str) -> str:
     return out.getvalue()
 
 
-@check
 def check_cli_version():
     return _run_cli("--version").strip()
 
 
-@check
 def check_serve_help():
     """`vllm serve --help=attention-backend`; run it alone in its process, since
     vLLM decides at import time (from sys.argv) whether to build help texts."""
     sys.argv = ["vllm", "serve", "--help=attention-backend"]  # before vLLM imports
     return _run_cli("serve", "--help=attention-backend")
-
-
-def main(names):
-    for name in names or CHECKS:
-        try:
-            result = {"name": name, "ok": True, "detail": CHECKS[name]()}
-        except BaseException:
-            result = {"name": name, "ok": False, "detail": traceback.format_exc()}
-        print("CHECK " + json.dumps(result), flush=True)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -1,46 +1,23 @@
 """The fork's edits inside real vLLM code: env getter, AttentionConfig default,
 CLI precedence, registry, version, `vllm serve --help`.
 
-The checks run in one subprocess per site (vllm_checks.py) with PYTHONPATH set to
-the `patched_vllm_site` fixture, so vLLM never enters the pytest process.
+The checks (edits_in_vllm.py) run through tests/site_runner.py in one subprocess
+over the `patched_vllm_site` fixture, so vLLM never enters the pytest process.
 """
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fork_build import pins
+from tests.site_runner import passed, run_checks
 
-CHECKS = Path(__file__).with_name("vllm_checks.py")
+CHECKS = Path(__file__).with_name("edits_in_vllm.py")
 
 
-def run_checks(site: Path, *names: str) -> dict[str, object]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    env.update(PYTHONPATH=str(site), VLLM_LOGGING_LEVEL="WARNING")
-    proc = subprocess.run(
-        [sys.executable, str(CHECKS), *names],
-        env=env,
-        cwd=site,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    results = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("CHECK "):
-            result = json.loads(line[len("CHECK ") :])
-            assert result["ok"], f"check {result['name']} failed:\n{result['detail']}"
-            results[result["name"]] = result["detail"]
-    missing = set(names) - set(results)
-    assert results and not missing, (
-        f"no result for {sorted(missing) or 'any check'} (exit {proc.returncode})\n"
-        f"{proc.stderr[-4000:]}"
-    )
-    return results
+def run(site: Path, *names: str) -> dict[str, object]:
+    results = run_checks(site, CHECKS, *names)
+    return {name: passed(results, name) for name in names}
 
 
 ALL_BUT_HELP = (
@@ -55,7 +32,7 @@ ALL_BUT_HELP = (
 
 @pytest.fixture(scope="session")
 def site_results(patched_vllm_site):
-    return run_checks(patched_vllm_site, *ALL_BUT_HELP)
+    return run(patched_vllm_site, *ALL_BUT_HELP)
 
 
 def test_version(site_results):
@@ -117,7 +94,7 @@ def test_registry_resolves_to_our_backend(site_results):
 
 
 def test_serve_help_documents_the_env_default(patched_vllm_site):
-    text = run_checks(patched_vllm_site, "serve_help")["serve_help"]
+    text = run(patched_vllm_site, "serve_help")["serve_help"]
     text = " ".join(text.split())
     assert "--attention-backend ATTENTION_BACKEND" in text
     assert "`VLLM_ATTENTION_BACKEND` environment variable is used" in text

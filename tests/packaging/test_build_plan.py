@@ -1,6 +1,9 @@
 """The anchored edits (envs_patch/) and the change plan, on small fake trees."""
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -164,3 +167,22 @@ def test_overlay_is_the_vllm_directory(tmp_path):
     }
     assert set(plan.overlay_files(root)) == expected
     assert "vllm/v1/attention/backends/triton_attn.py" in expected
+
+
+def test_show_into_a_closed_pipe_is_quiet():
+    """`python setup.py show | head -1`: the reader leaves early, no traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write of the command meets a closed pipe
+    try:
+        proc = subprocess.run(
+            [sys.executable, "setup.py", "show"],
+            cwd=plan.REPO_ROOT,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0
+    assert proc.stderr == ""

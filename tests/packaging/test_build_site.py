@@ -166,6 +166,28 @@ def test_revert_refuses_to_lose_later_edits(fake_site):
         site.revert_site(fake_site)
 
 
+def test_revert_leaves_no_bytecode_of_the_fork(fake_site):
+    changed = site.patch_site(fake_site)
+    compiled = subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(fake_site / "vllm")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    pycs = [
+        p
+        for rel in changed
+        if rel.endswith(".py")
+        for p in ((fake_site / rel).parent / "__pycache__").glob(
+            f"{Path(rel).stem}.*.pyc"
+        )
+    ]
+    assert pycs, "compileall wrote no bytecode for the patched files"
+    site.revert_site(fake_site)
+    assert [p for p in pycs if p.exists()] == []
+
+
 def test_full_python_tree(stock_vllm_site, tmp_path):
     """The whole Python tree of the wheel: patch, check status, revert."""
     target = tmp_path / "site"

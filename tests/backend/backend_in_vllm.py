@@ -1,20 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Backend checks that run inside a vLLM site (stock 0.26.0 + our overlay).
+"""Backend checks inside a vLLM site (stock vLLM with the fork's changes).
 
-Usage: ``python tests/backend/site_checks.py [CHECK ...]`` (all checks by default)
-with ``PYTHONPATH=<site>:<repo>``; see conftest.py. Each check prints one line
-``CHECK {"name": ..., "ok": ..., "detail": ...}``; a failing check's detail is its
-traceback, so the pytest side shows what went wrong. Kernels run under
-``TRITON_INTERPRET=1`` on tiny shapes.
-
-Nothing here is imported by pytest itself (vLLM is only imported in the subprocess).
+Run by test_triton_backend.py through tests/site_runner.py, in a subprocess whose
+``PYTHONPATH`` is the ``patched_vllm_site`` fixture; vLLM is imported only there.
+Kernels run under ``TRITON_INTERPRET=1`` on tiny shapes.
 """
 
-import json
 import logging
 import os
 import sys
-import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,20 +21,12 @@ IMPORTERS = (
     "vllm/model_executor/models/whisper_causal.py",
 )
 
-CHECKS = {}
-
-
-def check(fn):
-    CHECKS[fn.__name__.removeprefix("check_")] = fn
-    return fn
-
 
 # ----------------------------------------------------------------------------------
 # Registry, names, alias
 # ----------------------------------------------------------------------------------
 
 
-@check
 def check_registry():
     import ast
 
@@ -76,7 +62,6 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-@check
 def check_rocm_alias():
     from vllm.v1.attention.backends import triton_attn as ours
     from vllm.v1.attention.backends.registry import (
@@ -138,7 +123,6 @@ def _selector_config(**overrides):
     return config
 
 
-@check
 def check_capabilities():
     import torch
 
@@ -193,7 +177,6 @@ def check_capabilities():
     return f"{len(accepted)} accepted, {len(refused)} refused"
 
 
-@check
 def check_selection_on_cuda_platform():
     """vLLM's CUDA platform selecting a backend by name (--attention-backend) on an
     SM 9.0 device: TRITON_ATTN and ROCM_ATTN resolve to our classes, refused
@@ -246,7 +229,6 @@ def check_selection_on_cuda_platform():
             raise AssertionError(f"{backend.name} accepted {config}")
 
 
-@check
 def check_layout():
     import torch
 
@@ -291,7 +273,6 @@ def check_layout():
     assert not B.is_mla() and not B.supports_pcp()
 
 
-@check
 def check_refuses_stock_subclasses():
     import torch
 
@@ -329,7 +310,6 @@ def check_refuses_stock_subclasses():
     TritonAttentionImpl(num_heads=8, head_size=128, scale=0.1, chunk_lookback=-1)
 
 
-@check
 def check_kv_cache_in_model_runner():
     """vLLM's own KV-cache reshape (model runner V2, shared by V1) gives our layout,
     and a padded page (mixed page sizes) only changes the block stride: the same
@@ -468,7 +448,6 @@ def _common_metadata(query_lens, seq_lens, block_table, slot_mapping, num_tokens
     )
 
 
-@check
 def check_builder():
     import torch
 
@@ -543,7 +522,6 @@ def check_builder():
         raise AssertionError("non-causal batch accepted")
 
 
-@check
 def check_warm_up():
     """The warm-up plan covers every split count and prefill bucket, and its
     batches run through the real kernels (here on the CPU)."""
@@ -808,7 +786,6 @@ def _assert_close(actual, expected, atol, rtol, what):
 _TOLERANCE = {"bfloat16": (2e-2, 2e-2), "float16": (5e-3, 5e-3)}
 
 
-@check
 def check_forward_mixed_bf16():
     """Split-KV decodes + a prefix-hit chunk + a fresh prefill + a padding token."""
     import torch
@@ -823,7 +800,6 @@ def check_forward_mixed_bf16():
     return f"decode splits {md.decode_num_splits}"
 
 
-@check
 def check_forward_fp8_window_softcap_sinks():
     """fp8 cache with per-tensor scales, sliding window, soft-cap and sinks."""
     import torch
@@ -841,7 +817,6 @@ def check_forward_fp8_window_softcap_sinks():
     _assert_close(out[:n], ref, *_TOLERANCE["float16"], "fp8 window/softcap/sinks")
 
 
-@check
 def check_forward_padded_decode_alibi():
     """CUDA-graph style decode batch: 2 requests padded to 4 (query length 0,
     seq_len 0) and 4 tokens; ALiBi; head size 80 (padded to 128 in the kernels)."""
@@ -861,7 +836,6 @@ def check_forward_padded_decode_alibi():
     assert torch.isfinite(out[n:]).all(), "padding rows must not be NaN/inf"
 
 
-@check
 def check_forward_profile_run():
     """attn_metadata None (vLLM's memory-profiling run) writes zeros."""
     import torch
@@ -875,23 +849,8 @@ def check_forward_profile_run():
     assert (out == 0).all()
 
 
-def main(argv: list[str]) -> int:
+def setup():
     if os.environ.get("TRITON_INTERPRET") == "1":
         from tests.kernels.interpreter_compat import install
 
         install()
-    failed = 0
-    for name in argv or list(CHECKS):
-        try:
-            detail = CHECKS[name]() or ""
-            ok = True
-        except Exception:  # every failure becomes the check's report
-            detail, ok = traceback.format_exc(), False
-            failed += 1
-        print("CHECK " + json.dumps({"name": name, "ok": ok, "detail": detail}))
-        sys.stdout.flush()
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,168 @@
+"""The repository's own wiring, checked by what it does.
+
+- `.ci/run` runs the README's test command, and that command collects every test
+  directory (pytest skips some directory names by default, `build` among them).
+- The test requirements resolve from plain PyPI on Python 3.11 and 3.12, together
+  with the pinned vLLM wheel, without changing its torch pin.
+- `import setup` does nothing; the repository is ruff-clean (pyproject's rules).
+"""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+REQUIREMENTS = REPO / "requirements-test.txt"
+# Wheels of every Linux x86_64 tag a Python 3.12 host can install.
+LINUX_PLATFORMS = [
+    "manylinux2014_x86_64",
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(17, 40)),
+]
+
+
+def readme_commands() -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    return [line for block in blocks for line in block.strip().splitlines()]
+
+
+def readme_test_command() -> str:
+    (command,) = [c for c in readme_commands() if "pytest" in c]
+    return command
+
+
+def test_ci_runs_the_readme_test_command():
+    script = (REPO / ".ci" / "run").read_text()
+    match = re.search(r"^TEST_COMMAND='(.*)'$", script, re.M)
+    assert match, "TEST_COMMAND not found in .ci/run"
+    assert match.group(1) == readme_test_command()
+
+
+def test_every_test_directory_is_collected():
+    """Collect with the README command's pytest arguments; every directory under
+    tests/ that holds a test module must contribute tests."""
+    pytest_args = readme_test_command().split("pytest", 1)[1].split()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", *pytest_args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # Node ids (`path::test`), or `path: count` lines when pytest is run quieter.
+    collected = {
+        Path(match.group(1)).parent
+        for match in re.finditer(r"^(\S+\.py)(::|: \d+$)", proc.stdout, re.M)
+    }
+    test_dirs = {
+        p.parent.relative_to(REPO)
+        for p in (REPO / "tests").rglob("test_*.py")
+        if "__pycache__" not in p.parts
+    }
+    assert test_dirs, "no test modules found"
+    assert sorted(map(str, test_dirs - collected)) == []
+
+
+def _dry_run(tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
+    report = tmp_path / f"{name}.json"
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--isolated",  # no user pip config: plain PyPI, as on a user's machine
+        "--dry-run",
+        "--ignore-installed",
+        "--quiet",
+        "--report",
+        str(report),
+        "-r",
+        str(REQUIREMENTS),
+        *args,
+    ]
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def _resolved(tmp_path: Path, name: str, proc: subprocess.Popen) -> dict[str, str]:
+    output = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, f"{name}: pip could not resolve:\n{output[-4000:]}"
+    report = json.loads((tmp_path / f"{name}.json").read_text())
+    return {
+        item["metadata"]["name"].lower(): item["metadata"]["version"]
+        for item in report["install"]
+    }
+
+
+def _pinned(requirement: str, lines: list[str]) -> str:
+    (pin,) = [
+        line.split("==", 1)[1].strip()
+        for line in lines
+        if re.match(rf"^(Requires-Dist: )?{requirement}==", line)
+    ]
+    return pin
+
+
+def test_requirements_resolve_from_pypi_with_the_pinned_vllm(upstream_wheel, tmp_path):
+    """One environment for the fork and its tests: pip resolves the test
+    requirements and the pinned vLLM wheel together (Python 3.11, this one), and
+    separately for Python 3.12, from PyPI alone; torch stays vLLM's pin."""
+    assert sys.version_info[:2] >= (3, 11)
+    procs = {
+        "with_vllm": _dry_run(tmp_path, "with_vllm", str(upstream_wheel)),
+        "py312": _dry_run(
+            tmp_path,
+            "py312",
+            "--python-version",
+            "3.12",
+            "--only-binary=:all:",
+            "--target",
+            str(tmp_path / "py312-target"),
+            *(f"--platform={p}" for p in LINUX_PLATFORMS),
+        ),
+    }
+    resolved = {name: _resolved(tmp_path, name, proc) for name, proc in procs.items()}
+    with zipfile.ZipFile(upstream_wheel) as zf:
+        (metadata,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        vllm_requires = zf.read(metadata).decode().splitlines()
+    torch_pin = _pinned("torch", vllm_requires)
+    assert _pinned("torch", REQUIREMENTS.read_text().splitlines()) == torch_pin
+    for name, versions in resolved.items():
+        assert versions["torch"] == torch_pin, (name, versions["torch"])
+        assert versions["triton"] == _pinned(
+            "triton", REQUIREMENTS.read_text().splitlines()
+        ), (name, versions["triton"])
+    (version,) = [v[9:] for v in vllm_requires if v.startswith("Version: ")]
+    assert resolved["with_vllm"]["vllm"] == version
+
+
+def test_importing_setup_py_does_nothing():
+    proc = subprocess.run(
+        [sys.executable, "-c", "import setup"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == ""
+
+
+@pytest.mark.parametrize("command", [["check"], ["format", "--check"]])
+def test_repository_is_ruff_clean(command):
+    ruff = shutil.which("ruff")
+    assert ruff, "ruff is in requirements-test.txt"
+    proc = subprocess.run(
+        [ruff, *command, "."],  # ruff skips what .gitignore lists
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
