@@ -3,7 +3,9 @@
 The wheel is the pinned upstream vLLM wheel repackaged with the fork's changes
 (`fork_build.wheel`). Config settings (`pip ... --config-settings KEY=VALUE`):
 
-* `upstream-wheel=PATH`: use this local copy of the pinned upstream wheel
+* `vllm-version=VERSION`: the vLLM release to build on (same as
+  TRITONATTN_VLLM_VERSION; default `fork_build.pins.DEFAULT_VERSION`);
+* `upstream-wheel=PATH`: use this local copy of that release's upstream wheel
   (same as TRITONATTN_UPSTREAM_WHEEL); it is verified by sha256 like a download.
 """
 
@@ -16,8 +18,13 @@ from pathlib import Path
 from fork_build import pins, plan, upstream, wheel
 
 
+def _target(config_settings) -> pins.Upstream:
+    return pins.upstream((config_settings or {}).get("vllm-version"))
+
+
 def _upstream_wheel(config_settings) -> Path:
-    return upstream.fetch("wheel", (config_settings or {}).get("upstream-wheel"))
+    settings = config_settings or {}
+    return upstream.fetch("wheel", _target(settings), settings.get("upstream-wheel"))
 
 
 def get_requires_for_build_wheel(config_settings=None):
@@ -30,12 +37,18 @@ def get_requires_for_build_sdist(config_settings=None):
 
 def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
     return wheel.write_metadata_dir(
-        _upstream_wheel(config_settings), Path(metadata_directory)
+        _upstream_wheel(config_settings),
+        Path(metadata_directory),
+        _target(config_settings),
     )
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    built = wheel.build_wheel(_upstream_wheel(config_settings), Path(wheel_directory))
+    built = wheel.build_wheel(
+        _upstream_wheel(config_settings),
+        Path(wheel_directory),
+        _target(config_settings),
+    )
     return built.name
 
 
@@ -52,12 +65,13 @@ SDIST_PATHS = (
 
 
 def build_sdist(sdist_directory, config_settings=None):
-    name = f"vllm-{pins.FORK_VERSION}"
+    release = _target(config_settings)
+    name = f"vllm-{release.fork_version}"
     target = Path(sdist_directory) / f"{name}.tar.gz"
     root = plan.REPO_ROOT
     pkg_info = (
-        f"Metadata-Version: 2.1\nName: vllm\nVersion: {pins.FORK_VERSION}\n"
-        f"Summary: vLLM {pins.UPSTREAM_VERSION} with the TritonAttn attention "
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {release.fork_version}\n"
+        f"Summary: vLLM {release.version} with the TritonAttn attention "
         f"backend\n"
     )
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,9 +9,15 @@ from pathlib import Path
 
 from fork_build import BuildError, pins, plan, site, source, upstream, wheel
 
+# The upstream PR targets the newest supported release.
+NEWEST = max(pins.SUPPORTED, key=lambda v: tuple(int(p) for p in v.split(".")))
+
 
 def _wheel(args) -> str:
-    built = wheel.build_wheel(upstream.fetch("wheel", args.upstream_wheel), args.out)
+    target = pins.upstream(args.vllm_version)
+    built = wheel.build_wheel(
+        upstream.fetch("wheel", target, args.upstream_wheel), args.out, target
+    )
     return f"wrote {built}"
 
 
@@ -23,38 +29,42 @@ def _patch(args) -> str:
         return f"reverted {len(paths)} files in {args.site_packages} to stock vLLM"
     paths = site.patch_site(args.site_packages)
     return (
-        f"patched {len(paths)} files in {args.site_packages}: vLLM "
-        f"{pins.FORK_VERSION} (undo with --revert)"
+        f"patched {len(paths)} files in {args.site_packages}: "
+        f"{site.describe(args.site_packages)} (undo with --revert)"
     )
 
 
 def _pr_patch(args) -> str:
-    out = args.out or Path("dist") / source.PATCH_NAME
-    written = source.write_pr_patch(upstream.fetch("sdist", args.upstream_sdist), out)
-    return f"wrote {written} (apply with `git apply` in a pristine {source.SDIST_ROOT})"
+    target = pins.upstream(args.vllm_version or NEWEST)
+    out = args.out or Path("dist") / source.patch_name(target)
+    sdist = upstream.fetch("sdist", target, args.upstream_sdist)
+    written = source.write_pr_patch(sdist, out, target)
+    return f"wrote {written} (apply with `git apply` in a pristine {target.sdist_root})"
 
 
 def _source_tree(args) -> str:
-    tree = source.write_source_tree(
-        upstream.fetch("sdist", args.upstream_sdist), args.out
-    )
+    target = pins.upstream(args.vllm_version)
+    sdist = upstream.fetch("sdist", target, args.upstream_sdist)
+    tree = source.write_source_tree(sdist, args.out, target)
     return f"wrote the patched source tree {tree} (build steps: docs/rocm.md)"
 
 
 def _fetch(args) -> str:
-    paths = [upstream.fetch("wheel", args.upstream_wheel)]
-    paths.append(upstream.fetch("sdist", args.upstream_sdist))
+    target = pins.upstream(args.vllm_version)
+    paths = [upstream.fetch("wheel", target, args.upstream_wheel)]
+    paths.append(upstream.fetch("sdist", target, args.upstream_sdist))
     return "verified: " + ", ".join(str(p) for p in paths)
 
 
 def _show(args) -> str:
-    lines = [f"fork version: {pins.FORK_VERSION} (vLLM {pins.UPSTREAM_VERSION} + ours)"]
+    target = pins.upstream(args.vllm_version)
+    lines = [f"fork version: {target.fork_version} (vLLM {target.version} + ours)"]
     lines += [f"overlay: {p}" for p in plan.overlay_files()]
-    installed = plan.edited_files()
+    installed = plan.edited_files(target)
     lines += [f"edited:  {p}" for p in installed]
     lines += [
         f"edited:  {p} (source trees only)"
-        for p in plan.edited_files(source=True)
+        for p in plan.edited_files(target, source=True)
         if p not in installed
     ]
     return "\n".join(lines)
@@ -63,8 +73,9 @@ def _show(args) -> str:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python setup.py",
-        description=f"Build and install the vLLM TritonAttn fork "
-        f"({pins.FORK_VERSION}). `pip install .` builds and installs the wheel.",
+        description="Build and install the vLLM TritonAttn fork (supported vLLM "
+        f"releases: {pins.supported_text()}). `pip install .` builds and installs "
+        "the wheel.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -74,20 +85,31 @@ def parser() -> argparse.ArgumentParser:
         return cmd
 
     def upstream_option(cmd, kind):
-        option, env = upstream.KINDS[kind][2:]
+        option, env = upstream.KINDS[kind]
         cmd.add_argument(
             option,
             metavar="PATH",
-            help=f"local copy of {upstream.KINDS[kind][0]} (else {env}, the cache "
-            f"{upstream.cache_dir()}, or a download from PyPI)",
+            help=f"local copy of the release's upstream {kind} (else {env}, the "
+            f"cache {upstream.cache_dir()}, or a download from PyPI)",
+        )
+
+    def version_option(cmd, default=pins.DEFAULT_VERSION):
+        cmd.add_argument(
+            "--vllm-version",
+            choices=list(pins.SUPPORTED),
+            help=f"the vLLM release to build on (default: {pins.VERSION_ENV}, "
+            f"else {default})",
         )
 
     cmd = add("wheel", _wheel, "build the fork's wheel (like `pip wheel . -w dist`)")
     cmd.add_argument("--out", type=Path, default=Path("dist"), help="default: dist")
     upstream_option(cmd, "wheel")
+    version_option(cmd)
 
     cmd = add(
-        "patch", _patch, f"patch an installed vLLM {pins.UPSTREAM_VERSION} (offline)"
+        "patch",
+        _patch,
+        f"patch an installed stock vLLM ({pins.supported_text()}) in place, offline",
     )
     cmd.add_argument(
         "--site-packages",
@@ -101,18 +123,24 @@ def parser() -> argparse.ArgumentParser:
     mode.add_argument("--status", action="store_true", help="say what DIR holds")
 
     cmd = add("pr-patch", _pr_patch, "write the upstream PR patch (git format)")
-    cmd.add_argument("--out", type=Path, help=f"default: dist/{source.PATCH_NAME}")
+    cmd.add_argument(
+        "--out", type=Path, help="default: dist/vllm-<version>-tritonattn.patch"
+    )
     upstream_option(cmd, "sdist")
+    version_option(cmd, default=NEWEST)
 
     cmd = add("source-tree", _source_tree, "write the patched source tree (ROCm)")
     cmd.add_argument("--out", type=Path, default=Path("build"), help="default: build")
     upstream_option(cmd, "sdist")
+    version_option(cmd)
 
     cmd = add("fetch", _fetch, "download and verify the upstream files into the cache")
     upstream_option(cmd, "wheel")
     upstream_option(cmd, "sdist")
+    version_option(cmd)
 
-    add("show", _show, "list the overlay files and the edited upstream files")
+    cmd = add("show", _show, "list the overlay files and the edited upstream files")
+    version_option(cmd)
     return p
 
 

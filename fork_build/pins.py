@@ -1,25 +1,90 @@
-"""The one place that pins the upstream vLLM release this fork is built on.
+"""The one place that pins the upstream vLLM releases this fork is built on.
 
-Everything else (the wheel build, the in-place patcher, the PR patch and the ROCm
-source tree) reads the base version and the file hashes from here. To move the
-fork to another vLLM release, change these values and re-check the anchors in
-envs_patch/ (the build fails loudly, naming the file and anchor, if one moved).
+Everything else (the wheel build, the in-place patcher, the PR patch and the source
+tree) takes an `Upstream` from here: the release and the sha256 of its two PyPI
+files. To support another vLLM release, add it to `SUPPORTED`, give the anchored
+edits of `envs_patch/` that differ a `versions` list, and run the packaging tests:
+each anchor that moved fails naming the version, the file and the anchor.
 """
 
-UPSTREAM_NAME = "vllm"
-UPSTREAM_VERSION = "0.26.0"
+from __future__ import annotations
 
-# The distribution files of vllm==0.26.0 on PyPI, with their sha256 from the index.
-UPSTREAM_WHEEL = "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
-UPSTREAM_WHEEL_SHA256 = (
-    "adb1e4c9b46d0dfdb094121ae5aad670a42412dd813ed4e5db069ed6a15006de"
-)
-UPSTREAM_SDIST = "vllm-0.26.0.tar.gz"
-UPSTREAM_SDIST_SHA256 = (
-    "23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502"
-)
+import os
+from dataclasses import dataclass
 
-# PEP 440 local version of the fork: upstream version + our release counter.
-# Bump the counter for every release of the fork on the same upstream base.
+from fork_build import BuildError
+
+NAME = "vllm"
+# PEP 440 local version of the fork: upstream version + our release counter. Bump
+# the counter for every release of the fork on the same upstream base.
 FORK_LOCAL = "tritonattn.1"
-FORK_VERSION = f"{UPSTREAM_VERSION}+{FORK_LOCAL}"
+# Which release `pip install .` and the setup.py commands build when not told.
+VERSION_ENV = "TRITONATTN_VLLM_VERSION"
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One supported vLLM release: its PyPI wheel and sdist, with their sha256."""
+
+    version: str
+    wheel: str
+    wheel_sha256: str
+    sdist: str
+    sdist_sha256: str
+
+    @property
+    def fork_version(self) -> str:
+        return f"{self.version}+{FORK_LOCAL}"
+
+    @property
+    def sdist_root(self) -> str:
+        """The top directory of the sdist."""
+        return f"{NAME}-{self.version}"
+
+
+SUPPORTED: dict[str, Upstream] = {
+    u.version: u
+    for u in (
+        Upstream(
+            version="0.26.0",
+            wheel="vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+            wheel_sha256=(
+                "adb1e4c9b46d0dfdb094121ae5aad670a42412dd813ed4e5db069ed6a15006de"
+            ),
+            sdist="vllm-0.26.0.tar.gz",
+            sdist_sha256=(
+                "23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502"
+            ),
+        ),
+        Upstream(
+            version="0.33.0",
+            wheel="vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+            wheel_sha256=(
+                "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"
+            ),
+            sdist="vllm-0.33.0.tar.gz",
+            sdist_sha256=(
+                "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112"
+            ),
+        ),
+    )
+}
+# The default target: the release whose GPU checks (kernel tests, serving, greedy
+# agreement with FLASH_ATTN, throughput) have passed on the tuned GPU.
+DEFAULT_VERSION = "0.26.0"
+
+
+def supported_text() -> str:
+    return ", ".join(SUPPORTED)
+
+
+def upstream(version: str | None = None) -> Upstream:
+    """The pins of `version`; None: `TRITONATTN_VLLM_VERSION`, else the default."""
+    version = version or os.environ.get(VERSION_ENV) or DEFAULT_VERSION
+    if version not in SUPPORTED:
+        raise BuildError(
+            f"vLLM {version} is not supported by this fork; supported versions: "
+            f"{supported_text()} (choose one with --vllm-version, {VERSION_ENV} or "
+            f"`pip install . --config-settings vllm-version=VERSION`)"
+        )
+    return SUPPORTED[version]

@@ -37,6 +37,10 @@ class Edit:
     why: str
     source: str  # the .toml file that declares it, for messages
     source_only: bool = False  # a build file: only in source trees, not installs
+    versions: tuple[str, ...] | None = None  # upstream releases it applies to; all
+
+    def applies_to(self, version: str) -> bool:
+        return self.versions is None or version in self.versions
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,8 @@ def load_edits(root: Path = REPO_ROOT) -> list[Edit]:
         for i, item in enumerate(data.get("edit", [])):
             where = f"{source.name} edit #{i + 1}"
             modes = [m for m in EDIT_MODES if m in item]
-            unknown = set(item) - {"file", "anchor", "why", "source_only", *EDIT_MODES}
+            known = {"file", "anchor", "why", "source_only", "versions", *EDIT_MODES}
+            unknown = set(item) - known
             if len(modes) != 1 or unknown or not item.get("file"):
                 raise BuildError(
                     f"{where}: needs `file`, `anchor`, `why` and exactly one of "
@@ -70,6 +75,12 @@ def load_edits(root: Path = REPO_ROOT) -> list[Edit]:
                 )
             if not item.get("anchor"):
                 raise BuildError(f"{where}: empty anchor")
+            versions = item.get("versions")
+            if versions is not None and not set(versions) <= set(pins.SUPPORTED):
+                raise BuildError(
+                    f"{where}: versions {versions} name a release that is not in "
+                    f"fork_build/pins.py (supported: {pins.supported_text()})"
+                )
             edits.append(
                 Edit(
                     file=item["file"],
@@ -79,18 +90,33 @@ def load_edits(root: Path = REPO_ROOT) -> list[Edit]:
                     why=item.get("why", ""),
                     source=source.name,
                     source_only=bool(item.get("source_only", False)),
+                    versions=None if versions is None else tuple(versions),
                 )
             )
     return edits
 
 
-def edited_files(root: Path = REPO_ROOT, *, source: bool = False) -> list[str]:
+def edits_for(
+    target: pins.Upstream, root: Path = REPO_ROOT, *, source: bool = False
+) -> list[Edit]:
+    """The edits that apply to `target` (in an installed tree, or a source tree)."""
+    return [
+        e
+        for e in load_edits(root)
+        if e.applies_to(target.version) and (source or not e.source_only)
+    ]
+
+
+def edited_files(
+    target: pins.Upstream, root: Path = REPO_ROOT, *, source: bool = False
+) -> list[str]:
     """Upstream files the edits change (in an installed tree, or in a source tree)."""
-    edits = load_edits(root)
-    return sorted({e.file for e in edits if source or not e.source_only})
+    return sorted({e.file for e in edits_for(target, root, source=source)})
 
 
-def apply_edits(path: str, text: str, edits: list[Edit]) -> tuple[str, list[str]]:
+def apply_edits(
+    path: str, text: str, edits: list[Edit], version: str
+) -> tuple[str, list[str]]:
     """Apply the edits of `path` to `text`; return (new text, error messages).
 
     Anchors are looked up in the upstream text, never in partly edited text, so the
@@ -104,9 +130,9 @@ def apply_edits(path: str, text: str, edits: list[Edit]) -> tuple[str, list[str]
             first_line = edit.anchor.strip().splitlines()[0]
             problem = "not found" if count == 0 else f"found {count} times"
             errors.append(
-                f"{path}: anchor {first_line!r} ({edit.source}) {problem}; it must "
-                f"occur exactly once. Is this vLLM {pins.UPSTREAM_VERSION}? Update "
-                f"the anchor in envs_patch/{edit.source}."
+                f"vLLM {version}, {path}: anchor {first_line!r} ({edit.source}) "
+                f"{problem}; it must occur exactly once. Update the anchor in "
+                f"envs_patch/{edit.source}, or limit the edit's `versions`."
             )
             continue
         start = text.index(edit.anchor)
@@ -114,7 +140,9 @@ def apply_edits(path: str, text: str, edits: list[Edit]) -> tuple[str, list[str]
     spans.sort(key=lambda s: s[0])
     for (_, end, a), (start, _, b) in zip(spans, spans[1:], strict=False):
         if start < end:
-            errors.append(f"{path}: anchors of {a.source} and {b.source} overlap")
+            errors.append(
+                f"vLLM {version}, {path}: anchors of {a.source} and {b.source} overlap"
+            )
     if errors:
         return text, errors
     out, pos = [], 0
@@ -155,11 +183,11 @@ def upstream_version_of(version_py: str) -> tuple[str, str | None]:
     return version.group(1), commit.group(1) if commit else None
 
 
-def version_file_text(commit_id: str | None) -> str:
-    release = tuple(int(p) for p in pins.UPSTREAM_VERSION.split("."))
+def version_file_text(target: pins.Upstream, commit_id: str | None) -> str:
+    release = tuple(int(p) for p in target.version.split("."))
     return (
         "# Generated by the vLLM TritonAttn fork build (fork_build/plan.py).\n"
-        f"# Upstream vLLM {pins.UPSTREAM_VERSION} plus the TritonAttn overlay.\n"
+        f"# Upstream vLLM {target.version} plus the TritonAttn overlay.\n"
         "__all__ = [\n"
         '    "__version__",\n'
         '    "__version_tuple__",\n'
@@ -168,7 +196,7 @@ def version_file_text(commit_id: str | None) -> str:
         '    "__commit_id__",\n'
         '    "commit_id",\n'
         "]\n\n"
-        f"__version__ = version = {pins.FORK_VERSION!r}\n"
+        f"__version__ = version = {target.fork_version!r}\n"
         f"__version_tuple__ = version_tuple = {(*release, pins.FORK_LOCAL)!r}\n"
         f"__commit_id__ = commit_id = {commit_id!r}\n"
     )
@@ -176,17 +204,18 @@ def version_file_text(commit_id: str | None) -> str:
 
 def compute_changes(
     read_upstream: Callable[[str], bytes | None],
+    target: pins.Upstream,
     *,
     with_version: bool,
     source: bool = False,
     root: Path = REPO_ROOT,
 ) -> list[Change]:
-    """All changes the fork makes to the upstream tree read by `read_upstream`.
+    """All changes the fork makes to the vLLM `target` tree read by `read_upstream`.
 
     `source`: the tree is an upstream source tree (sdist), so the edits of build
     files (`source_only = true`, e.g. setup.py) apply too.
     """
-    edits = [e for e in load_edits(root) if source or not e.source_only]
+    edits = edits_for(target, root, source=source)
     overlay = overlay_files(root)
     changes, errors = [], []
     for path, local in overlay.items():
@@ -205,10 +234,16 @@ def compute_changes(
             continue
         old = read_upstream(path)
         if old is None:
-            errors.append(f"{path}: upstream file not found (edited by envs_patch/)")
+            errors.append(
+                f"vLLM {target.version}, {path}: upstream file not found (edited by "
+                f"envs_patch/)"
+            )
             continue
         new, problems = apply_edits(
-            path, old.decode("utf-8"), [e for e in edits if e.file == path]
+            path,
+            old.decode("utf-8"),
+            [e for e in edits if e.file == path],
+            target.version,
         )
         errors.extend(problems)
         changes.append(Change(path, old, new.encode("utf-8"), "edited"))
@@ -218,12 +253,12 @@ def compute_changes(
             errors.append(f"{VERSION_FILE}: upstream file not found")
         else:
             version, commit = upstream_version_of(old.decode("utf-8"))
-            if version != pins.UPSTREAM_VERSION:
+            if version != target.version:
                 errors.append(
-                    f"upstream tree is vLLM {version}, the fork needs "
-                    f"{pins.UPSTREAM_VERSION}"
+                    f"upstream tree is vLLM {version}, not the {target.version} "
+                    f"this build targets"
                 )
-            new = version_file_text(commit).encode("utf-8")
+            new = version_file_text(target, commit).encode("utf-8")
             changes.append(Change(VERSION_FILE, old, new, "version"))
     if errors:
         raise BuildError(

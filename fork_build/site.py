@@ -1,8 +1,9 @@
-"""Patch an installed stock vLLM (the pinned release) in place, offline; revert it.
+"""Patch an installed stock vLLM (a supported release) in place, offline; revert it.
 
 `patch_site(site)` turns the stock vLLM in `site` (a site-packages directory or a
 `pip install --target` directory: the one that contains `vllm/`) into the fork:
-the same changes as the wheel (`fork_build.plan`), plus the Version in the
+the same changes as the wheel (`fork_build.plan`) for the release it finds
+installed (one of `fork_build.pins.SUPPORTED`), plus the Version in the
 dist-info METADATA and the RECORD rows of every changed file, so `pip uninstall`
 and `importlib.metadata` stay right.
 
@@ -63,13 +64,16 @@ def _dist_info(site: Path) -> Path | None:
     return found[0] if found else None
 
 
-def _dist_info_changes(dist_info: Path, changes: list[_FileChange], site: Path):
+def _dist_info_changes(
+    dist_info: Path, changes: list[_FileChange], site: Path, target: pins.Upstream
+):
     """METADATA with the fork version, RECORD with rows for every changed file."""
     out = []
     metadata = dist_info / "METADATA"
     if metadata.is_file():
         old = metadata.read_bytes()
-        out.append(_FileChange(_rel(metadata, site), old, wheel.fork_metadata(old)))
+        new = wheel.fork_metadata(old, target)
+        out.append(_FileChange(_rel(metadata, site), old, new))
     record = dist_info / "RECORD"
     if record.is_file():
         old = record.read_bytes()
@@ -91,7 +95,7 @@ def _rel(path: Path, site: Path) -> str:
     return path.relative_to(site).as_posix()
 
 
-def _check_against_record(dist_info: Path | None, changes: list[_FileChange], site):
+def _check_against_record(dist_info, changes: list[_FileChange], site, version: str):
     """Refuse to patch files that differ from what the wheel installed."""
     if dist_info is None or not (dist_info / "RECORD").is_file():
         return
@@ -106,14 +110,14 @@ def _check_against_record(dist_info: Path | None, changes: list[_FileChange], si
     ]
     if modified:
         raise BuildError(
-            f"these files in {site} differ from the vLLM {pins.UPSTREAM_VERSION} "
-            f"wheel (RECORD hash), so they are not patched: {', '.join(modified)}. "
-            f"Reinstall stock vllm=={pins.UPSTREAM_VERSION} first."
+            f"these files in {site} differ from the vLLM {version} wheel (RECORD "
+            f"hash), so they are not patched: {', '.join(modified)}. Reinstall "
+            f"stock vllm=={version} first."
         )
 
 
-def plan_site(site: Path) -> list[_FileChange]:
-    """Compute every change for `site`; raises BuildError before any write."""
+def plan_site(site: Path) -> tuple[pins.Upstream, list[_FileChange]]:
+    """The release in `site` and every change for it; raises before any write."""
     site = Path(site).resolve()
     if (site / BACKUP_DIR).exists():
         raise BuildError(
@@ -121,16 +125,17 @@ def plan_site(site: Path) -> list[_FileChange]:
             f"first."
         )
     version = _installed_version(site)
-    if version != pins.UPSTREAM_VERSION:
+    if version not in pins.SUPPORTED:
         hint = (
             "it looks patched but has no backup manifest; reinstall stock vLLM"
             if pins.FORK_LOCAL in version
-            else f"install vllm=={pins.UPSTREAM_VERSION} there first"
+            else "install one of those there first"
         )
         raise BuildError(
             f"{site} holds vLLM {version}; this fork patches vLLM "
-            f"{pins.UPSTREAM_VERSION} only ({hint})."
+            f"{pins.supported_text()} ({hint})."
         )
+    target = pins.SUPPORTED[version]
     dist_info = _dist_info(site)
 
     def read_upstream(path: str) -> bytes | None:
@@ -139,12 +144,12 @@ def plan_site(site: Path) -> list[_FileChange]:
 
     changes = [
         _FileChange(c.path, c.old, c.new)
-        for c in plan.compute_changes(read_upstream, with_version=True)
+        for c in plan.compute_changes(read_upstream, target, with_version=True)
     ]
-    _check_against_record(dist_info, changes, site)
+    _check_against_record(dist_info, changes, site, version)
     if dist_info is not None:
-        changes += _dist_info_changes(dist_info, changes, site)
-    return changes
+        changes += _dist_info_changes(dist_info, changes, site, target)
+    return target, changes
 
 
 def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
@@ -162,7 +167,7 @@ def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
 def patch_site(site: Path) -> list[str]:
     """Patch `site` in place; returns the changed paths."""
     site = Path(site).resolve()
-    changes = plan_site(site)
+    target, changes = plan_site(site)
     created_dirs = sorted(
         {
             _rel(parent, site)
@@ -173,8 +178,8 @@ def patch_site(site: Path) -> list[str]:
         }
     )
     manifest = {
-        "fork_version": pins.FORK_VERSION,
-        "upstream_version": pins.UPSTREAM_VERSION,
+        "fork_version": target.fork_version,
+        "upstream_version": target.version,
         "created_dirs": created_dirs,
         "files": [
             {
@@ -265,5 +270,5 @@ def describe(site: Path) -> str:
         manifest = json.loads((site / BACKUP_DIR / MANIFEST).read_text())
         return f"{site}: patched to {manifest['fork_version']}"
     version = _installed_version(site)
-    stock = version == pins.UPSTREAM_VERSION
+    stock = version in pins.SUPPORTED
     return f"{site}: vLLM {version}" + (" (stock; can be patched)" if stock else "")

@@ -19,9 +19,6 @@ from pathlib import Path
 
 from fork_build import BuildError, pins, plan
 
-SDIST_ROOT = f"{pins.UPSTREAM_NAME}-{pins.UPSTREAM_VERSION}"
-PATCH_NAME = f"vllm-{pins.UPSTREAM_VERSION}-tritonattn.patch"
-TREE_NAME = f"vllm-{pins.FORK_VERSION}"
 AUTHOR = "vLLM TritonAttn fork <vllm-tritonattn@users.noreply.github.com>"
 SUBJECT = (
     "[Kernel][Attention] Faster Triton attention backend (TRITON_ATTN), "
@@ -29,20 +26,30 @@ SUBJECT = (
 )
 
 
-def sdist_changes(sdist: Path) -> list[plan.Change]:
-    """The fork's changes against the files of the upstream sdist."""
+def patch_name(target: pins.Upstream) -> str:
+    return f"{pins.NAME}-{target.version}-tritonattn.patch"
+
+
+def tree_name(target: pins.Upstream) -> str:
+    return f"{pins.NAME}-{target.fork_version}"
+
+
+def sdist_changes(sdist: Path, target: pins.Upstream) -> list[plan.Change]:
+    """The fork's changes against the files of the upstream sdist of `target`."""
     with tarfile.open(sdist, "r:gz") as tar:
         members = {m.name: m for m in tar.getmembers() if m.isfile()}
 
         def read_upstream(path: str) -> bytes | None:
-            member = members.get(f"{SDIST_ROOT}/{path}")
+            member = members.get(f"{target.sdist_root}/{path}")
             if member is None:
                 return None
             f = tar.extractfile(member)
             assert f is not None
             return f.read()
 
-        return plan.compute_changes(read_upstream, with_version=False, source=True)
+        return plan.compute_changes(
+            read_upstream, target, with_version=False, source=True
+        )
 
 
 # ---------------------------------------------------------------- the PR patch
@@ -84,9 +91,9 @@ def file_diff(change: plan.Change) -> str:
     return "".join(out)
 
 
-def patch_text(changes: list[plan.Change]) -> str:
+def patch_text(changes: list[plan.Change], target: pins.Upstream) -> str:
     changes = sorted(changes, key=lambda c: c.path)
-    body = [f"Changes against vLLM {pins.UPSTREAM_VERSION} (docs/upstream-pr.md):", ""]
+    body = [f"Changes against vLLM {target.version} (docs/upstream-pr.md):", ""]
     for c in changes:
         body.append(f"  {c.kind:8} {c.path}")
     header = (
@@ -97,8 +104,8 @@ def patch_text(changes: list[plan.Change]) -> str:
     return header + "".join(file_diff(c) for c in changes) + "-- \n"
 
 
-def write_pr_patch(sdist: Path, out: Path) -> Path:
-    text = patch_text(sdist_changes(sdist))
+def write_pr_patch(sdist: Path, out: Path, target: pins.Upstream) -> Path:
+    text = patch_text(sdist_changes(sdist, target), target)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -109,40 +116,43 @@ def write_pr_patch(sdist: Path, out: Path) -> Path:
 # ------------------------------------------------------- the patched source tree
 
 
-def _pkg_info_with_fork_version(data: bytes) -> bytes:
+def _pkg_info_with_fork_version(data: bytes, target: pins.Upstream) -> bytes:
     text = data.decode("utf-8")
     pattern = re.compile(r"^Version: .*$", re.M)
     if len(pattern.findall(text)) != 1:
         raise BuildError("upstream PKG-INFO has no single Version: line")
-    return pattern.sub(f"Version: {pins.FORK_VERSION}", text, count=1).encode()
+    return pattern.sub(f"Version: {target.fork_version}", text, count=1).encode()
 
 
-def write_source_tree(sdist: Path, out_dir: Path, root: Path = plan.REPO_ROOT) -> Path:
+def write_source_tree(
+    sdist: Path, out_dir: Path, target: pins.Upstream, root: Path = plan.REPO_ROOT
+) -> Path:
     """Write the patched upstream source tree to `out_dir/vllm-<fork version>`.
 
     setuptools-scm takes the version from PKG-INFO in a tree without git, so the
     tree's PKG-INFO carries the fork version; upstream's setup.py then appends its
     device suffix (e.g. `+tritonattn.1.rocm711`).
     """
-    target = out_dir / TREE_NAME
-    if target.exists():
-        raise BuildError(f"{target} exists; remove it or choose another --out")
-    changes = sdist_changes(sdist)  # every anchor checked before any write
+    name = tree_name(target)
+    written = out_dir / name
+    if written.exists():
+        raise BuildError(f"{written} exists; remove it or choose another --out")
+    changes = sdist_changes(sdist, target)  # every anchor checked before any write
     requirements = root / "requirements-rocm.txt"
     out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".{TREE_NAME}.tmp-"))
+    staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".{name}.tmp-"))
     try:
         with tarfile.open(sdist, "r:gz") as tar:
             tar.extractall(staging, filter="data")
-        tree = staging / SDIST_ROOT
+        tree = staging / target.sdist_root
         for c in changes:
             path = tree / c.path
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(c.new)
         pkg_info = tree / "PKG-INFO"
-        pkg_info.write_bytes(_pkg_info_with_fork_version(pkg_info.read_bytes()))
+        pkg_info.write_bytes(_pkg_info_with_fork_version(pkg_info.read_bytes(), target))
         shutil.copy2(requirements, tree / "requirements-rocm.txt")
-        os.replace(tree, target)
+        os.replace(tree, written)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return written

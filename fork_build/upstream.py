@@ -9,7 +9,8 @@ A file is taken from, in this order:
 4. a download from the package index (`TRITONATTN_INDEX_URL`, default PyPI's simple
    API), unless `TRITONATTN_OFFLINE=1`; the download is stored in the cache.
 
-Whatever the source, the sha256 must match the pin in `fork_build.pins`.
+Whatever the source, the sha256 must match the pin of the target release in
+`fork_build.pins`.
 """
 
 from __future__ import annotations
@@ -28,21 +29,18 @@ from fork_build import BuildError, pins
 DEFAULT_INDEX_URL = "https://pypi.org/simple"
 DOWNLOAD_TIMEOUT_S = 120
 
-# kind -> (file name, sha256, command-line option, environment variable)
+# kind -> (command-line option, environment variable)
 KINDS = {
-    "wheel": (
-        pins.UPSTREAM_WHEEL,
-        pins.UPSTREAM_WHEEL_SHA256,
-        "--upstream-wheel",
-        "TRITONATTN_UPSTREAM_WHEEL",
-    ),
-    "sdist": (
-        pins.UPSTREAM_SDIST,
-        pins.UPSTREAM_SDIST_SHA256,
-        "--upstream-sdist",
-        "TRITONATTN_UPSTREAM_SDIST",
-    ),
+    "wheel": ("--upstream-wheel", "TRITONATTN_UPSTREAM_WHEEL"),
+    "sdist": ("--upstream-sdist", "TRITONATTN_UPSTREAM_SDIST"),
 }
+
+
+def pinned_file(kind: str, target: pins.Upstream) -> tuple[str, str]:
+    """(file name, sha256) of the `kind` file of `target`."""
+    if kind == "wheel":
+        return target.wheel, target.wheel_sha256
+    return target.sdist, target.sdist_sha256
 
 
 def sha256_of(path: Path) -> str:
@@ -60,8 +58,9 @@ def cache_dir() -> Path:
     )
 
 
-def _how_to_supply(kind: str) -> str:
-    filename, _, option, env = KINDS[kind]
+def _how_to_supply(kind: str, target: pins.Upstream) -> str:
+    option, env = KINDS[kind]
+    filename = pinned_file(kind, target)[0]
     # pip reads only the wheel (`pip install .`); the sdist serves setup.py commands.
     pip = f", `pip install . --config-settings {option[2:]}=PATH`" * (kind == "wheel")
     return (
@@ -70,24 +69,24 @@ def _how_to_supply(kind: str) -> str:
     )
 
 
-def _check_hash(path: Path, kind: str, origin: str) -> None:
-    filename, expected, _, _ = KINDS[kind]
+def _check_hash(path: Path, kind: str, target: pins.Upstream, origin: str) -> None:
+    filename, expected = pinned_file(kind, target)
     actual = sha256_of(path)
     if actual != expected:
         raise BuildError(
             f"sha256 mismatch for the upstream {kind} {path} ({origin}): got "
             f"{actual}, expected {expected} (the PyPI file {filename} of vllm "
-            f"{pins.UPSTREAM_VERSION}, pinned in fork_build/pins.py). Use the "
+            f"{target.version}, pinned in fork_build/pins.py). Use the "
             f"unmodified file from PyPI."
         )
 
 
-def _index_url_of(kind: str) -> str:
+def _index_url_of(kind: str, target: pins.Upstream) -> str:
     """Ask the index (PEP 691 JSON) for the download URL of the pinned file."""
-    filename, expected, _, _ = KINDS[kind]
+    filename, expected = pinned_file(kind, target)
     index = os.environ.get("TRITONATTN_INDEX_URL", DEFAULT_INDEX_URL).rstrip("/")
     request = urllib.request.Request(
-        f"{index}/{pins.UPSTREAM_NAME}/",
+        f"{index}/{pins.NAME}/",
         headers={"Accept": "application/vnd.pypi.simple.v1+json"},
     )
     with urllib.request.urlopen(request, timeout=DOWNLOAD_TIMEOUT_S) as response:
@@ -104,12 +103,12 @@ def _index_url_of(kind: str) -> str:
     raise BuildError(f"the index {index} has no file {filename}")
 
 
-def _download(kind: str, target: Path) -> None:
-    filename = KINDS[kind][0]
+def _download(kind: str, target: pins.Upstream, dest: Path) -> None:
+    filename = pinned_file(kind, target)[0]
     try:
-        url = _index_url_of(kind)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{filename}.")
+        url = _index_url_of(kind, target)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{filename}.")
         tmp = Path(tmp_name)
         try:
             with (
@@ -117,38 +116,41 @@ def _download(kind: str, target: Path) -> None:
                 urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response,
             ):
                 shutil.copyfileobj(response, out, 1 << 20)
-            _check_hash(tmp, kind, f"downloaded from {url}")
-            os.replace(tmp, target)
+            _check_hash(tmp, kind, target, f"downloaded from {url}")
+            os.replace(tmp, dest)
         finally:
             tmp.unlink(missing_ok=True)
     except (urllib.error.URLError, OSError, ValueError) as e:
         raise BuildError(
             f"could not download the upstream {kind} {filename} ({e}). Without "
-            f"network access, {_how_to_supply(kind)}."
+            f"network access, {_how_to_supply(kind, target)}."
         ) from None
 
 
-def fetch(kind: str, explicit: str | os.PathLike | None = None) -> Path:
-    """Return a verified local path of the pinned upstream `kind` ("wheel"/"sdist")."""
-    filename, _, option, env = KINDS[kind]
+def fetch(
+    kind: str, target: pins.Upstream, explicit: str | os.PathLike | None = None
+) -> Path:
+    """A verified local path of the `kind` file ("wheel"/"sdist") of `target`."""
+    option, env = KINDS[kind]
+    filename = pinned_file(kind, target)[0]
     for given, origin in ((explicit, option), (os.environ.get(env), env)):
         if given:
             path = Path(given).expanduser()
             if not path.is_file():
                 raise BuildError(f"{origin} names {path}, which is not a file")
-            _check_hash(path, kind, f"given by {origin}")
+            _check_hash(path, kind, target, f"given by {origin}")
             return path
     cached = cache_dir() / filename
     if cached.is_file():
         try:
-            _check_hash(cached, kind, "cached")
+            _check_hash(cached, kind, target, "cached")
             return cached
         except BuildError:
             cached.unlink()  # a broken cache entry is fetched again below
     if os.environ.get("TRITONATTN_OFFLINE", "") not in ("", "0"):
         raise BuildError(
             f"the upstream {kind} {filename} is not in the cache {cache_dir()} and "
-            f"TRITONATTN_OFFLINE is set; {_how_to_supply(kind)}."
+            f"TRITONATTN_OFFLINE is set; {_how_to_supply(kind, target)}."
         )
-    _download(kind, cached)
+    _download(kind, target, cached)
     return cached

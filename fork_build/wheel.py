@@ -28,14 +28,20 @@ from pathlib import Path
 
 from fork_build import BuildError, pins, plan
 
-UPSTREAM_DIST_INFO = f"vllm-{pins.UPSTREAM_VERSION}.dist-info"
-FORK_DIST_INFO = f"vllm-{pins.FORK_VERSION}.dist-info"
 GENERATOR = "vllm-tritonattn fork_build"
 
 
-def wheel_name() -> str:
-    tags = pins.UPSTREAM_WHEEL.removesuffix(".whl").split("-", 2)[2]
-    return f"vllm-{pins.FORK_VERSION}-{tags}.whl"
+def upstream_dist_info(target: pins.Upstream) -> str:
+    return f"{pins.NAME}-{target.version}.dist-info"
+
+
+def fork_dist_info(target: pins.Upstream) -> str:
+    return f"{pins.NAME}-{target.fork_version}.dist-info"
+
+
+def wheel_name(target: pins.Upstream) -> str:
+    tags = target.wheel.removesuffix(".whl").split("-", 2)[2]
+    return f"{pins.NAME}-{target.fork_version}-{tags}.whl"
 
 
 def record_hash(data: bytes) -> str:
@@ -43,13 +49,13 @@ def record_hash(data: bytes) -> str:
     return f"sha256={digest.decode()}"
 
 
-def fork_metadata(upstream_metadata: bytes) -> bytes:
+def fork_metadata(upstream_metadata: bytes, target: pins.Upstream) -> bytes:
     """Upstream METADATA with the fork version; Requires-Dist stays upstream's."""
     text = upstream_metadata.decode("utf-8")
     pattern = re.compile(r"^Version: .*$", re.M)
     if len(pattern.findall(text)) != 1:
         raise BuildError("upstream METADATA has no single Version: line")
-    return pattern.sub(f"Version: {pins.FORK_VERSION}", text, count=1).encode()
+    return pattern.sub(f"Version: {target.fork_version}", text, count=1).encode()
 
 
 def fork_wheel_file(upstream_wheel_file: bytes) -> bytes:
@@ -89,19 +95,20 @@ def _copy_raw(src: zipfile.ZipFile, info: zipfile.ZipInfo, dst: zipfile.ZipFile)
     dst._didModify = True
 
 
-def build_wheel(upstream_wheel: Path, out_dir: Path) -> Path:
-    """Write the fork's wheel into `out_dir` and return its path."""
+def build_wheel(upstream_wheel: Path, out_dir: Path, target: pins.Upstream) -> Path:
+    """Write the fork's wheel of vLLM `target` into `out_dir`; return its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / wheel_name()
+    built = out_dir / wheel_name(target)
+    upstream_dist = upstream_dist_info(target)
     with zipfile.ZipFile(upstream_wheel) as src:
         names = set(src.namelist())
 
         def read_upstream(path: str) -> bytes | None:
             return src.read(path) if path in names else None
 
-        changes = plan.compute_changes(read_upstream, with_version=True)
+        changes = plan.compute_changes(read_upstream, target, with_version=True)
         new_content = {c.path: c.new for c in changes}
-        upstream_rows = _upstream_record_rows(src)
+        upstream_rows = _upstream_record_rows(src, target)
         record_rows = []
         fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=".vllm-wheel-")
         os.close(fd)
@@ -109,7 +116,7 @@ def build_wheel(upstream_wheel: Path, out_dir: Path) -> Path:
             with zipfile.ZipFile(tmp_name, "w", zipfile.ZIP_DEFLATED) as dst:
                 for info in src.infolist():
                     name = info.filename
-                    if name.startswith(UPSTREAM_DIST_INFO + "/"):
+                    if name.startswith(upstream_dist + "/"):
                         continue  # rewritten below
                     if name in new_content:
                         _write(dst, name, new_content.pop(name), record_rows, info)
@@ -120,18 +127,18 @@ def build_wheel(upstream_wheel: Path, out_dir: Path) -> Path:
                         record_rows.append(upstream_rows[name])
                 for name, data in sorted(new_content.items()):  # added files
                     _write(dst, name, data, record_rows)
-                _write_dist_info(src, dst, record_rows)
+                _write_dist_info(src, dst, record_rows, target)
             os.chmod(tmp_name, 0o644)
-            os.replace(tmp_name, target)
+            os.replace(tmp_name, built)
         finally:
             Path(tmp_name).unlink(missing_ok=True)
-    return target
+    return built
 
 
-def _upstream_record_rows(src: zipfile.ZipFile) -> dict[str, tuple[str, ...]]:
+def _upstream_record_rows(src: zipfile.ZipFile, target: pins.Upstream):
     """RECORD rows of the upstream wheel by member name (their hashes stay valid
     for the members copied unchanged)."""
-    text = src.read(f"{UPSTREAM_DIST_INFO}/RECORD").decode("utf-8")
+    text = src.read(f"{upstream_dist_info(target)}/RECORD").decode("utf-8")
     return {row[0]: tuple(row) for row in csv.reader(io.StringIO(text)) if row}
 
 
@@ -144,8 +151,9 @@ def _write(dst, name, data, record_rows, like: zipfile.ZipInfo | None = None):
     record_rows.append((name, record_hash(data), str(len(data))))
 
 
-def _write_dist_info(src, dst, record_rows) -> None:
-    prefix = UPSTREAM_DIST_INFO + "/"
+def _write_dist_info(src, dst, record_rows, target: pins.Upstream) -> None:
+    prefix = upstream_dist_info(target) + "/"
+    fork_dist = fork_dist_info(target)
     for info in src.infolist():
         name = info.filename
         if not name.startswith(prefix) or name.endswith("/RECORD"):
@@ -153,31 +161,35 @@ def _write_dist_info(src, dst, record_rows) -> None:
         data = src.read(name)
         leaf = name[len(prefix) :]
         if leaf == "METADATA":
-            data = fork_metadata(data)
+            data = fork_metadata(data, target)
         elif leaf == "WHEEL":
             data = fork_wheel_file(data)
-        _write(dst, f"{FORK_DIST_INFO}/{leaf}", data, record_rows, info)
+        _write(dst, f"{fork_dist}/{leaf}", data, record_rows, info)
     record = io.StringIO()
     writer = csv.writer(record, lineterminator="\n")
-    writer.writerows([*record_rows, (f"{FORK_DIST_INFO}/RECORD", "", "")])
-    _write(dst, f"{FORK_DIST_INFO}/RECORD", record.getvalue().encode(), [])
+    writer.writerows([*record_rows, (f"{fork_dist}/RECORD", "", "")])
+    _write(dst, f"{fork_dist}/RECORD", record.getvalue().encode(), [])
 
 
-def write_metadata_dir(upstream_wheel: Path, metadata_directory: Path) -> str:
+def write_metadata_dir(
+    upstream_wheel: Path, metadata_directory: Path, target: pins.Upstream
+) -> str:
     """PEP 517 prepare_metadata_for_build_wheel: the fork's .dist-info only."""
-    target = metadata_directory / FORK_DIST_INFO
-    target.mkdir(parents=True, exist_ok=True)
+    fork_dist = fork_dist_info(target)
+    prefix = upstream_dist_info(target) + "/"
+    out = metadata_directory / fork_dist
+    out.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(upstream_wheel) as src:
         for name in src.namelist():
-            if not name.startswith(UPSTREAM_DIST_INFO + "/") or name.endswith("RECORD"):
+            if not name.startswith(prefix) or name.endswith("RECORD"):
                 continue
-            leaf = name[len(UPSTREAM_DIST_INFO) + 1 :]
+            leaf = name[len(prefix) :]
             data = src.read(name)
             if leaf == "METADATA":
-                data = fork_metadata(data)
+                data = fork_metadata(data, target)
             elif leaf == "WHEEL":
                 data = fork_wheel_file(data)
-            path = target / leaf
+            path = out / leaf
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-    return FORK_DIST_INFO
+    return fork_dist

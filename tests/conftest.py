@@ -1,12 +1,19 @@
 """Fixtures shared by every test directory.
 
 * `TRITON_INTERPRET=1` (unless set): kernels run in Triton's interpreter on the CPU.
-* `patched_vllm_site`: a directory holding stock vLLM 0.26.0's Python files (the
-  `*.py` files and the dist-info of the pinned wheel, no compiled extensions)
-  patched in place with the fork by the same code as `python setup.py patch`.
-  Use it in a subprocess with `PYTHONPATH=<that dir>`; never put it on the pytest
+* `target`: each supported vLLM release (`fork_build.pins.SUPPORTED`); every test
+  that uses it, or a fixture below, runs once per release.
+* `upstream_wheel` / `stock_vllm_site`: that release's pinned wheel, and its
+  `*.py` files plus dist-info (no compiled extensions), unpatched.
+* `patched_vllm_site`: the same files patched in place with the fork by the same
+  code as `python setup.py patch`. Use it in a subprocess with
+  `PYTHONPATH=<that dir>` (tests/site_runner.py); never put it on the pytest
   process's `sys.path` (kernel tests import `vllm.attention.ops.*` from the
   checkout, where the repository's `vllm/` is a namespace package).
+
+The vLLM releases' Python code runs on the test environment's torch (vLLM 0.26.0's
+2.11.0) for every release: these tests import vLLM's Python modules on the CPU and
+never load its compiled kernels.
 """
 
 import os
@@ -24,39 +31,44 @@ if str(REPO) not in sys.path:
 
 from fork_build import BuildError, pins, site, upstream  # noqa: E402
 
-DIST_INFO_PREFIX = f"vllm-{pins.UPSTREAM_VERSION}.dist-info/"
 
-
-def extract_python_site(wheel: Path, target: Path) -> Path:
-    """Stock vLLM's `*.py` files and dist-info from `wheel` into `target`."""
+def extract_python_site(wheel: Path, release: pins.Upstream, out: Path) -> Path:
+    """Stock vLLM's `*.py` files and dist-info from `wheel` into `out`."""
+    dist_info = f"{pins.NAME}-{release.version}.dist-info/"
     with zipfile.ZipFile(wheel) as zf:
         names = [
-            n
-            for n in zf.namelist()
-            if n.endswith(".py") or n.startswith(DIST_INFO_PREFIX)
+            n for n in zf.namelist() if n.endswith(".py") or n.startswith(dist_info)
         ]
-        zf.extractall(target, names)
-    return target
+        zf.extractall(out, names)
+    return out
+
+
+@pytest.fixture(scope="session", params=list(pins.SUPPORTED), ids="vllm-{}".format)
+def target(request) -> pins.Upstream:
+    """A supported vLLM release."""
+    return pins.SUPPORTED[request.param]
 
 
 @pytest.fixture(scope="session")
-def upstream_wheel() -> Path:
-    """The pinned upstream vLLM wheel (cache, local path or PyPI; verified)."""
+def upstream_wheel(target) -> Path:
+    """The release's pinned upstream wheel (cache, local path or PyPI; verified)."""
     try:
-        return upstream.fetch("wheel")
+        return upstream.fetch("wheel", target)
     except BuildError as e:
-        pytest.fail(f"the pinned upstream vLLM wheel is needed: {e}")
+        pytest.fail(f"the pinned vLLM {target.version} wheel is needed: {e}")
 
 
 @pytest.fixture(scope="session")
-def stock_vllm_site(upstream_wheel, tmp_path_factory) -> Path:
-    """Stock vLLM 0.26.0 Python files, unpatched (read-only for tests)."""
-    return extract_python_site(upstream_wheel, tmp_path_factory.mktemp("stock_site"))
+def stock_vllm_site(target, upstream_wheel, tmp_path_factory) -> Path:
+    """The release's stock Python files, unpatched (read-only for tests)."""
+    out = tmp_path_factory.mktemp(f"stock_site_{target.version}")
+    return extract_python_site(upstream_wheel, target, out)
 
 
 @pytest.fixture(scope="session")
-def patched_vllm_site(upstream_wheel, tmp_path_factory) -> Path:
-    """Stock vLLM 0.26.0 Python files patched with the fork (see module docstring)."""
-    target = extract_python_site(upstream_wheel, tmp_path_factory.mktemp("fork_site"))
-    site.patch_site(target)
-    return target
+def patched_vllm_site(target, upstream_wheel, tmp_path_factory) -> Path:
+    """The release's Python files patched with the fork (see module docstring)."""
+    out = tmp_path_factory.mktemp(f"fork_site_{target.version}")
+    extract_python_site(upstream_wheel, target, out)
+    site.patch_site(out)
+    return out

@@ -8,9 +8,9 @@ from fork_build import BuildError, upstream
 
 
 @pytest.fixture(scope="session")
-def upstream_sdist() -> Path:
-    """The pinned upstream vLLM sdist (cache, local path or PyPI; verified)."""
+def upstream_sdist(target) -> Path:
+    """The release's pinned upstream sdist (cache, local path or PyPI; verified)."""
     try:
-        return upstream.fetch("sdist")
+        return upstream.fetch("sdist", target)
     except BuildError as e:
-        pytest.fail(f"the pinned upstream vLLM sdist is needed: {e}")
+        pytest.fail(f"the pinned vLLM {target.version} sdist is needed: {e}")
