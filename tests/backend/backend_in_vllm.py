@@ -171,6 +171,18 @@ def check_capabilities():
         ({"use_mm_prefix": True}, "multimodal prefix-LM"),
         ({"use_per_head_quant_scales": True}, "per-head KV quant scales"),
     ]
+    # Questions only some releases ask.
+    import inspect
+
+    from vllm.v1.attention.backend import AttentionBackend
+
+    asked = inspect.signature(AttentionBackend.validate_configuration).parameters
+    for flag, expected in (
+        ("use_adaptive_verification", "adaptive speculative verification not"),
+        ("use_dcp", "decode context parallelism not supported"),
+    ):
+        if flag in asked:
+            refused.append(({flag: True}, expected))
     for overrides, expected in refused:
         reasons = B.validate_configuration(**_selector_config(**overrides))
         assert any(expected in r for r in reasons), (overrides, reasons)
@@ -219,6 +231,14 @@ def check_selection_on_cuda_platform():
             use_fa_diffkv,
         ),
     ]
+    # Stock composites over stock TRITON_ATTN's cache layout (releases that have
+    # them), asked for by name, with and without multimodal prefix-LM attention.
+    composites = [name for name in ("TRITON_FLASH_ATTN", "TRITON_FLASHINFER")
+                  if name in E.__members__]  # fmt: skip
+    for name in composites:
+        assert E[name].get_path().startswith(ours), E[name].get_path()
+        for config in (good, good._replace(head_size=256, use_mm_prefix=True)):
+            refused.append((E[name], config, f"{name} is not available with this"))
     for backend, config, expected in refused:
         try:
             CudaPlatform.get_attn_backend_cls(backend, config)
@@ -227,6 +247,7 @@ def check_selection_on_cuda_platform():
             assert expected in str(e), e
         else:
             raise AssertionError(f"{backend.name} accepted {config}")
+    return f"composites refused: {composites or 'none in this release'}"
 
 
 def check_layout():
@@ -243,10 +264,13 @@ def check_layout():
         16,
         128,
     )
-    assert B.get_kv_cache_block_dim(64, 8, 128) == 0
     assert B.get_kv_cache_stride_order() == (0, 1, 2, 3, 4)
     assert B.get_kv_cache_stride_order(include_num_layers_dimension=True)[0] == 1
-    assert B.indexes_kv_by_block_stride()
+    if _builds_views_from_spec():
+        _check_spec_layout()
+    else:
+        assert B.get_kv_cache_block_dim(64, 8, 128) == 0
+        assert B.indexes_kv_by_block_stride()
     for bad_block in (8, 24):
         try:
             B.get_kv_cache_shape(10, bad_block, 8, 128)
@@ -271,6 +295,32 @@ def check_layout():
     assert not B.supports_kv_connector() and not B.supports_batch_invariance()
     assert not B.supports_alibi_sqrt() and not B.supports_non_causal()
     assert not B.is_mla() and not B.supports_pcp()
+
+
+def _check_spec_layout():
+    """Releases that build the cache view from the spec: our spec, layouts and
+    answers to the questions those releases ask."""
+    from dataclasses import replace
+
+    import torch
+
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend as B
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheLayout
+
+    for dtype, itemsize in ((torch.bfloat16, 2), (torch.uint8, 1)):  # uint8: fp8
+        spec = FullAttentionSpec(
+            block_size=64, num_kv_heads=8, head_size=128, dtype=dtype
+        )
+        ours = B.customize_spec(spec)
+        assert ours.num_head_slots == 16 and ours.state_content_bytes == 128 * itemsize
+        assert ours.page_size_bytes == spec.page_size_bytes  # same memory plan
+        assert B.customize_spec(ours) == ours  # idempotent
+        assert B.get_supported_kernel_block_sizes(ours) == [16, 32, 64, 128]
+    diff_kv = replace(spec, head_size_v=64)
+    assert B.customize_spec(diff_kv) == diff_kv
+    assert B.supported_kv_cache_layouts() == (KVCacheLayout.LBHNC, KVCacheLayout.BLHNC)
+    assert B.supports_device_cpu_query_lens_mismatch() is False
+    assert B.supports_dcp() is False
 
 
 def check_refuses_stock_subclasses():
@@ -310,32 +360,25 @@ def check_refuses_stock_subclasses():
     TritonAttentionImpl(num_heads=8, head_size=128, scale=0.1, chunk_lookback=-1)
 
 
-def check_kv_cache_in_model_runner():
-    """vLLM's own KV-cache reshape (model runner V2, shared by V1) gives our layout,
-    and a padded page (mixed page sizes) only changes the block stride: the same
-    step on a padded and an unpadded cache gives the same output."""
-    from dataclasses import replace
+def _builds_views_from_spec() -> bool:
+    """True on vLLM releases that build each layer's cache view from the KV-cache
+    spec (``customize_spec``), False on those that ask ``get_kv_cache_shape``."""
+    from vllm.v1.attention.backend import AttentionBackend
 
+    return hasattr(AttentionBackend, "customize_spec")
+
+
+def _runner_caches_from_shape(spec, padded, num_blocks):
+    """Releases with get_kv_cache_shape: vLLM's own reshape (model runner V2,
+    shared by V1) of a raw buffer, for a dense and a padded page."""
     import torch
 
-    from vllm.v1.attention.backends.triton_attn import (
-        TritonAttentionBackend as B,
-    )
-    from vllm.v1.attention.backends.triton_attn import (
-        TritonAttentionImpl,
-    )
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend as B
     from vllm.v1.worker.gpu.attn_utils import _reshape_attention_kv_cache
 
-    num_blocks, block_size, head_size = 6, 16, 64
-    spec = FullAttentionSpec(
-        block_size=block_size,
-        num_kv_heads=NUM_KV_HEADS,
-        head_size=head_size,
-        dtype=torch.bfloat16,
+    shape = B.get_kv_cache_shape(
+        num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size
     )
-    padded = replace(spec, page_size_padded=spec.page_size_bytes + 512)
-    shape = B.get_kv_cache_shape(num_blocks, block_size, NUM_KV_HEADS, head_size)
     caches = []
     for s in (spec, padded):
         raw = torch.zeros(num_blocks * s.page_size_bytes, dtype=torch.int8)
@@ -346,11 +389,88 @@ def check_kv_cache_in_model_runner():
         assert kv.stride(0) == s.page_size_bytes // 2, kv.stride()
         caches.append(kv)
     assert caches[0].is_contiguous() and not caches[1].is_contiguous()
+    return caches
+
+
+def _runner_caches_from_spec(spec, padded, num_blocks, num_layers=2):
+    """Releases that build views from the spec: vLLM's own placement and view
+    code (compute_layout_strides, create_kv_cache_views) over one buffer of
+    ``num_layers`` layers, for every layout the backend declares, with a dense
+    and a padded page; the last layer's view of each."""
+    import torch
+
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend as B
+    from vllm.v1.kv_cache_interface import (
+        KVCacheTensor,
+        compute_layout_strides,
+        create_kv_cache_views,
+    )
+    from vllm.v1.worker.utils import customize_attention_spec
+
+    caches = []
+    for layout in B.supported_kv_cache_layouts():
+        for s in (spec, padded):
+            s = customize_attention_spec(B, s)
+            page = s.page_size_bytes
+            block_stride = page * num_layers if layout.is_block_outermost else None
+            layer_stride, block_stride, *_ = compute_layout_strides(
+                s,
+                num_blocks,
+                num_layers,
+                layout,
+                fixed_strides=(None, block_stride, None, None, None),
+            )
+            tensor = KVCacheTensor(
+                size=page * num_layers * num_blocks,
+                layers=[f"layer.{i}" for i in range(num_layers)],
+                layer_stride=layer_stride,
+                block_stride=block_stride,
+            )
+            raw = torch.zeros(tensor.size, dtype=torch.int8)
+            view = create_kv_cache_views(raw, s, num_blocks, layout, tensor)[-1]
+            expected = (num_blocks, 2 * NUM_KV_HEADS, s.block_size, s.head_size)
+            assert tuple(view.shape) == expected, (layout, view.shape)
+            caches.append(view)
+    return caches
+
+
+def check_kv_cache_in_model_runner():
+    """The cache views vLLM's model runner builds for this backend (by the
+    release's own code) are the layout the kernels read: each K and V page of a
+    head is a dense ``[block_size, head_size]`` slice, and a padded page (mixed
+    page sizes) or another declared layout only changes strides: the same step on
+    every such cache gives the same output."""
+    from dataclasses import replace
+
+    import torch
+
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    num_blocks, block_size, head_size = 6, 16, 64
+    spec = FullAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=head_size,
+        dtype=torch.bfloat16,
+    )
+    padded = replace(spec, page_size_padded=spec.page_size_bytes + 512)
+    if _builds_views_from_spec():
+        caches = _runner_caches_from_spec(spec, padded, num_blocks)
+    else:
+        caches = _runner_caches_from_shape(spec, padded, num_blocks)
 
     gen = torch.Generator().manual_seed(1)
     impl = TritonAttentionImpl(
         num_heads=NUM_Q_HEADS, head_size=head_size, scale=0.125, num_kv_heads=2
     )
+    for kv in caches:
+        key_cache, value_cache = impl._cache_views(kv)
+        assert key_cache.shape == (num_blocks, NUM_KV_HEADS, block_size, head_size)
+        pages = [c[b, h] for c in (key_cache, value_cache) for b, h in [(0, 0), (5, 1)]]
+        assert all(p.is_contiguous() for p in pages), [p.stride() for p in pages]
+        starts = {p.data_ptr() for p in pages}
+        assert len(starts) == len(pages), "K and V pages overlap"
     layer = SimpleNamespace(_k_scale=torch.tensor(1.0), _v_scale=torch.tensor(1.0))
     # Request 0: decode at position 20 (pages 3, 1); request 1: 3-token prefill
     # (page 4).

@@ -20,7 +20,11 @@ KV cache, one tensor per layer (docs/design.md)::
 
     [num_blocks, 2, num_kv_heads, block_size, head_size]     kv_cache[:, 0] = K
 
-so a page of one KV head is a dense ``[block_size, head_size]`` matrix. fp8 caches
+so a page of one KV head is a dense ``[block_size, head_size]`` matrix. vLLM
+releases up to 0.28 ask the backend for this shape (``get_kv_cache_shape``); later
+ones build each layer's view from the KV-cache spec, which ``customize_spec``
+shapes into ``[num_blocks, 2 * num_kv_heads, block_size, head_size]`` (K heads,
+then V heads), the same memory; ``_cache_views`` accepts both. fp8 caches
 (``--kv-cache-dtype fp8``) hold ``x / scale`` with the layer's per-tensor
 ``_k_scale`` / ``_v_scale``, as ``float8_e4m3fn`` (``e4m3fnuz`` on MI300).
 
@@ -36,9 +40,11 @@ graphs. The split-KV count depends only on the (padded) number of decodes, and t
 kernel derives each split's key range from ``seq_lens`` on the device, so a graph
 captured for a batch size stays valid while contexts grow.
 
-No Triton compilation while serving: vLLM has no backend warm-up hook and its own
-warm-ups miss most of our specialisations, so the builder launches every one of
-them on a scratch cache at startup (``warm_up_plan``; list in docs/backend.md).
+No Triton compilation while serving: vLLM's own warm-ups miss most of our
+specialisations, so the builder launches every one of them on a scratch cache at
+startup (``warm_up_plan``; list in docs/backend.md): through vLLM's JIT warm-up
+registry where the release has one (it runs before CUDA-graph capture), else
+when the builder is created.
 
 What is refused at startup, with the reason (see ``validate_configuration``):
 encoder / encoder-only / cross attention and non-causal attention (the kernels are
@@ -47,11 +53,14 @@ fp32 models, KV-cache dtypes other than auto/float16/bfloat16/fp8/fp8_e4m3, a 16
 cache dtype that differs from the model dtype, fp8 below SM 8.9, CUDA below SM 8.0,
 KV connectors (they expect stock's packed layout), batch invariance, ALiBi-sqrt,
 multimodal prefix-LM attention, per-head quant scales, decode/prefill context
-parallelism, and stock subclasses built on stock internals (TRITON_ATTN_DIFFKV).
+parallelism, device-side query lengths that differ from the host's (adaptive
+speculative verification), stock subclasses built on stock internals
+(TRITON_ATTN_DIFFKV), and stock composites that share stock TRITON_ATTN's cache
+layout with another backend (TRITON_FLASH_ATTN, TRITON_FLASHINFER).
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -79,7 +88,7 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
     MultipleOf,
 )
-from vllm.v1.kv_cache_interface import AttentionSpec
+from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheSpec
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -295,7 +304,9 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         )
         self._warm_up_enabled = self.device.type == "cuda"
         if self._warm_up_enabled:
-            self.warm_up(_guess_block_table_stride(vllm_config, kv_cache_spec))
+            stride = _guess_block_table_stride(vllm_config, kv_cache_spec)
+            if not _register_jit_warm_up(self, stride):
+                self.warm_up(stride)
 
     @staticmethod
     def _num_q_heads(vllm_config: "VllmConfig", layer_names: list[str]) -> int:
@@ -576,6 +587,47 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         )
 
 
+@dataclass(frozen=True)
+class _WarmUpKey:
+    builder: TritonAttentionMetadataBuilder
+    block_table_stride: int
+
+
+_JIT_WARM_UP = None  # the vLLM JIT-kernel object, made on first use
+
+
+def _register_jit_warm_up(
+    builder: TritonAttentionMetadataBuilder, block_table_stride: int
+) -> bool:
+    """Hand ``builder``'s warm-up to vLLM's JIT warm-up registry, which runs it with
+    the other kernels' before CUDA-graph capture. False where the vLLM release has
+    no registry (the builder then warms up at once)."""
+    global _JIT_WARM_UP
+    try:
+        from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
+    except ImportError:
+        return False
+    if _JIT_WARM_UP is None:
+
+        class TritonAttentionWarmUp(VllmJitKernel):
+            """One key per builder and block-table stride; compiling a key runs
+            that builder's warm-up batches (``warm_up_plan``)."""
+
+            CompileKey = _WarmUpKey
+
+            def get_warmup_keys(self, builder, block_table_stride):
+                return [_WarmUpKey(builder, block_table_stride)]
+
+            def compile(self, compile_key: _WarmUpKey) -> None:
+                compile_key.builder.warm_up(compile_key.block_table_stride)
+
+        _JIT_WARM_UP = TritonAttentionWarmUp()
+    # build() must not warm this stride class up again before the registry does.
+    builder._warmed_stride_classes.add(_stride_class(block_table_stride))
+    _JIT_WARM_UP.register_warmup(builder, block_table_stride)
+    return True
+
+
 # ----------------------------------------------------------------------------------
 # Backend (capabilities)
 # ----------------------------------------------------------------------------------
@@ -602,7 +654,10 @@ class TritonAttentionBackend(AttentionBackend):
         return TritonAttentionMetadataBuilder
 
     @staticmethod
-    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+    def get_supported_kernel_block_sizes(
+        kv_cache_spec: "KVCacheSpec | None" = None,
+    ) -> list[int | MultipleOf]:
+        # The same for every spec (later vLLM releases pass the layer's spec).
         return list(SUPPORTED_BLOCK_SIZES)
 
     @classmethod
@@ -650,6 +705,42 @@ class TritonAttentionBackend(AttentionBackend):
         if include_num_layers_dimension:
             return (1, 0, 2, 3, 4, 5)
         return (0, 1, 2, 3, 4)
+
+    @classmethod
+    def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
+        """The layout above in the terms of releases that build the cache view
+        from the spec: a page holds ``2 * num_kv_heads`` head slots (all K heads,
+        then all V heads) of ``head_size`` values each, so the view is
+        ``[num_blocks, 2 * num_kv_heads, block_size, head_size]`` and page sizes
+        equal stock's. Specs this layout does not cover (already customised, K and
+        V of different head sizes, refused subclasses) are returned unchanged."""
+        if (
+            _incompatible_subclass_reason(cls) is not None
+            or getattr(spec, "num_head_slots", None) is not None
+            or getattr(spec, "state_content_bytes", None) is not None
+            or getattr(spec, "head_size_v", spec.head_size) != spec.head_size
+        ):
+            return spec
+        return replace(
+            spec,
+            num_head_slots=2 * spec.num_kv_heads,
+            state_content_bytes=spec.head_size * spec.dtype.itemsize,
+        )
+
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple:
+        """Layouts (of logical ``[layers, blocks, heads, tokens, content]``) that
+        keep each head's page a dense ``[block_size, head_size]`` slice: heads
+        inside a block, tokens inside a head. Layer-major first."""
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+
+        return (KVCacheLayout.LBHNC, KVCacheLayout.BLHNC)
+
+    @classmethod
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
+        # build() splits decodes from prefills by the host's query lengths
+        # (query_start_loc_cpu); they must be the device's.
+        return False
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
@@ -724,6 +815,13 @@ class TritonAttentionBackend(AttentionBackend):
             "prefix-LM (bidirectional image tokens) not supported (causal only)",
             "per-head quant scales not supported": "per-head KV quant scales not "
             "supported (fp8 uses per-tensor k/v scales)",
+            "DCP not supported": "decode context parallelism not supported (the "
+            "decode kernel returns no softmax LSE)",
+            "R-SWA not supported": "R-SWA not supported",
+            "device-cpu query lens mismatch not supported, this is needed for "
+            "adaptive verification": "adaptive speculative verification not "
+            "supported (the batch is planned from the host's query lengths); "
+            "turn it off or use FLASH_ATTN",
         }
         reasons = [explain.get(reason, reason) for reason in reasons]
         foreign = _incompatible_subclass_reason(cls)
@@ -870,7 +968,12 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
             self._kernel_sinks = self.sinks.to(torch.float32)
 
     def _cache_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V views ``[num_blocks, num_kv_heads, block_size, head_size]``."""
+        """K and V views ``[num_blocks, num_kv_heads, block_size, head_size]`` of
+        the layer's cache, given as ``[num_blocks, 2, num_kv_heads, ...]`` or, by
+        releases that build it from ``customize_spec``, ``[num_blocks,
+        2 * num_kv_heads, ...]`` (a view either way; strides are kept)."""
+        if kv_cache.dim() == 4:
+            kv_cache = kv_cache.unflatten(1, (2, self.num_kv_heads))
         if self._fp8_dtype is not None:
             # vLLM allocates fp8 caches as uint8.
             kv_cache = kv_cache.view(self._fp8_dtype)
@@ -975,3 +1078,45 @@ class RocmAttentionBackend(TritonAttentionBackend):
             "and will be removed. Use --attention-backend TRITON_ATTN."
         )
         return TritonAttentionImpl
+
+
+# ----------------------------------------------------------------------------------
+# Stock composites that cannot run on this backend
+# ----------------------------------------------------------------------------------
+
+
+def _unavailable_composite(name: str) -> type[AttentionBackend]:
+    """A stand-in for stock composite backend ``name``, registered in its place on
+    vLLM releases that have it (envs_patch/registry.toml). The composite routes each
+    batch to stock TRITON_ATTN or to another backend over one shared KV cache, so
+    it needs TRITON_ATTN to lay the cache out as the other backend does; this
+    TRITON_ATTN lays it out for its own kernels. Selecting it fails at startup
+    saying so, and vLLM's automatic selection skips it."""
+    reason = (
+        f"{name} is not available with this fork: it shares one KV cache between "
+        "stock TRITON_ATTN and another backend, and this TRITON_ATTN keeps its own "
+        "cache layout; use --attention-backend TRITON_ATTN or FLASH_ATTN"
+    )
+
+    class UnavailableCompositeBackend(AttentionBackend):
+        @staticmethod
+        def get_name() -> str:
+            return name
+
+        @staticmethod
+        def get_impl_cls():
+            raise RuntimeError(reason)
+
+        @staticmethod
+        def get_builder_cls():
+            raise RuntimeError(reason)
+
+        @classmethod
+        def validate_configuration(cls, **config) -> list[str]:
+            return [reason]
+
+    return UnavailableCompositeBackend
+
+
+TritonFlashAttentionUnavailable = _unavailable_composite("TRITON_FLASH_ATTN")
+TritonFlashInferUnavailable = _unavailable_composite("TRITON_FLASHINFER")
