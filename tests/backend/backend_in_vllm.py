@@ -506,6 +506,37 @@ def check_kv_cache_in_model_runner():
 NUM_Q_HEADS, NUM_KV_HEADS = 4, 2
 
 
+def check_warm_up_registry():
+    """Releases with vLLM's JIT warm-up registry: the builder's warm-up is
+    registered there (once per builder and stride) and runs when the registry
+    does; releases without one warm up at once."""
+    from vllm.v1.attention.backends import triton_attn
+
+    calls = []
+
+    class Builder:  # hashable, as the real builder is
+        _warmed_stride_classes: set = set()
+
+        def warm_up(self, stride):
+            calls.append(stride)
+
+    builder = Builder()
+    try:
+        from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
+    except ImportError:
+        assert triton_attn._register_jit_warm_up(builder, 64) is False
+        return "no JIT warm-up registry in this release: the builder warms up itself"
+    registry = JitWarmupRegistry(vllm_config=None)
+    with registry.activate():
+        assert triton_attn._register_jit_warm_up(builder, 64) is True
+        assert triton_attn._register_jit_warm_up(builder, 64) is True  # deduplicated
+    assert calls == [], "the warm-up ran before the registry's turn"
+    assert builder._warmed_stride_classes == {triton_attn._stride_class(64)}
+    registry.warmup()
+    assert calls == [64], calls
+    return "warm-up registered with vLLM's JIT warm-up registry"
+
+
 def _fake_vllm_config(max_num_seqs=16, max_num_batched_tokens=256):
     """The parts of VllmConfig the builder reads (VllmConfig() itself needs the
     engine's optional dependencies, absent from the CPU test environment)."""
