@@ -1,12 +1,13 @@
-"""Shared plumbing of the serving, e2e and accuracy harnesses (standard library only).
+"""Shared plumbing of the benchmark scripts (standard library only).
 
-- ``Backend``: one measured configuration: an install (``stock`` vLLM at
-  ``/tmp/site`` or the ``fork`` at ``/tmp/site-fork``, both overridable) and an
-  attention backend name. Each backend runs in its own process with its own
-  ``PYTHONPATH``.
-- Environment facts recorded with every result: GPU, driver, commit, versions.
-- ``run_logged``: a subprocess with a hard timeout whose output goes to a log file, and
-  whose log tail is printed when it fails.
+- ``Backend``: one measured configuration: an install (``stock`` vLLM or the ``fork``)
+  and an attention backend name.
+- ``Install``: how to run one install: a Python executable and, optionally, a site
+  directory put first on ``PYTHONPATH``. Given on the command line as
+  ``--python stock=/venv-a/bin/python --site fork=/path/to/site`` (both optional; the
+  default is the Python running the script with its own environment).
+- Provenance recorded with every result: GPU, driver, commit, library versions.
+- ``run_logged``: a subprocess in its own process group with a timeout, output to a log.
 """
 
 from __future__ import annotations
@@ -16,20 +17,26 @@ import json
 import os
 import re
 import shlex
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-
-# Where the two installs live on the GPU host. Override with --site-stock/--site-fork
-# or the environment variables of the same name.
-DEFAULT_SITES = {"stock": "/tmp/site", "fork": "/tmp/site-fork"}
-SITE_ENV = {"stock": "BENCH_SITE_STOCK", "fork": "BENCH_SITE_FORK"}
 BASELINE = "FLASH_ATTN"
+INSTALLS = ("stock", "fork")
+INSTALL_HINT = {
+    "fork": "install the fork there with `pip install .` from this repository, or "
+    "`python setup.py patch --site-packages DIR` for an existing vLLM 0.26.0",
+    "stock": "install stock vLLM there with `pip install vllm==0.26.0`",
+}
 
 
 @dataclass(frozen=True)
@@ -38,188 +45,184 @@ class Backend:
     install: str  # "stock" | "fork"
     attention_backend: str  # vLLM AttentionBackendEnum name
 
-    def site(self, sites: dict[str, str]) -> str:
-        return sites[self.install]
-
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-# All backends the harnesses know, by label.
 BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
         Backend("FLASH_ATTN", "stock", "FLASH_ATTN"),
-        Backend("TRITON_ATTN-stock", "stock", "TRITON_ATTN"),
         Backend("TRITON_ATTN-fork", "fork", "TRITON_ATTN"),
+        Backend("TRITON_ATTN-stock", "stock", "TRITON_ATTN"),
         Backend("ROCM_ATTN-stock", "stock", "ROCM_ATTN"),
     )
 }
 
 
+def pick(kind: str, text: str, known) -> list[str]:
+    """Comma-separated names, each one of ``known``; otherwise exit with the list."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    for name in names:
+        if name not in known:
+            raise SystemExit(f"unknown {kind} {name!r}; valid: {', '.join(known)}")
+    if not names:
+        raise SystemExit(f"no {kind} given; valid: {', '.join(known)}")
+    return names
+
+
 def parse_backends(text: str) -> list[Backend]:
-    """Comma-separated labels -> backends; unknown labels are an error that lists the
-    known ones."""
-    out = []
-    for label in (s.strip() for s in text.split(",")):
-        if not label:
-            continue
-        if label not in BACKENDS:
-            raise SystemExit(f"unknown backend {label!r}; known: {', '.join(BACKENDS)}")
-        out.append(BACKENDS[label])
-    if not out:
-        raise SystemExit("no backends given")
+    return [BACKENDS[n] for n in pick("backend", text, BACKENDS)]
+
+
+@dataclass(frozen=True)
+class Install:
+    python: str
+    site: str | None = None
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.site:
+            old = env.get("PYTHONPATH")
+            env["PYTHONPATH"] = self.site + (os.pathsep + old if old else "")
+        for k in ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
+            env.setdefault(k, "1")
+        return env
+
+
+def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or name not in INSTALLS or not value:
+            raise SystemExit(f"{flag} takes INSTALL=PATH with INSTALL in {INSTALLS}")
+        out[name] = value
     return out
 
 
-def resolve_sites(stock: str | None = None, fork: str | None = None) -> dict[str, str]:
-    sites = {k: os.environ.get(SITE_ENV[k], v) for k, v in DEFAULT_SITES.items()}
-    if stock:
-        sites["stock"] = stock
-    if fork:
-        sites["fork"] = fork
-    return sites
+def parse_installs(pythons: list[str] | None, sites: list[str] | None) -> dict:
+    py, site = _pairs(pythons, "--python"), _pairs(sites, "--site")
+    return {i: Install(py.get(i, sys.executable), site.get(i)) for i in INSTALLS}
 
 
-def site_problem(backend: Backend, sites: dict[str, str]) -> str | None:
-    """Why ``backend``'s install cannot run (printed loudly by the callers, which go
-    on with the other backends), or None."""
-    site = Path(backend.site(sites))
-    if not (site / "vllm" / "__init__.py").is_file():
-        return (
-            f"{backend.name}: no vLLM at {site} (install {backend.install!r}); "
-            f"unpack stock vLLM there or pass --site-{backend.install}"
-        )
-    return None
-
-
-def backend_env(backend: Backend, sites: dict[str, str]) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = backend.site(sites)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.setdefault("VLLM_NO_USAGE_STATS", "1")
-    env.setdefault("DO_NOT_TRACK", "1")
-    return env
-
-
-def git_commit() -> str:
-    env_commit = os.environ.get("BENCH_COMMIT")
-    if env_commit:
-        return env_commit
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=REPO,
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO,
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    if not sha:
-        return "unknown"
-    return sha + ("-dirty" if dirty else "")
-
-
-def gpu_info() -> dict[str, str]:
-    try:
-        out = (
-            subprocess.run(
-                [
-                    "nvidia-smi",
-                    "--query-gpu=name,driver_version",
-                    "--format=csv,noheader",
-                ],
-                check=False,
-                capture_output=True,
-                text=True,
-                timeout=20,
-            )
-            .stdout.strip()
-            .splitlines()
-        )
-    except (OSError, subprocess.SubprocessError):
-        out = []
-    if not out:
-        return {"gpu": "unknown", "driver": "unknown", "num_gpus": "0"}
-    name, _, driver = out[0].partition(",")
-    return {"gpu": name.strip(), "driver": driver.strip(), "num_gpus": str(len(out))}
+def add_install_args(p) -> None:
+    p.add_argument(
+        "--python",
+        action="append",
+        metavar="INSTALL=PATH",
+        help="Python executable of an install (stock|fork); default: this Python",
+    )
+    p.add_argument(
+        "--site",
+        action="append",
+        metavar="INSTALL=DIR",
+        help="site directory put first on PYTHONPATH for an install (stock|fork)",
+    )
 
 
 _VERSION_PROBE = (
-    "import json, importlib.metadata as m\n"
+    "import json, importlib.metadata as m, importlib.util as u\n"
     "def v(n):\n"
     "    try: return m.version(n)\n"
-    "    except Exception: return 'missing'\n"
-    "print(json.dumps({n: v(n) for n in ('torch', 'triton', 'vllm', 'transformers')}))"
+    "    except Exception: return None\n"
+    "out = {n: v(n) for n in ('vllm', 'torch', 'triton', 'transformers')}\n"
+    "s = u.find_spec('vllm')\n"
+    "out['vllm_path'] = s.origin if s else None\n"
+    "if s and s.origin and not out['vllm']:  # a site without package metadata\n"
+    "    import vllm; out['vllm'] = getattr(vllm, '__version__', None)\n"
+    "print(json.dumps(out))"
 )
 
 
-def library_versions(pythonpath: str | None) -> dict[str, str]:
-    """Versions seen by a Python process with ``pythonpath`` (no vLLM import: fast)."""
-    env = dict(os.environ)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = pythonpath
+def library_versions(inst: Install | None = None) -> dict:
+    """Versions that ``inst``'s Python sees (vLLM is imported only when its package
+    metadata is missing)."""
+    inst = inst or Install(sys.executable)
     try:
         res = subprocess.run(
-            [sys.executable, "-c", _VERSION_PROBE],
-            env=env,
-            check=False,
+            [inst.python, "-c", _VERSION_PROBE],
+            env=inst.env(),
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=120,
+            cwd=tempfile.gettempdir(),  # not the repository, whose vllm/ is partial
         )
         return json.loads(res.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return {}
 
 
-def environment(pythonpath: str | None = None) -> dict:
+def require_vllm(name: str, inst: Install) -> dict:
+    """``library_versions`` of an install that has vLLM; otherwise exit with one line
+    that says how to install it."""
+    versions = library_versions(inst)
+    if not versions.get("vllm_path"):
+        where = inst.python + (f" with PYTHONPATH={inst.site}" if inst.site else "")
+        raise SystemExit(
+            f"no vLLM for install {name!r} ({where}): {INSTALL_HINT[name]}"
+        )
+    return versions
+
+
+def git_commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+
+    try:
+        sha = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
+
+
+def gpu_info() -> dict[str, str]:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    lines = out.splitlines()
+    if not lines:
+        return {"gpu": "unknown", "driver": "unknown", "num_gpus": 0}
+    name, _, driver = lines[0].partition(",")
+    return {"gpu": name.strip(), "driver": driver.strip(), "num_gpus": len(lines)}
+
+
+# Environment variables that change what a run does; recorded with each result.
+RUN_SETTING_PREFIXES = ("VLLM_", "NCCL_", "TORCH_SYMM_MEM_", "CUDA_VISIBLE_DEVICES")
+
+
+def environment(inst: Install | None = None) -> dict:
     info = {
         "commit": git_commit(),
         "python": sys.version.split()[0],
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     info.update(gpu_info())
-    info.update(library_versions(pythonpath))
-    info["settings"] = run_settings()
-    return info
-
-
-# Environment variables that change what a run does (device choice, vLLM and NCCL
-# options): recorded with each result, as the command alone does not say all of it.
-RUN_SETTING_PREFIXES = ("VLLM_", "NCCL_", "TORCH_SYMM_MEM_", "CUDA_VISIBLE_DEVICES")
-
-
-def run_settings() -> dict[str, str]:
-    return {
+    info.update(library_versions(inst))
+    info["settings"] = {
         k: v
         for k, v in sorted(os.environ.items())
         if k.startswith(RUN_SETTING_PREFIXES)
     }
+    return info
 
 
-# What vLLM's JIT monitor (vllm/utils/jit_monitor.py, activated in every worker after
-# its warm-up) logs when Triton compiles a kernel while serving: once per kernel and
-# process, "Triton kernel JIT compilation during inference: <kernel>. This causes ...".
+# What vLLM's JIT monitor logs when Triton compiles a kernel while serving.
 LATE_JIT_RE = re.compile(
     r"Triton kernel JIT compilation during inference: ([\w.<>]+?)[.(\s]"
 )
 
 
 def late_jit_compiles(lines) -> list[str]:
-    """The kernels vLLM's JIT monitor reports as compiled while serving, one entry per
-    report (so per kernel and process), in order."""
+    """Kernels vLLM's JIT monitor reports as compiled while serving, in order."""
     return [m.group(1) for line in lines for m in LATE_JIT_RE.finditer(line)]
 
 
@@ -232,10 +235,9 @@ def late_jit_compiles_in(path: Path) -> list[str]:
 
 def tail(path: Path, lines: int = 60) -> str:
     try:
-        text = path.read_text(errors="replace").splitlines()
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return f"(no log at {path})"
-    return "\n".join(text[-lines:])
 
 
 def run_logged(
@@ -247,13 +249,10 @@ def run_logged(
     what: str,
     cwd: Path | None = None,
 ) -> int:
-    """Run ``cmd`` with output to ``log`` (and echoed live); kill it after
+    """Run ``cmd`` with output to ``log`` (and echoed); kill its process group after
     ``timeout_s``. Returns the exit code (124 on timeout)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    print(
-        f"[{what}] $ {shlex.join(cmd)}  (timeout {timeout_s:.0f}s, log {log})",
-        flush=True,
-    )
+    print(f"[{what}] $ {shlex.join(cmd)}  (log {log})", flush=True)
     with open(log, "w") as fh:
         proc = subprocess.Popen(
             cmd,
@@ -281,20 +280,13 @@ def run_logged(
         except subprocess.TimeoutExpired:
             kill_group(proc)
             reader.join(timeout=5)
-            print(
-                f"[{what}] TIMEOUT after {timeout_s:.0f}s; log tail:\n{tail(log)}",
-                flush=True,
-            )
+            print(f"[{what}] TIMEOUT after {timeout_s:.0f}s:\n{tail(log)}", flush=True)
             return 124
         reader.join(timeout=10)
-        # Engine helper processes may outlive the leader for a moment; the next
-        # backend must not start while they still hold GPU memory.
+        # Engine helper processes may outlive the leader; free the GPU first.
         kill_group(proc)
     if proc.returncode != 0:
-        print(
-            f"[{what}] FAILED (exit {proc.returncode}); log tail:\n{tail(log)}",
-            flush=True,
-        )
+        print(f"[{what}] FAILED (exit {proc.returncode}):\n{tail(log)}", flush=True)
     return proc.returncode
 
 
@@ -318,11 +310,8 @@ def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
 
 
 def kill_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """End the process group that ``proc`` leads (started with ``start_new_session``):
-    SIGTERM, then SIGKILL for whatever lingers after ``grace_s``. Returns once no
-    process of the group is left, so the next engine finds the GPU memory free."""
-    import signal
-
+    """SIGTERM the process group ``proc`` leads, SIGKILL what lingers; returns once
+    the group is gone."""
     pgid = proc.pid
     if proc.poll() is None or _group_alive(pgid):
         with contextlib.suppress(ProcessLookupError):
@@ -336,43 +325,52 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     proc.wait(timeout=grace_s)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_server(cmd: list[str], env, port: int, log: Path, timeout_s: float):
+    """Start ``vllm serve`` (own process group, output to ``log``) and wait for
+    /health; yields the process, or None if it did not come up (log tail printed)."""
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=log.parent,  # not the repository, whose vllm/ is partial
+        )
+        try:
+            t0 = time.monotonic()
+            while proc.poll() is None and time.monotonic() - t0 < timeout_s:
+                try:
+                    url = f"http://127.0.0.1:{port}/health"
+                    with urllib.request.urlopen(url, timeout=5) as resp:
+                        if resp.status == 200:
+                            break
+                except (urllib.error.URLError, ConnectionError, OSError):
+                    pass
+                time.sleep(0.5)
+            else:
+                print(f"server did not come up:\n{tail(log, 80)}", flush=True)
+                yield None
+                return
+            yield proc
+        finally:
+            kill_group(proc)
+
+
 def read_json(path: Path):
     return json.loads(Path(path).read_text())
 
 
 def write_json(path: Path, body) -> None:
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(body, indent=2, sort_keys=False) + "\n")
+    tmp.write_text(json.dumps(body, indent=2) + "\n")
     tmp.replace(path)
-
-
-class Budget:
-    """Wall-clock budget of one invocation (``None`` = unlimited): how long the next
-    subprocess may run, and whether new work may still start."""
-
-    def __init__(self, seconds: float | None, margin_s: float = 20.0):
-        self.t0 = time.monotonic()
-        self.seconds = seconds
-        self.margin_s = margin_s
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.t0
-
-    def remaining(self) -> float:
-        if self.seconds is None:
-            return float("inf")
-        return self.seconds - self.margin_s - self.elapsed()
-
-    def allows(self, needed_s: float = 0.0) -> bool:
-        return self.remaining() > needed_s
-
-    def timeout(self, wanted_s: float) -> float:
-        return max(1.0, min(wanted_s, self.remaining()))
-
-
-def gpu_tag() -> str:
-    """``-gpu<i>`` when the run is pinned to one GPU of several: two runs side by
-    side on a two-GPU host write two result files; no ratio is formed across GPUs."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    return f"-gpu{visible}" if visible.isdigit() else ""

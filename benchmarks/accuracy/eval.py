@@ -1,6 +1,6 @@
 """Accuracy of the tiny trained model through vLLM, per attention backend.
 
-Each backend runs in its own process (``PYTHONPATH`` = its install) and answers the
+Each backend runs in its own process (its install's Python and site) and answers the
 same problems greedily: ``addition`` (short prompts) and ``recall`` (5-8k-token prompts
 whose answer sits >= 4096 tokens back: many KV pages, chunked prefill with
 ``max_num_batched_tokens=2048``, long-context decode). The report is the lm_eval table
@@ -8,8 +8,10 @@ the seed PRs show, with stderr = sqrt(p(1-p)/n), plus how many answers differ fr
 FLASH_ATTN's. Pass: every task's accuracy of every non-baseline backend is within one
 FLASH_ATTN standard error of FLASH_ATTN's.
 
-    python3 benchmarks/accuracy/eval.py --model-dir benchmarks/accuracy/model \
-        --out-dir $OUT/accuracy   # resumes: backends with a result file are skipped
+    python benchmarks/accuracy/eval.py --model-dir MODEL --out-dir OUT \
+        [--python fork=... --site fork=...]  # resumes: finished backends are skipped
+
+``MODEL`` is what ``benchmarks/accuracy/train_tiny.py --out MODEL`` writes.
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ def worker(args) -> int:
         "n_per_task": args.n,
         "seed": args.seed,
         "vllm": vllm.__version__,
-        "torch": harness.library_versions(None).get("torch"),
+        "torch": harness.library_versions().get("torch"),
         "load_s": round(load_s, 1),
         "generate_s": round(gen_s, 1),
         "summary": summarize(problems, generated),
@@ -188,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--model-dir", type=Path, default=REPO / "benchmarks/accuracy/model")
-    p.add_argument("--out-dir", type=Path, default=REPO / "benchmarks/results/accuracy")
+    p.add_argument("--model-dir", type=Path, required=True, help="train_tiny.py --out")
+    p.add_argument("--out-dir", type=Path, help="result files (required)")
     p.add_argument("--backends", default=DEFAULT_BACKENDS)
     p.add_argument("--n", type=int, default=500, help="problems per task")
     p.add_argument("--seed", type=int, default=2024)
@@ -200,17 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip torch.compile/CUDA graphs (faster start, less realistic)",
     )
-    p.add_argument("--timeout-s", type=float, default=420.0, help="per backend")
-    p.add_argument(
-        "--budget-s",
-        type=float,
-        default=None,
-        help="bound this invocation: a backend starts only with --start-allowance-s "
-        "left and gets at most the rest (rerun to resume with the others)",
-    )
-    p.add_argument("--start-allowance-s", type=float, default=240.0)
-    p.add_argument("--site-stock")
-    p.add_argument("--site-fork")
+    p.add_argument("--timeout-s", type=float, default=1800.0, help="per backend")
+    harness.add_install_args(p)
     p.add_argument("--redo", action="store_true", help="ignore existing result files")
     # worker-only arguments
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -221,33 +214,29 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.out_dir is None:
+        p.error("--out-dir is required")
 
     if not (args.model_dir / "config.json").is_file():
         raise SystemExit(
             f"no trained model at {args.model_dir}; run train_tiny.py first"
         )
     backends = harness.parse_backends(args.backends)
-    sites = harness.resolve_sites(args.site_stock, args.site_fork)
+    installs = harness.parse_installs(args.python, args.site)
+    for name in dict.fromkeys(b.install for b in backends):
+        harness.require_vllm(name, installs[name])
+    args.out_dir = args.out_dir.resolve()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.kv_cache_dtype == "auto" else f"-kv{args.kv_cache_dtype}"
     failed = []
-    budget = harness.Budget(args.budget_s)
     for b in backends:
         result = args.out_dir / f"{b.name}{suffix}.json"
         if result.is_file() and not args.redo:
             print(f"[accuracy] {b.name}: have {result}, skipping (--redo to rerun)")
             continue
-        if not budget.allows(args.start_allowance_s):
-            print(f"[accuracy] budget spent; {b.name} not started (rerun to resume)")
-            failed.append(b.name)
-            continue
-        problem = harness.site_problem(b, sites)
-        if problem:
-            print(f"[accuracy] FAILED: {problem}", flush=True)
-            failed.append(b.name)
-            continue
+        inst = installs[b.install]
         cmd = [
-            sys.executable,
+            inst.python,
             str(Path(__file__).resolve()),
             "--worker",
             "--label",
@@ -273,11 +262,11 @@ def main(argv: list[str] | None = None) -> int:
             cmd.append("--enforce-eager")
         rc = harness.run_logged(
             cmd,
-            env=harness.backend_env(b, sites),
+            env=inst.env(),
             log=args.out_dir / f"{b.name}{suffix}.log",
-            timeout_s=budget.timeout(args.timeout_s),
+            timeout_s=args.timeout_s,
             what=f"accuracy {b.name}",
-            cwd=Path("/tmp"),
+            cwd=args.out_dir,  # not the repository, whose vllm/ would shadow vLLM
         )
         if rc != 0:
             failed.append(b.name)
@@ -311,7 +300,7 @@ def build_report(
     if not results:
         return None
     text = [lm_eval_table(label, r["summary"]) + "\n" for label, r in results.items()]
-    environment = harness.environment(None)
+    environment = harness.environment()
     # The orchestrator runs outside the installs: take vLLM's version from the workers.
     environment["vllm"] = {k: r.get("vllm") for k, r in results.items()}
     body = {

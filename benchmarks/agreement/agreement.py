@@ -17,13 +17,13 @@ The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the worker
 can count the Triton kernels of ``vllm.attention.ops`` compiled *after* startup
 (expected 0: the backend warms every specialisation up at startup).
 
-Usage, from the repository root (each side's PYTHONPATH is a vLLM site; the fork's
-site by default, as in benchmarks/gpu_session.sh)::
+Usage, from the repository root, with the fork installed in this Python (or a side's
+vLLM site given by ``--reference-pythonpath`` / ``--backend-pythonpath``)::
 
-    PYTHONPATH=/tmp/site-fork python3 -m benchmarks.agreement.agreement
+    python -m benchmarks.agreement.agreement
     # stock TRITON_ATTN (stock site) against ours:
-    python3 -m benchmarks.agreement.agreement --reference TRITON_ATTN \\
-        --reference-pythonpath /tmp/site --backend-pythonpath /tmp/site-fork
+    python -m benchmarks.agreement.agreement --reference TRITON_ATTN \\
+        --reference-pythonpath STOCK_SITE --backend-pythonpath FORK_SITE
 
 Writes ``benchmarks/results/agreement/<date>-<commit>[-<ref>-vs-<backend>].json``
 with the keys reference, backend, prompts, tokens_compared, tokens_equal,
@@ -105,7 +105,7 @@ def _triton_compiles() -> dict[str, int]:
     return counts
 
 
-# A guard against a hung engine, not a budget: a TP-2 side took ~7 min at c1399dd.
+# A guard against a hung engine: a TP-2 side of Llama-3.1-8B takes ~7 min to start.
 SIDE_TIMEOUT_S = 3600.0
 
 # vLLM's speculative-decoding counters (``vllm:spec_decode_<name>``) kept per run.
@@ -355,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument(
         "--model-dir",
-        help="existing model directory (e.g. /tmp/models/llama-3.1-8b from "
-        "gpu_session.sh setup); default: made from --model in a temp dir",
+        help="existing model directory (from `python -m benchmarks.models`); "
+        "default: made from --model in a temp dir",
     )
     p.add_argument("--prompts-file", help=argparse.SUPPRESS)
     p.add_argument("--speculative", help=argparse.SUPPRESS)
@@ -401,11 +401,11 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
 
     sys.path.insert(0, str(REPO))
-    from benchmarks.harness import environment, git_commit, library_versions
+    from benchmarks.harness import Install, environment, git_commit, library_versions
 
     commit = git_commit()
-    env = environment(args.backend_pythonpath)
-    ref_versions = library_versions(args.reference_pythonpath)
+    env = environment(Install(sys.executable, args.backend_pythonpath))
+    ref_versions = library_versions(Install(sys.executable, args.reference_pythonpath))
     report = {
         "reference": args.reference,
         "backend": args.backend,

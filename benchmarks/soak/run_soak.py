@@ -1,4 +1,4 @@
-"""Serving soak (issue #5): one ``vllm serve`` under steady mixed load for a fixed time.
+"""Serving soak: one ``vllm serve`` under steady mixed load for a fixed time.
 
 Starts the server of one backend (prefix caching on, the vLLM default), then keeps
 ``--concurrency`` client threads busy for ``--duration-s`` with streamed
@@ -12,8 +12,10 @@ Pass: no request error (cancellations are not errors), the server still healthy 
 end, the fixed request's answer unchanged, and GPU memory used at the end no more than
 ``--max-growth-mib`` above the level after the first ``--settle-s`` of load.
 
-    python3 benchmarks/soak/run_soak.py --model-dir /tmp/models/llama-3.1-8b \
-        --backend TRITON_ATTN-fork --duration-s 1800 --out-dir results/soak
+    python -m benchmarks.models models llama-3.1-8b
+    python benchmarks/soak/run_soak.py --model-dir models/llama-3.1-8b \
+        --backend TRITON_ATTN-fork --duration-s 1800 --out-dir OUT \
+        [--python fork=... --site fork=...]
 
 Writes ``<out-dir>/<date>-<commit>-<backend>-<minutes>min.json``.
 """
@@ -40,12 +42,12 @@ if str(REPO) not in sys.path:
 
 from benchmarks import harness  # noqa: E402
 from benchmarks.models.configs import BENCH_TOKENIZER_VOCAB  # noqa: E402
-from benchmarks.serving.run_serving import free_port, running_server  # noqa: E402
-from benchmarks.serving.workloads import serve_command  # noqa: E402
+
+SERVER_MAX_MODEL_LEN = 12288
 
 # Request mix, as data: (share, min prompt tokens, max prompt tokens).
 # With a shared prefix (<= 2048) and the output (<= 256) the longest request stays
-# inside the server's max_model_len (SERVER_MAX_MODEL_LEN, 12288).
+# inside the server's max_model_len (SERVER_MAX_MODEL_LEN).
 LENGTH_MIX = [(0.70, 16, 512), (0.25, 512, 4096), (0.05, 4096, 9000)]
 MAX_OUTPUT_TOKENS = 256
 SHARED_PREFIXES = 8  # distinct long prefixes, 1024-2048 tokens each
@@ -193,7 +195,7 @@ def same_answer(before: list[dict], after: dict) -> bool:
 def nvidia_smi_query(visible: str | None) -> list[str]:
     """The memory query, limited to the server's GPUs when CUDA_VISIBLE_DEVICES names
     them (another job may use the host's other GPUs). nvidia-smi counts GPUs in PCI
-    bus order: gpu_session.sh sets CUDA_DEVICE_ORDER=PCI_BUS_ID so the indices agree."""
+    bus order: set CUDA_DEVICE_ORDER=PCI_BUS_ID so that the indices agree."""
     cmd = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
     if visible and visible.strip():
         cmd += ["-i", visible.strip()]
@@ -317,28 +319,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-growth-mib", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--startup-timeout-s", type=float, default=600.0)
-    p.add_argument("--out-dir", type=Path, default=REPO / "benchmarks/results/soak")
-    p.add_argument("--site-stock")
-    p.add_argument("--site-fork")
+    p.add_argument("--out-dir", type=Path, required=True)
+    harness.add_install_args(p)
     args = p.parse_args(argv)
 
     (backend,) = harness.parse_backends(args.backend)
-    sites = harness.resolve_sites(args.site_stock, args.site_fork)
-    problem = harness.site_problem(backend, sites)
-    if problem:
-        raise SystemExit(f"soak: {problem}")
+    inst = harness.parse_installs(args.python, args.site)[backend.install]
+    harness.require_vllm(backend.install, inst)
+    args.out_dir = args.out_dir.resolve()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = harness.free_port()
     model = args.model_dir.name
-    cmd = serve_command(
-        sys.executable,
+    cmd = [
+        inst.python, "-m", "vllm.entrypoints.cli.main", "serve",
         str(args.model_dir.resolve()),
-        model,
-        port,
-        backend.attention_backend,
-        1,
-        prefix_caching=True,
-    )
+        "--served-model-name", model,
+        "--load-format", "dummy",
+        "--dtype", "bfloat16",
+        "--max-model-len", str(SERVER_MAX_MODEL_LEN),
+        "--attention-backend", backend.attention_backend,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--seed", "0",
+    ]  # fmt: skip
     log = args.out_dir / f"soak-{backend.name}-server.log"
     print(f"[soak] $ {shlex.join(cmd)}\n[soak] server log: {log}", flush=True)
     tally, samples = Tally(), []
@@ -347,8 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(FIXED_PROMPT_LEN)
     ]
     started = time.monotonic()
-    env = harness.backend_env(backend, sites)
-    with running_server(cmd, env, port, log, args.startup_timeout_s, "soak") as proc:
+    with harness.running_server(
+        cmd, inst.env(), port, log, args.startup_timeout_s
+    ) as proc:
         if proc is None:
             return 1
         server_up_s = time.monotonic() - started
@@ -362,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = (
         tally.errors == 0 and healthy_end and unchanged and bool(memory.get("ok", True))
     )
-    env = harness.environment(backend.site(sites))
+    env = harness.environment(inst)
     body = {
         "kind": "soak",
         "commit": env.get("commit"),

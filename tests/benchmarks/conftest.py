@@ -1,9 +1,9 @@
-"""Shared fixtures of the benchmark-harness tests (CPU only, fast).
+"""Shared fixtures of the benchmark-script tests (CPU only, fast).
 
-The harnesses run against ``fake_site/vllm``, a stand-in whose ``serve`` answers
-/health, whose ``bench serve`` writes a result file and whose ``LLM`` generates
-deterministic tokens, so process handling, resume and result files are tested here and
-only the real measurements need the GPU host.
+The scripts run against ``fake_site/vllm``, a stand-in whose ``serve`` answers
+/health, whose ``bench throughput`` / ``bench sweep serve`` write result files and whose
+``LLM`` generates deterministic tokens, so process handling, resume and result files
+are tested here and only the real measurements need a GPU.
 """
 
 import sys
@@ -18,18 +18,25 @@ if str(REPO) not in sys.path:
 
 
 @pytest.fixture
-def fake_sites(monkeypatch):
-    """Both installs point at the fake vLLM."""
-    monkeypatch.setenv("BENCH_SITE_STOCK", str(FAKE_SITE))
-    monkeypatch.setenv("BENCH_SITE_FORK", str(FAKE_SITE))
-    monkeypatch.setenv("BENCH_COMMIT", "testcommit")
+def fake_site(monkeypatch):
+    """The fake vLLM's site directory, with a clean environment around it."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     for var in (
         "FAKE_VLLM_WRONG",
+        "FAKE_VLLM_FAIL",
         "FAKE_VLLM_SERVE_FAIL",
         "FAKE_VLLM_SOAK_ERROR_EVERY",
+        "FAKE_VLLM_LATE_BUILDS",
+        "FAKE_VLLM_LOG",
     ):
         monkeypatch.delenv(var, raising=False)
     return FAKE_SITE
+
+
+@pytest.fixture
+def site_args(fake_site):
+    """Command-line arguments that point both installs at the fake vLLM."""
+    return ["--site", f"stock={fake_site}", "--site", f"fork={fake_site}"]
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""Greedy agreement driver (issue #5) against the fake vLLM: the two sides, the
-comparison, the result keys the issue names, and the options reaching the engine."""
+"""Greedy agreement driver against the fake vLLM: the two sides, the comparison, the
+result keys, and the options reaching the engine."""
 
 import json
 import os
@@ -24,7 +24,7 @@ REQUIRED = (
 )
 
 
-def _agree(tmp_path, model_dir, fake_sites, *extra, env_extra=None):
+def _agree(tmp_path, model_dir, fake_site, *extra, env_extra=None):
     env = dict(os.environ, **(env_extra or {}))
     out = tmp_path / "agree.json"
     r = subprocess.run(
@@ -35,9 +35,9 @@ def _agree(tmp_path, model_dir, fake_sites, *extra, env_extra=None):
             "--model-dir",
             str(model_dir),
             "--reference-pythonpath",
-            str(fake_sites),
+            str(fake_site),
             "--backend-pythonpath",
-            str(fake_sites),
+            str(fake_site),
             "--prompts",
             "20",
             "--tokens",
@@ -56,8 +56,8 @@ def _agree(tmp_path, model_dir, fake_sites, *extra, env_extra=None):
     return r.stdout, json.loads(out.read_text())
 
 
-def test_identical_sides_agree_fully(tmp_path, fake_sites, model_dir_8b):
-    stdout, body = _agree(tmp_path, model_dir_8b, fake_sites, "--kv-cache-dtype", "fp8")
+def test_identical_sides_agree_fully(tmp_path, fake_site, model_dir_8b):
+    stdout, body = _agree(tmp_path, model_dir_8b, fake_site, "--kv-cache-dtype", "fp8")
     assert all(k in body for k in REQUIRED)
     assert body["fraction_equal"] == 1.0 and body["tokens_compared"] == 20 * 8
     assert body["kv_cache_dtype"] == "fp8"
@@ -69,11 +69,11 @@ def test_identical_sides_agree_fully(tmp_path, fake_sites, model_dir_8b):
     assert "driver" in body and isinstance(body["settings"], dict)
 
 
-def test_a_differing_backend_is_counted(tmp_path, fake_sites, model_dir_8b):
+def test_a_differing_backend_is_counted(tmp_path, fake_site, model_dir_8b):
     _, body = _agree(
         tmp_path,
         model_dir_8b,
-        fake_sites,
+        fake_site,
         env_extra={"FAKE_VLLM_WRONG": "TRITON_ATTN"},
     )
     assert body["prompts_diverged"] == 2  # prompts 0 and 10
@@ -82,14 +82,14 @@ def test_a_differing_backend_is_counted(tmp_path, fake_sites, model_dir_8b):
 
 
 def test_compiles_while_serving_are_read_from_every_process(
-    tmp_path, fake_sites, model_dir_8b
+    tmp_path, fake_site, model_dir_8b
 ):
     """vLLM's JIT-monitor reports are read from the output of the run and of its
     child processes (tensor-parallel workers log there)."""
     _, body = _agree(
         tmp_path,
         model_dir_8b,
-        fake_sites,
+        fake_site,
         env_extra={"FAKE_VLLM_LATE_BUILDS": "TRITON_ATTN:3"},
     )
     sides = body["sides"]
@@ -122,19 +122,19 @@ def test_prompts_mix_lengths_and_share_a_prefix():
 
 
 def test_work_dir_reuses_a_finished_side_only_for_the_same_run(
-    tmp_path, fake_sites, model_dir_8b
+    tmp_path, fake_site, model_dir_8b
 ):
     work = str(tmp_path / "work")
-    first, _ = _agree(tmp_path, model_dir_8b, fake_sites, "--work-dir", work)
+    first, _ = _agree(tmp_path, model_dir_8b, fake_site, "--work-dir", work)
     assert "reusing" not in first
     (tmp_path / "work" / "backend.json").unlink()  # as if the call ended mid-way
-    again, body = _agree(tmp_path, model_dir_8b, fake_sites, "--work-dir", work)
+    again, body = _agree(tmp_path, model_dir_8b, fake_site, "--work-dir", work)
     assert again.count("reusing") == 1 and "FLASH_ATTN: reusing" in again
     assert body["fraction_equal"] == 1.0
     other, _ = _agree(
         tmp_path,
         model_dir_8b,
-        fake_sites,
+        fake_site,
         "--work-dir",
         work,
         "--kv-cache-dtype",
@@ -144,15 +144,15 @@ def test_work_dir_reuses_a_finished_side_only_for_the_same_run(
 
 
 def test_reference_only_keeps_that_side_and_writes_no_result(
-    tmp_path, fake_sites, model_dir_8b
+    tmp_path, fake_site, model_dir_8b
 ):
     work = tmp_path / "work"
     out = tmp_path / "agree.json"
     cmd = [
         sys.executable, "-m", "benchmarks.agreement.agreement",
         "--model-dir", str(model_dir_8b), "--prompts", "20", "--tokens", "8",
-        "--reference-pythonpath", str(fake_sites),
-        "--backend-pythonpath", str(fake_sites),
+        "--reference-pythonpath", str(fake_site),
+        "--backend-pythonpath", str(fake_site),
         "--work-dir", str(work), "--out", str(out), "--reference-only",
     ]  # fmt: skip
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -160,7 +160,7 @@ def test_reference_only_keeps_that_side_and_writes_no_result(
     assert "backend FLASH_ATTN" in r.stdout and "TRITON_ATTN" not in r.stdout
     assert (work / "reference.json").is_file() and not (work / "backend.json").exists()
     assert not out.exists()
-    stdout, body = _agree(tmp_path, model_dir_8b, fake_sites, "--work-dir", str(work))
+    stdout, body = _agree(tmp_path, model_dir_8b, fake_site, "--work-dir", str(work))
     assert "FLASH_ATTN: reusing" in stdout and body["fraction_equal"] == 1.0
     # without a work dir the kept side would be lost: refused
     r = subprocess.run(
@@ -170,11 +170,11 @@ def test_reference_only_keeps_that_side_and_writes_no_result(
 
 
 def test_speculative_backend_side_against_plain_greedy(
-    tmp_path, fake_sites, model_dir_8b
+    tmp_path, fake_site, model_dir_8b
 ):
     spec = '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3}'
     stdout, body = _agree(
-        tmp_path, model_dir_8b, fake_sites, "--backend-speculative", spec
+        tmp_path, model_dir_8b, fake_site, "--backend-speculative", spec
     )
     # only the backend drafts; the reference decodes plainly
     assert stdout.count("'speculative_config': {'method': 'ngram'") == 1

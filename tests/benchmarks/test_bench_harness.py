@@ -1,6 +1,7 @@
-"""Shared plumbing: backend labels, budgets, subprocesses with timeouts."""
+"""Shared plumbing: backend labels, installs, subprocesses with timeouts."""
 
 import os
+import sys
 import time
 
 import pytest
@@ -16,28 +17,23 @@ def test_parse_backends():
         ("stock", "FLASH_ATTN"),
         ("fork", "TRITON_ATTN"),
     ]
-    with pytest.raises(SystemExit, match="known: FLASH_ATTN"):
+    with pytest.raises(SystemExit, match="valid: FLASH_ATTN"):
         harness.parse_backends("FLASH_ATTN,TRITON")
 
 
-def test_sites_and_check(tmp_path, monkeypatch):
-    monkeypatch.setenv("BENCH_SITE_FORK", str(tmp_path))
-    sites = harness.resolve_sites()
-    assert sites["fork"] == str(tmp_path) and sites["stock"] == "/tmp/site"
-    fork = harness.BACKENDS["TRITON_ATTN-fork"]
-    assert "--site-fork" in harness.site_problem(fork, sites)
-    (tmp_path / "vllm").mkdir()
-    (tmp_path / "vllm" / "__init__.py").write_text("")
-    assert harness.site_problem(fork, sites) is None
-    assert harness.backend_env(fork, sites)["PYTHONPATH"] == str(tmp_path)
-
-
-def test_budget():
-    assert harness.Budget(None).allows(1e9)
-    b = harness.Budget(100.0, margin_s=20.0)
-    assert 79.0 < b.remaining() <= 80.0
-    assert b.timeout(500.0) <= 80.0 and b.timeout(5.0) == 5.0
-    assert not b.allows(90.0)
+def test_installs_default_to_this_python_and_take_a_site(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    got = harness.parse_installs(
+        ["fork=/venv/bin/python"], [f"stock={tmp_path}", f"fork={tmp_path}"]
+    )
+    assert got["stock"].python == sys.executable
+    assert got["fork"].python == "/venv/bin/python"
+    assert got["fork"].env()["PYTHONPATH"] == f"{tmp_path}{os.pathsep}/elsewhere"
+    assert harness.parse_installs(None, None)["fork"].env()["PYTHONPATH"] == (
+        "/elsewhere"
+    )
+    with pytest.raises(SystemExit, match="INSTALL=PATH"):
+        harness.parse_installs(["nightly=/x"], None)
 
 
 def test_run_logged_timeout_and_tail(tmp_path, capsys):
@@ -76,13 +72,21 @@ def test_run_logged_reaps_leftover_children(tmp_path):
         os.kill(pid, 0)
 
 
-def test_run_settings_records_device_and_vllm_variables(monkeypatch):
+def test_environment_records_device_and_vllm_variables(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     monkeypatch.setenv("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
-    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     monkeypatch.setenv("HOME_UNRELATED_SETTING", "x")
-    got = harness.run_settings()
+    got = harness.environment()["settings"]
     assert got["CUDA_VISIBLE_DEVICES"] == "1"
     assert got["VLLM_ALLREDUCE_USE_SYMM_MEM"] == "0"
-    assert got["NCCL_NVLS_ENABLE"] == "0"
     assert "HOME_UNRELATED_SETTING" not in got
+
+
+def test_late_jit_compiles_are_found_in_a_log(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(
+        "INFO start\n(Worker_TP1 pid=7) WARNING [jit_monitor.py:130] Triton kernel JIT "
+        "compilation during inference: _prefix_prefill_kernel. This causes ...\n"
+    )
+    assert harness.late_jit_compiles_in(log) == ["_prefix_prefill_kernel"]
+    assert harness.late_jit_compiles_in(tmp_path / "missing.log") == []

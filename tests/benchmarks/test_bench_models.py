@@ -9,7 +9,7 @@ from benchmarks.models import MODEL_CONFIGS, make_model_dir
 from benchmarks.models.configs import ACCURACY_MODEL, BENCH_TOKENIZER_VOCAB
 from benchmarks.models.tokenizer import make_char_tokenizer, pseudo_words
 
-# The published dimensions the issue names; a typo here would silently benchmark a
+# The published dimensions; a typo here would silently benchmark a
 # different model.
 EXPECTED = {
     "llama-3.1-8b": (4096, 32, 32, 8, 14336, 128256),

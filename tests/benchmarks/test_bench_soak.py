@@ -1,4 +1,4 @@
-"""Soak harness (issue #5) against the fake vLLM server: load, cancellations, the
+"""Soak run against the fake vLLM server: load, cancellations, the
 verdict's parts, and the memory rule."""
 
 import json
@@ -10,7 +10,7 @@ from benchmarks.harness import REPO
 from benchmarks.soak import run_soak
 
 
-def _soak(tmp_path, model_dir, env_extra=None):
+def _soak(tmp_path, model_dir, site_args, env_extra=None):
     import os
 
     env = dict(os.environ, **(env_extra or {}))
@@ -32,6 +32,7 @@ def _soak(tmp_path, model_dir, env_extra=None):
             "0",
             "--out-dir",
             str(out),
+            *site_args,
         ],
         capture_output=True,
         text=True,
@@ -42,8 +43,8 @@ def _soak(tmp_path, model_dir, env_extra=None):
     return r, (json.loads(files[-1].read_text()) if files else None)
 
 
-def test_soak_passes_on_a_healthy_server(tmp_path, fake_sites, model_dir_8b):
-    r, body = _soak(tmp_path, model_dir_8b)
+def test_soak_passes_on_a_healthy_server(tmp_path, site_args, model_dir_8b):
+    r, body = _soak(tmp_path, model_dir_8b, site_args)
     assert r.returncode == 0, r.stdout + r.stderr
     assert body["pass"] and body["requests"]["errors"] == 0
     assert body["requests"]["ok"] > 0 and body["requests"]["cancelled"] > 0
@@ -52,8 +53,10 @@ def test_soak_passes_on_a_healthy_server(tmp_path, fake_sites, model_dir_8b):
     assert "prefix-caching" not in body["server_command"]
 
 
-def test_soak_fails_on_request_errors(tmp_path, fake_sites, model_dir_8b):
-    r, body = _soak(tmp_path, model_dir_8b, {"FAKE_VLLM_SOAK_ERROR_EVERY": "7"})
+def test_soak_fails_on_request_errors(tmp_path, site_args, model_dir_8b):
+    r, body = _soak(
+        tmp_path, model_dir_8b, site_args, {"FAKE_VLLM_SOAK_ERROR_EVERY": "7"}
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert not body["pass"] and body["requests"]["errors"] > 0
     assert "HTTP 500" in body["requests"]["error_examples"][0]
@@ -77,12 +80,10 @@ def test_same_answer_rule():
 
 
 def test_request_mix_fits_the_server():
-    from benchmarks.serving.workloads import SERVER_MAX_MODEL_LEN
-
     rng = random.Random(0)
     prefixes = [[1] * 2048]
     longest = max(len(run_soak.make_request(rng, prefixes)[0]) for _ in range(3000))
-    assert longest + run_soak.MAX_OUTPUT_TOKENS <= SERVER_MAX_MODEL_LEN
+    assert longest + run_soak.MAX_OUTPUT_TOKENS <= run_soak.SERVER_MAX_MODEL_LEN
     assert sum(share for share, _, _ in run_soak.LENGTH_MIX) == 1.0
 
 

@@ -12,7 +12,6 @@ tensor-parallel worker would) logs vLLM's JIT-monitor warning n times.
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 
 # vLLM 0.26's JIT monitor (vllm/utils/jit_monitor.py) in warn mode, as a worker logs it.
@@ -74,8 +73,6 @@ def _solve(ids):
 
 class LLM:
     def __init__(self, model, attention_backend=None, **kwargs):
-        # A slow engine start, for the budget tests.
-        time.sleep(float(os.environ.get("FAKE_VLLM_START_S", "0")))
         self.model = model
         self.attention_backend = attention_backend or kwargs.get(
             "attention_config", {}

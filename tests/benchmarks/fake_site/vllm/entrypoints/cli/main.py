@@ -1,4 +1,4 @@
-"""Fake ``vllm serve`` and ``vllm bench serve`` (writes a result).
+"""Fake ``vllm serve``, ``vllm bench throughput`` and ``vllm bench sweep serve``.
 
 The server answers /health, /metrics, /v1/completions (streamed or not; the text is
 a function of the prompt) and /v1/chat/completions (not streamed).
@@ -91,36 +91,77 @@ def serve(argv):
     server.serve_forever()
 
 
-def bench(argv):
+def _log(argv):
+    """One JSON line per invocation in $FAKE_VLLM_LOG: the tests check the order."""
+    path = os.environ.get("FAKE_VLLM_LOG")
+    if path:
+        with open(path, "a") as fh:
+            entry = {"argv": argv, "pythonpath": os.environ.get("PYTHONPATH", "")}
+            fh.write(json.dumps(entry) + "\n")
+
+
+def _tok_per_s(attention_backend, seed):
+    """Deterministic: FLASH_ATTN 1000, others 1100, times a per-seed factor."""
+    base = 1000.0 if attention_backend == "FLASH_ATTN" else 1100.0
+    noise = 1 + (int(seed) * 7 + len(attention_backend)) % 11 / 100
+    return base * noise
+
+
+def bench_throughput(argv):
+    _log(["bench", "throughput", *argv])
+    if os.environ.get("FAKE_VLLM_FAIL") == _arg(argv, "--attention-backend"):
+        sys.exit("fake bench throughput: simulated failure")
     n = int(_arg(argv, "--num-prompts"))
-    n_in = int(_arg(argv, "--random-input-len"))
-    n_out = int(_arg(argv, "--random-output-len"))
-    dur = 1.0 + n / 1000
+    tps = _tok_per_s(_arg(argv, "--attention-backend"), _arg(argv, "--seed"))
     result = {
-        "duration": dur,
-        "completed": n,
-        "failed": 0,
-        "total_input_tokens": n * n_in,
-        "total_output_tokens": n * n_out,
-        "request_throughput": n / dur,
-        "output_throughput": n * n_out / dur,
-        "total_token_throughput": n * (n_in + n_out) / dur,
-        "request_rate": _arg(argv, "--request-rate", "inf"),
-        "num_prompts": n,
+        "elapsed_time": n / tps,
+        "num_requests": n,
+        "total_num_tokens": n,
+        "requests_per_second": tps / 1000,
+        "tokens_per_second": tps,
     }
-    for m in ("ttft", "tpot", "itl", "e2el"):
-        for s in ("mean", "median", "std", "p50", "p99"):
-            result[f"{s}_{m}_ms"] = 10.0
-    path = os.path.join(_arg(argv, "--result-dir"), _arg(argv, "--result-filename"))
-    with open(path, "w") as fh:
+    with open(_arg(argv, "--output-json"), "w") as fh:
         json.dump(result, fh)
-    print("fake bench: wrote", path, flush=True)
+
+
+def bench_sweep_serve(argv):
+    """The layout of vLLM 0.26's sweep: OUT/EXP/BENCH--<name>/run=<i>.json, each with
+    the bench params (``_benchmark_name`` included) merged in."""
+    _log(["bench", "sweep", "serve", *argv])
+    exp = os.path.join(_arg(argv, "--output-dir"), _arg(argv, "--experiment-name"))
+    if ("--resume" in argv) != os.path.isdir(exp):
+        sys.exit(f"fake sweep: --resume given: {'--resume' in argv}, {exp} exists")
+    serve_cmd = _arg(argv, "--serve-cmd").split()
+    backend = _arg(serve_cmd, "--attention-backend")
+    with open(_arg(argv, "--bench-params")) as fh:
+        params = json.load(fh)
+    for name, p in params.items():
+        run_dir = os.path.join(exp, f"BENCH--{name}")
+        path = os.path.join(run_dir, "run=0.json")
+        if os.path.exists(path):
+            continue
+        os.makedirs(run_dir, exist_ok=True)
+        tps = _tok_per_s(backend, p["seed"])
+        result = {
+            "total_token_throughput": tps,
+            "output_throughput": tps / 2,
+            "median_ttft_ms": 10.0,
+            "median_tpot_ms": 1.0,
+            "p99_ttft_ms": 20.0,
+            "_benchmark_name": name,
+            "run_number": 0,
+            **p,
+        }
+        with open(path, "w") as fh:
+            json.dump(result, fh)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
         serve(sys.argv[2:])
-    elif sys.argv[1:3] == ["bench", "serve"]:
-        bench(sys.argv[3:])
+    elif sys.argv[1:3] == ["bench", "throughput"]:
+        bench_throughput(sys.argv[3:])
+    elif sys.argv[1:4] == ["bench", "sweep", "serve"]:
+        bench_sweep_serve(sys.argv[4:])
     else:
         sys.exit(f"fake vllm: unsupported {sys.argv[1:]}")

@@ -1,18 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The committed accuracy model (issue #4) generating through this fork's kernels.
+"""A small Llama generating through this fork's kernels, against transformers.
 
 transformers' Llama runs the model with its own attention (the reference, fp32). The
 same weights then run with every attention call replaced by what the backend does:
 the new K/V rows written to a paged cache (``write_to_paged_cache``), attention by
 ``paged_attention`` (prefill of all prompts in one batch, then one decode step per
 generated token, split-KV for the decodes), bf16 q/k/v and cache. Pages are handed
-out shuffled, so block tables are not contiguous. Greedy answers must match the
-reference's: a kernel that is wrong (a bad max, a wrong page, a lost scale) breaks
-the answers of a model that otherwise gets them right.
+out shuffled, so block tables are not contiguous, and unwritten slots hold NaN.
 
-Addition prompts are short (one page or a few); recall prompts put the answer more
-than 512 tokens back, over ~40 pages of 16 tokens. Besides the answers, the logits
-of every generated position are compared with transformers' fp32 forward.
+The weights are random (seeded), with the query and key projections scaled up so
+attention is sharp (scores of a few units, as in trained models) and the LM head
+scaled so greedy choices have clear margins: a kernel that is wrong (a bad max, a
+wrong page, a lost scale) changes the logits by far more than bf16 rounding does.
+Short prompts fit one page or a few; two long prompts span ~40 pages of 16 tokens.
 """
 
 import math
@@ -20,8 +20,6 @@ import math
 import pytest
 import torch
 
-from benchmarks.accuracy import tasks
-from benchmarks.harness import REPO
 from tests.kernels.conftest import DEVICE
 from vllm.attention.ops.paged_attention import DECODE_QUERY_LEN, paged_attention
 from vllm.attention.ops.paged_cache_write import write_to_paged_cache
@@ -30,43 +28,55 @@ from vllm.attention.ops.triton_paged_decode_attention_2d import (
     decode_workspace_shape,
 )
 
-MODEL_DIR = REPO / "benchmarks" / "accuracy" / "model"
 BLOCK_SIZE = 16
 DTYPE = torch.bfloat16
 DECODE_SPLITS = 2
+NEW_TOKENS = 6
+VOCAB = 128
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.skipif(
-    not (MODEL_DIR / "model.safetensors").is_file(), reason="no committed model"
-)
 
 
 @pytest.fixture(scope="module")
 def model():
-    return (
-        transformers.AutoModelForCausalLM.from_pretrained(
-            MODEL_DIR, dtype=torch.float32
-        )
-        .eval()
-        .to(DEVICE)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=512,
+        intermediate_size=768,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=128,
+        max_position_embeddings=2048,
+        rope_theta=100000.0,
+        tie_word_embeddings=False,
     )
+    torch.manual_seed(0)
+    m = transformers.LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for layer in m.model.layers:
+            layer.self_attn.q_proj.weight.mul_(4.0)
+            layer.self_attn.k_proj.weight.mul_(4.0)
+        m.lm_head.weight.mul_(10.0)
+    m.generation_config.eos_token_id = None
+    return m.to(DEVICE)
 
 
-def _problems():
-    add = tasks.addition_problems(8, seed=11)
-    far = tasks.recall_problems(2, seed=12, min_len=560, max_len=640, min_distance=512)
-    return add + far
+def _prompts():
+    gen = torch.Generator().manual_seed(1)
+    lens = [5, 9, 16, 17, 23, 31, 40, 64, 560, 640]
+    return [torch.randint(1, VOCAB, (n,), generator=gen).tolist() for n in lens]
 
 
-def _reference_answers(model, problems, new_tokens):
+def _reference_answers(model, prompts):
     out = []
-    for p in problems:
-        ids = torch.tensor([[tasks.BOS_ID] + tasks.encode(p.prompt)], device=DEVICE)
+    for p in prompts:
+        ids = torch.tensor([p], device=DEVICE)
         with torch.no_grad():
             gen = model.generate(
-                ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0
+                ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
             )
-        out.append(tasks.decode(gen[0, ids.shape[1] :].tolist()))
+        out.append(gen[0, ids.shape[1] :].tolist())
     return out
 
 
@@ -182,7 +192,7 @@ class PagedKernelRunner:
                     nxt, positions, seq_of_token, seq_lens, [1] * len(prompts)
                 )
         self.answer_ids = answers
-        return [tasks.decode(a) for a in answers]
+        return answers
 
 
 def _reference_logits(model, prompts, answers):
@@ -197,29 +207,18 @@ def _reference_logits(model, prompts, answers):
     return torch.stack(per_seq, 1)
 
 
-def test_trained_model_answers_the_same_through_the_kernels(model):
-    problems = _problems()
-    new_tokens = max(map(tasks.max_answer_tokens, problems))
-    prompts = [[tasks.BOS_ID] + tasks.encode(p.prompt) for p in problems]
-    runner = PagedKernelRunner(model, [len(p) for p in prompts], new_tokens)
-    ours = runner.generate(prompts, new_tokens)
-    ref = _reference_answers(model, problems, new_tokens)
+def test_model_generates_the_same_through_the_kernels(model):
+    prompts = _prompts()
+    runner = PagedKernelRunner(model, [len(p) for p in prompts], NEW_TOKENS)
+    ours = runner.generate(prompts, NEW_TOKENS)
     ref_logits = _reference_logits(model, prompts, runner.answer_ids)
-    # Logits of every generated position against transformers' fp32 forward: seen on
-    # the CPU, 0.22 at most (logits up to 25.7; bf16 q/k/v and probabilities); 8.6
-    # with the softmax's log2(e) factor dropped, a temperature error that leaves
-    # most answers right.
-    diff = (torch.stack(runner.logits) - ref_logits).abs().max().item()
-    assert diff < 1.0, diff
-
-    def correct(texts):
-        return [tasks.score(p.answer, t) for p, t in zip(problems, texts)]
-
-    # The reference gets most of them right, so the comparison tests something ...
-    assert sum(correct(ref)) >= 0.75 * len(problems), ref
-    # ... and the kernels give the same answers (greedy, so a flip needs a near-tie
-    # between bf16 and fp32 attention).
-    same = sum(a.split(tasks.END, 1)[0] == b.split(tasks.END, 1)[0]
-               for a, b in zip(ours, ref))  # fmt: skip
-    assert same >= len(problems) - 1, list(zip(ours, ref))
-    assert sum(correct(ours)) >= sum(correct(ref)) - 1
+    ours_logits = torch.stack(runner.logits)
+    assert torch.isfinite(ours_logits).all()  # no NaN slot or spare page was read
+    diff = (ours_logits - ref_logits).abs().max().item()
+    spread = ref_logits.std().item()
+    # Seen on the CPU: 0.30 against a spread of 4.5; 6.3 with the softmax scale 20% off.
+    assert diff < 0.25 * spread, (diff, spread)
+    # Greedy answers agree (a flip needs a near-tie between bf16 and fp32 attention).
+    ref = _reference_answers(model, prompts)
+    same = sum(a == b for a, b in zip(ours, ref))
+    assert same >= len(prompts) - 1, list(zip(ours, ref))

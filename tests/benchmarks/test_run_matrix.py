@@ -1,0 +1,209 @@
+"""benchmarks/run_matrix.py against the fake vLLM CLI (tests/benchmarks/fake_site):
+order of the runs, prompts per pass, resume, refusals and the record it writes."""
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from benchmarks import run_matrix
+from benchmarks.run_matrix import summarize
+
+BACKENDS = "FLASH_ATTN,TRITON_ATTN-fork"
+
+
+@pytest.fixture
+def fake_cli(tmp_path, monkeypatch, site_args):
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
+
+    def run(kind, *extra, runs=3, workloads="sharegpt-like,random-10k-100"):
+        out = tmp_path / f"{kind}.json"
+        argv = [
+            kind,
+            "--model", "llama-3.1-8b",
+            "--backends", BACKENDS,
+            "--workloads", workloads,
+            "--runs", str(runs),
+            "--num-prompts", "4",
+            *site_args,
+            "--work-dir", str(tmp_path / "work"),
+            "--out", str(out),
+            *extra,
+        ]  # fmt: skip
+        rc = run_matrix.main(argv)
+        calls = [json.loads(x) for x in log.read_text().splitlines()]
+        return rc, json.loads(out.read_text()), calls
+
+    return run
+
+
+def _arg(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_e2e_interleaves_backends_with_fresh_prompts_per_pass(fake_cli):
+    rc, body, calls = fake_cli("e2e")
+    assert rc == 0
+    assert all(c["argv"][:2] == ["bench", "throughput"] for c in calls)
+    backends = [_arg(c["argv"], "--attention-backend") for c in calls]
+    assert backends == ["FLASH_ATTN", "TRITON_ATTN"] * (3 * 2 * 2)
+    assert all(_arg(c["argv"], "--load-format") == "dummy" for c in calls)
+    # Both backends of one pass get the same prompts ...
+    pairs = [calls[i : i + 2] for i in range(0, len(calls), 2)]
+    for a, b in pairs:
+        assert _arg(a["argv"], "--seed") == _arg(b["argv"], "--seed")
+        assert _arg(a["argv"], "--random-input-len") == _arg(
+            b["argv"], "--random-input-len"
+        )
+    # ... and no engine sees a prompt set twice: the timed seeds and the warm-up
+    # seeds (vLLM draws warm-up prompts with seed + 1) of one workload never repeat.
+    for workload in ("215", "10000"):
+        seeds = []
+        for a, _ in pairs:
+            if _arg(a["argv"], "--random-input-len") != workload:
+                continue
+            seed, warmups = int(_arg(a["argv"], "--seed")), a["argv"]
+            seeds.append(seed)
+            if int(_arg(warmups, "--num-warmups")):
+                seeds.append(seed + 1)
+        assert len(seeds) == len(set(seeds)) == 3 * 3
+    first = [c for c in calls if _arg(c["argv"], "--num-warmups") == "0"]
+    warm = [c for c in calls if _arg(c["argv"], "--num-warmups") == "4"]
+    assert len(first) == len(warm) == len(calls) // 2
+
+
+def test_e2e_record_format_and_summary(fake_cli):
+    rc, body, _ = fake_cli("e2e")
+    for key in ("commit", "gpu", "driver", "versions", "command", "records"):
+        assert key in body
+    assert set(body["versions"]) == {"stock", "fork"}
+    assert body["versions"]["fork"]["vllm"] == "0.0.fake"
+    rec = body["records"][0]
+    assert {
+        "model", "workload", "backend", "install", "kv_cache_dtype", "pass", "run",
+        "total_tok_per_s",
+    } <= set(rec)  # fmt: skip
+    assert {r["install"] for r in body["records"]} == {"stock", "fork"}
+    assert len(body["records"]) == 3 * 2 * 2 * 2
+    assert len(body["summary"]) == 2 * 2  # workloads x passes, one non-baseline
+    for s in body["summary"]:
+        ratios = []
+        for run in range(3):
+            tput = {
+                r["backend"]: r["total_tok_per_s"]
+                for r in body["records"]
+                if (r["workload"], r["pass"], r["run"])
+                == (s["workload"], s["pass"], run)
+            }
+            ratios.append(tput["TRITON_ATTN-fork"] / tput["FLASH_ATTN"])
+        assert s["runs"] == 3
+        assert s["median_ratio_to_flash_attn"] == round(statistics.median(ratios), 4)
+        assert (s["min_ratio"], s["max_ratio"]) == (
+            round(min(ratios), 4),
+            round(max(ratios), 4),
+        )
+        assert s["min_ratio"] < s["max_ratio"]  # the fake varies by seed
+
+
+def test_rerun_resumes_and_a_failed_step_is_rerun(fake_cli, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_FAIL", "TRITON_ATTN")
+    rc, body, calls = fake_cli("e2e", workloads="decode-1k-1k")
+    assert rc == 1  # incomplete
+    assert {r["backend"] for r in body["records"]} == {"FLASH_ATTN"}
+    monkeypatch.delenv("FAKE_VLLM_FAIL")
+    rc, body, calls2 = fake_cli("e2e", workloads="decode-1k-1k")
+    assert rc == 0 and len(body["records"]) == 3 * 2 * 2
+    again = calls2[len(calls) :]
+    assert {_arg(c["argv"], "--attention-backend") for c in again} == {"TRITON_ATTN"}
+    assert len(again) == 3 * 2
+
+
+def test_serve_runs_one_sweep_per_backend_and_run(fake_cli, tmp_path):
+    rc, body, calls = fake_cli("serve")
+    assert rc == 0
+    assert all(c["argv"][:3] == ["bench", "sweep", "serve"] for c in calls)
+    serve_cmds = [_arg(c["argv"], "--serve-cmd") for c in calls]
+    assert ["--attention-backend FLASH_ATTN" in s for s in serve_cmds] == [
+        True,
+        False,
+    ] * 3
+    for c in calls:
+        params = json.loads(Path(_arg(c["argv"], "--bench-params")).read_text())
+        workloads = ("sharegpt-like", "random-10k-100")
+        assert list(params) == [
+            f"{w}.{p}" for w in workloads for p in ("first", "warm")
+        ]
+        seeds = {p["seed"] for k, p in params.items() if k.startswith("sharegpt")}
+        assert len(seeds) == 2  # the warm pass does not repeat the first's prompts
+    assert len(body["records"]) == 3 * 2 * 2 * 2
+    assert {"median_ttft_ms", "total_tok_per_s"} <= set(body["records"][0])
+    # A rerun after losing one benchmark's output resumes only that sweep.
+    fork_run1 = sorted((tmp_path / "work").glob("*/sweep/TRITON_ATTN-fork-s*"))[1]
+    lost = next(fork_run1.glob("BENCH-*"))
+    (lost / "run=0.json").unlink()
+    rc, body, calls2 = fake_cli("serve")
+    assert rc == 0 and len(calls2) == len(calls) + 1
+    assert "--resume" in calls2[-1]["argv"]
+
+
+def test_summarize_median_min_max():
+    def rec(backend, run, tps):
+        return {
+            "model": "m", "workload": "w", "kv_cache_dtype": "auto", "pass": "warm",
+            "backend": backend, "run": run, "total_tok_per_s": tps,
+        }  # fmt: skip
+
+    records = [rec("FLASH_ATTN", r, 100.0) for r in range(3)]
+    records += [rec("X", 0, 90.0), rec("X", 1, 120.0), rec("X", 2, 100.0)]
+    (s,) = summarize(records)
+    assert s["backend"] == "X" and s["runs"] == 3
+    assert (s["median_ratio_to_flash_attn"], s["min_ratio"], s["max_ratio"]) == (
+        1.0,
+        0.9,
+        1.2,
+    )
+
+
+@pytest.mark.parametrize(
+    "flag,value,valid",
+    [
+        ("--backends", "FLASH_ATTN,FOO", "TRITON_ATTN-fork"),
+        ("--workloads", "sharegpt", "decode-1k-1k"),
+        ("--model", "llama-9b", "llama-3.1-70b"),
+    ],
+)
+def test_unknown_names_are_refused_with_the_valid_ones(tmp_path, flag, value, valid):
+    argv = ["e2e", "--model", "llama-3.1-8b", "--out", str(tmp_path / "o.json")]
+    with pytest.raises(SystemExit) as e:
+        run_matrix.main([*argv, flag, value])
+    assert f"{value.split(',')[-1]!r}" in str(e.value) and valid in str(e.value)
+
+
+def test_too_few_runs_and_no_reference_are_refused(tmp_path):
+    argv = ["e2e", "--model", "llama-3.1-8b", "--out", str(tmp_path / "o.json")]
+    with pytest.raises(SystemExit, match="at least 3"):
+        run_matrix.main([*argv, "--runs", "2"])
+    with pytest.raises(SystemExit, match="must include FLASH_ATTN"):
+        run_matrix.main([*argv, "--backends", "TRITON_ATTN-fork"])
+
+
+def test_missing_vllm_says_how_to_install_the_fork(tmp_path, fake_site):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    argv = ["e2e", "--model", "llama-3.1-8b", "--out", str(tmp_path / "o.json")]
+    argv += ["--site", f"stock={fake_site}", "--site", f"fork={empty}"]
+    with pytest.raises(SystemExit) as e:
+        run_matrix.main(argv)
+    msg = str(e.value)
+    assert "\n" not in msg and "'fork'" in msg
+    assert "pip install ." in msg and "setup.py patch --site-packages" in msg
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_plot_is_written(fake_cli, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "e2e.png"
+    fake_cli("e2e", "--plot", str(png), workloads="decode-1k-1k")
+    assert png.read_bytes()[:4] == b"\x89PNG"
