@@ -93,12 +93,14 @@ def parser() -> argparse.ArgumentParser:
             f"cache {upstream.cache_dir()}, or a download from PyPI)",
         )
 
-    def version_option(cmd, default=pins.DEFAULT_VERSION):
+    def version_option(cmd, default=None):
         cmd.add_argument(
             "--vllm-version",
             choices=list(pins.SUPPORTED),
-            help=f"the vLLM release to build on (default: {pins.VERSION_ENV}, "
-            f"else {default})",
+            help=f"the vLLM release to build on (default: {pins.VERSION_ENV}, else "
+            f"{pins.DEFAULT_VERSION})"
+            if default is None
+            else f"the vLLM release to build on (default: {default}, the newest)",
         )
 
     cmd = add("wheel", _wheel, "build the fork's wheel (like `pip wheel . -w dist`)")

@@ -75,6 +75,59 @@ def check_attention_config():
     return result
 
 
+def _stock_module(name: str, rel: str):
+    """Upstream's unpatched `rel`, from the patcher's backup in this site, loaded
+    as module `name` next to the patched one."""
+    import importlib.util
+
+    import vllm
+    from fork_build.site import BACKUP_DIR
+
+    site = Path(vllm.__file__).resolve().parent.parent
+    path = site / BACKUP_DIR / "files" / rel
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_msa_alias():
+    """CUTLASS_MSA / TRITON_MSA: upstream's __post_init__ (0.33.0) maps them to
+    `minimax_m3_msa_decode_backend` and sets `backend` to None; through
+    VLLM_ATTENTION_BACKEND as through an explicit backend. None where the
+    release has no such alias."""
+    from vllm.config.attention import AttentionConfig
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    if not hasattr(AttentionBackendEnum, "CUTLASS_MSA"):
+        return None
+    stock = _stock_module("stock_attention_config", "vllm/config/attention.py")
+    assert stock.AttentionConfig is not AttentionConfig
+    assert not hasattr(stock.AttentionConfig, "backend_from_env")
+
+    def state(cls, env, **kwargs):
+        set_env(env)
+        try:
+            config = cls(**kwargs)
+        finally:
+            set_env(None)
+        backend = config.backend
+        return {
+            "backend": None if backend is None else backend.name,
+            "msa_decode": config.minimax_m3_msa_decode_backend,
+        }
+
+    aliases = ("CUTLASS_MSA", "TRITON_MSA")
+    return {
+        "stock_default": state(stock.AttentionConfig, None),
+        "fork_default": state(AttentionConfig, None),
+        "stock": {a: state(stock.AttentionConfig, None, backend=a) for a in aliases},
+        "explicit": {a: state(AttentionConfig, None, backend=a) for a in aliases},
+        "env": {a: state(AttentionConfig, a) for a in aliases},
+        "explicit_wins": state(AttentionConfig, "CUTLASS_MSA", backend="FLASH_ATTN"),
+    }
+
+
 def check_registry():
     import importlib.util
 

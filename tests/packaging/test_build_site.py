@@ -17,13 +17,21 @@ import pytest
 from fork_build import BuildError, pins, plan, site
 
 REPO = Path(__file__).resolve().parents[2]
-DIST_INFO = f"vllm-{pins.UPSTREAM_VERSION}.dist-info"
-TOUCHED = [
-    "vllm/__init__.py",
-    plan.VERSION_FILE,
-    *plan.edited_files(),
-    *sorted(plan.REPLACED_UPSTREAM_FILES),
-]
+
+
+def dist_info(target: pins.Upstream) -> str:
+    """The dist-info directory of the stock release."""
+    return f"vllm-{target.version}.dist-info"
+
+
+def touched(target: pins.Upstream) -> list[str]:
+    """The upstream files of `target` that a fake site needs."""
+    return [
+        "vllm/__init__.py",
+        plan.VERSION_FILE,
+        *plan.edited_files(target),
+        *sorted(plan.REPLACED_UPSTREAM_FILES),
+    ]
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -37,19 +45,20 @@ def snapshot(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def fake_site_template(upstream_wheel, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("fake_site_template")
+def fake_site_template(target, upstream_wheel, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp(f"fake_site_template_{target.version}")
+    info = dist_info(target)
     with zipfile.ZipFile(upstream_wheel) as zf:
-        names = [*TOUCHED, f"{DIST_INFO}/METADATA", f"{DIST_INFO}/RECORD"]
+        names = [*touched(target), f"{info}/METADATA", f"{info}/RECORD"]
         zf.extractall(root, names)
     return root
 
 
 @pytest.fixture
 def fake_site(fake_site_template, tmp_path) -> Path:
-    target = tmp_path / "site"
-    shutil.copytree(fake_site_template, target)
-    return target
+    copy = tmp_path / "site"
+    shutil.copytree(fake_site_template, copy)
+    return copy
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -64,20 +73,20 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_patch_and_revert_restore_bytes(fake_site):
+def test_patch_and_revert_restore_bytes(fake_site, target):
     before = snapshot(fake_site)
     proc = run_cli("patch", "--site-packages", str(fake_site))
     assert proc.returncode == 0, proc.stderr
-    assert "patched" in proc.stdout
+    assert f"patched to {target.fork_version}" in proc.stdout
     patched = snapshot(fake_site)
     overlay = plan.overlay_files()
     for rel, local in overlay.items():
         assert (fake_site / rel).read_bytes() == local.read_bytes()
     version = (fake_site / plan.VERSION_FILE).read_text()
-    assert f"__version__ = version = '{pins.FORK_VERSION}'" in version
-    metadata = (fake_site / DIST_INFO / "METADATA").read_text()
-    assert f"\nVersion: {pins.FORK_VERSION}\n" in metadata
-    record = (fake_site / DIST_INFO / "RECORD").read_text()
+    assert f"__version__ = version = '{target.fork_version}'" in version
+    metadata = (fake_site / dist_info(target) / "METADATA").read_text()
+    assert f"\nVersion: {target.fork_version}\n" in metadata
+    record = (fake_site / dist_info(target) / "RECORD").read_text()
     assert "vllm/attention/ops/reference.py,sha256=" in record
     assert patched != before
 
@@ -103,34 +112,47 @@ def test_revert_of_unpatched_site_is_refused(fake_site):
     assert "not patched" in proc.stderr and "nothing to revert" in proc.stderr
 
 
-def test_other_vllm_version_is_refused(fake_site):
+def test_other_vllm_version_is_refused(fake_site, target):
     version_py = fake_site / plan.VERSION_FILE
-    version_py.write_text(version_py.read_text().replace("'0.26.0'", "'0.25.1'", 1))
+    stock = version_py.read_text()
+    assert f"__version__ = version = '{target.version}'\n" in stock
+    version_py.write_text(stock.replace(f"'{target.version}'", "'0.30.0'", 1))
     before = snapshot(fake_site)
     with pytest.raises(BuildError) as info:
         site.patch_site(fake_site)
-    assert "holds vLLM 0.25.1" in str(info.value)
-    assert f"patches vLLM {pins.UPSTREAM_VERSION} only" in str(info.value)
+    message = str(info.value)
+    assert "holds vLLM 0.30.0" in message
+    assert f"this fork patches vLLM {', '.join(pins.SUPPORTED)} (" in message
+    assert "install one of those there first" in message
+    assert snapshot(fake_site) == before
+    proc = run_cli("patch", "--site-packages", str(fake_site))
+    assert proc.returncode == 1
+    assert f"patches vLLM {', '.join(pins.SUPPORTED)} (" in proc.stderr
     assert snapshot(fake_site) == before
 
 
-def test_missing_anchor_writes_nothing(fake_site):
+def test_missing_anchor_writes_nothing(fake_site, target):
     envs = fake_site / "vllm" / "envs.py"
     envs.write_text(envs.read_text().replace("VLLM_BATCH_INVARIANT: bool", "X: int"))
     before = snapshot(fake_site)
     with pytest.raises(BuildError) as info:
         site.patch_site(fake_site)
     message = str(info.value)
-    assert "vllm/envs.py: anchor 'VLLM_BATCH_INVARIANT: bool = False'" in message
+    assert (
+        f"vLLM {target.version}, vllm/envs.py: anchor "
+        "'VLLM_BATCH_INVARIANT: bool = False'"
+    ) in message
     assert "nothing was written" in message
     assert snapshot(fake_site) == before
 
 
-def test_file_differing_from_record_is_refused(fake_site):
+def test_file_differing_from_record_is_refused(fake_site, target):
     registry = fake_site / "vllm" / "v1" / "attention" / "backends" / "registry.py"
     registry.write_text(registry.read_text() + "\n# local change\n")
     before = snapshot(fake_site)
-    with pytest.raises(BuildError, match="differ from the vLLM 0.26.0 wheel"):
+    with pytest.raises(
+        BuildError, match=f"differ from the vLLM {target.version} wheel"
+    ):
         site.patch_site(fake_site)
     assert snapshot(fake_site) == before
 
@@ -188,13 +210,19 @@ def test_revert_leaves_no_bytecode_of_the_fork(fake_site):
     assert [p for p in pycs if p.exists()] == []
 
 
-def test_full_python_tree(stock_vllm_site, tmp_path):
+def test_full_python_tree(stock_vllm_site, target, tmp_path):
     """The whole Python tree of the wheel: patch, check status, revert."""
-    target = tmp_path / "site"
-    shutil.copytree(stock_vllm_site, target)
-    before = snapshot(target)
-    changed = site.patch_site(target)
+    copy = tmp_path / "site"
+    shutil.copytree(stock_vllm_site, copy)
+    before = snapshot(copy)
+    assert site.describe(copy).endswith(
+        f"vLLM {target.version} (stock; can be patched)"
+    )
+    planned, _ = site.plan_site(copy)
+    assert planned == target
+    changed = site.patch_site(copy)
     assert set(plan.overlay_files()) <= set(changed)
-    assert site.describe(target).endswith(f"patched to {pins.FORK_VERSION}")
-    site.revert_site(target)
-    assert snapshot(target) == before
+    assert {*plan.edited_files(target), plan.VERSION_FILE} <= set(changed)
+    assert site.describe(copy).endswith(f"patched to {target.fork_version}")
+    site.revert_site(copy)
+    assert snapshot(copy) == before

@@ -21,27 +21,36 @@ import pytest
 from fork_build import BuildError, pins, plan, source
 
 REPO = Path(__file__).resolve().parents[2]
+# The upstream PR targets the newest supported release (`setup.py pr-patch`).
+NEWEST = max(pins.SUPPORTED, key=lambda v: tuple(int(p) for p in v.split(".")))
 
 
-@pytest.fixture(scope="session")
-def pristine_tree(upstream_sdist, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("pristine")
-    with tarfile.open(upstream_sdist) as tar:
-        tar.extractall(root, filter="data")
-    return root / source.SDIST_ROOT
-
-
-@pytest.fixture(scope="session")
-def pr_patch(upstream_sdist, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("patch") / source.PATCH_NAME
+def setup_py(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != pins.VERSION_ENV}
     proc = subprocess.run(
-        [sys.executable, "setup.py", "pr-patch", "--out", str(out)],
+        [sys.executable, "setup.py", *args],
         cwd=REPO,
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="session")
+def pristine_tree(target, upstream_sdist, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp(f"pristine_{target.version}")
+    with tarfile.open(upstream_sdist) as tar:
+        tar.extractall(root, filter="data")
+    return root / target.sdist_root
+
+
+@pytest.fixture(scope="session")
+def pr_patch(target, upstream_sdist, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp(f"patch_{target.version}") / source.patch_name(target)
+    setup_py("pr-patch", "--vllm-version", target.version, "--out", str(out))
     return out
 
 
@@ -55,9 +64,11 @@ def git_apply(tree: Path, patch: Path, *args: str) -> subprocess.CompletedProces
     )
 
 
-def test_pr_patch_format(pr_patch):
+def test_pr_patch_format(pr_patch, target):
+    assert pr_patch.name == f"vllm-{target.version}-tritonattn.patch"
     text = pr_patch.read_text()
     assert text.startswith("From 0000000000000000000000000000000000000000 ")
+    assert f"\nChanges against vLLM {target.version} (docs/upstream-pr.md):\n" in text
     for rel in plan.overlay_files():
         assert f"diff --git a/{rel} b/{rel}\n" in text
     added = next(iter(plan.overlay_files()))
@@ -65,12 +76,23 @@ def test_pr_patch_format(pr_patch):
         f"diff --git a/{added} b/{added}\nnew file mode 100644\nindex 0000000.."
     ) in text
     assert f"--- /dev/null\n+++ b/{added}\n" in text
-    for rel in plan.edited_files(source=True):
+    for rel in plan.edited_files(target, source=True):
         assert f"--- a/{rel}\n+++ b/{rel}\n" in text
     assert "vllm/_version.py" not in text  # an upstream PR keeps upstream's version
 
 
-def test_pr_patch_applies_and_compiles(pr_patch, pristine_tree, tmp_path):
+def test_pr_patch_defaults_to_the_newest_release(pr_patch, target, tmp_path):
+    """`setup.py pr-patch` without --vllm-version: the newest supported release."""
+    out = tmp_path / "default.patch"
+    proc = setup_py("pr-patch", "--out", str(out))
+    assert f"in a pristine vllm-{NEWEST}" in proc.stdout
+    text = out.read_text()
+    assert f"\nChanges against vLLM {NEWEST} (docs/upstream-pr.md):\n" in text
+    # The same patch as the one written for that release explicitly.
+    assert (text == pr_patch.read_text()) is (target.version == NEWEST)
+
+
+def test_pr_patch_applies_and_compiles(pr_patch, pristine_tree, target, tmp_path):
     tree = tmp_path / "tree"
     shutil.copytree(pristine_tree, tree, symlinks=True)
     check = git_apply(tree, pr_patch, "--check")
@@ -79,6 +101,8 @@ def test_pr_patch_applies_and_compiles(pr_patch, pristine_tree, tmp_path):
     assert applied.returncode == 0, applied.stderr
     for rel, local in plan.overlay_files().items():
         assert (tree / rel).read_bytes() == local.read_bytes()
+    for rel in plan.edited_files(target, source=True):
+        assert (tree / rel).read_bytes() != (pristine_tree / rel).read_bytes(), rel
     assert compileall.compile_dir(tree / "vllm", quiet=1, workers=2)
     assert compileall.compile_file(tree / "setup.py", quiet=1)
     # Applying twice must fail: the patch is not silently re-applicable.
@@ -86,22 +110,17 @@ def test_pr_patch_applies_and_compiles(pr_patch, pristine_tree, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def source_tree(upstream_sdist, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("build")
-    proc = subprocess.run(
-        [sys.executable, "setup.py", "source-tree", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return out / source.TREE_NAME
+def source_tree(target, upstream_sdist, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp(f"build_{target.version}")
+    setup_py("source-tree", "--vllm-version", target.version, "--out", str(out))
+    assert [p.name for p in out.iterdir()] == [source.tree_name(target)]
+    return out / source.tree_name(target)
 
 
-def test_source_tree_contents(source_tree, pristine_tree):
+def test_source_tree_contents(source_tree, pristine_tree, target):
+    assert source_tree.name == f"vllm-{target.fork_version}"
     pkg_info = (source_tree / "PKG-INFO").read_text()
-    assert f"\nVersion: {pins.FORK_VERSION}\n" in pkg_info
+    assert f"\nVersion: {target.fork_version}\n" in pkg_info
     assert (source_tree / "requirements-rocm.txt").read_bytes() == (
         REPO / "requirements-rocm.txt"
     ).read_bytes()
@@ -117,9 +136,9 @@ def test_source_tree_contents(source_tree, pristine_tree):
     ).read_bytes()
 
 
-def test_source_tree_refuses_existing_target(upstream_sdist, source_tree):
+def test_source_tree_refuses_existing_target(upstream_sdist, source_tree, target):
     with pytest.raises(BuildError, match="exists"):
-        source.write_source_tree(upstream_sdist, source_tree.parent)
+        source.write_source_tree(upstream_sdist, source_tree.parent, target)
 
 
 def test_source_tree_builds_the_way_upstream_setup_py_reads_it(source_tree):
@@ -157,14 +176,14 @@ def test_source_tree_builds_the_way_upstream_setup_py_reads_it(source_tree):
     assert rocm_path.endswith("triton_attn.RocmAttentionBackend")
 
 
-def test_setuptools_scm_reads_the_fork_version(source_tree):
+def test_setuptools_scm_reads_the_fork_version(source_tree, target):
     scm = pytest.importorskip(
         "setuptools_scm", reason="setuptools-scm (upstream's build dependency)"
     )
-    assert scm.get_version(root=str(source_tree)) == pins.FORK_VERSION
+    assert scm.get_version(root=str(source_tree)) == target.fork_version
 
 
-def test_empty_device_build_of_the_source_tree(source_tree, tmp_path):
+def test_empty_device_build_of_the_source_tree(source_tree, target, tmp_path):
     """Upstream's setup.py builds a wheel of the tree with VLLM_TARGET_DEVICE=empty
     (Python only: no CUDA/ROCm compile), with upstream's pinned build tools."""
     tools = tmp_path / "build-tools"
@@ -194,7 +213,7 @@ def test_empty_device_build_of_the_source_tree(source_tree, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     (built,) = (tmp_path / "dist").glob("*.whl")
-    assert built.name.startswith(f"vllm-{pins.FORK_VERSION}.empty-")
+    assert built.name.startswith(f"vllm-{target.fork_version}.empty-")
     with zipfile.ZipFile(built) as zf:
         names = set(zf.namelist())
     # Code and tuning tables ship; docs (README.md) stay in the source tree.

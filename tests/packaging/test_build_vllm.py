@@ -1,5 +1,6 @@
-"""The fork's edits inside real vLLM code: env getter, AttentionConfig default,
-CLI precedence, registry, version, `vllm serve --help`.
+"""The fork's edits inside real vLLM code: env getter, AttentionConfig default
+(with 0.33.0's MiniMax M3 MSA aliases), CLI precedence, registry, version,
+`vllm serve --help`; for every supported release.
 
 The checks (edits_in_vllm.py) run through tests/site_runner.py in one subprocess
 over the `patched_vllm_site` fixture, so vLLM never enters the pytest process.
@@ -9,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from fork_build import pins
 from tests.site_runner import passed, run_checks
 
 CHECKS = Path(__file__).with_name("edits_in_vllm.py")
@@ -20,30 +20,46 @@ def run(site: Path, *names: str) -> dict[str, object]:
     return {name: passed(results, name) for name in names}
 
 
+class SiteResults:
+    """The checks' results by name; a failed check fails only the tests that read
+    it."""
+
+    def __init__(self, results: dict[str, dict]):
+        self.results = results
+
+    def __getitem__(self, name: str):
+        return passed(self.results, name)
+
+
 ALL_BUT_HELP = (
     "version",
     "env_getter",
     "attention_config",
+    "msa_alias",
     "registry",
     "engine_args_precedence",
     "cli_version",
 )
 
 
+# The first supported release whose AttentionConfig has the MiniMax M3 MSA aliases.
+MSA_ALIAS_SINCE = (0, 33, 0)
+
+
 @pytest.fixture(scope="session")
 def site_results(patched_vllm_site):
-    return run(patched_vllm_site, *ALL_BUT_HELP)
+    return SiteResults(run_checks(patched_vllm_site, CHECKS, *ALL_BUT_HELP))
 
 
-def test_version(site_results):
+def test_version(site_results, target):
     assert site_results["version"] == {
-        "module": pins.FORK_VERSION,
-        "metadata": pins.FORK_VERSION,
+        "module": target.fork_version,
+        "metadata": target.fork_version,
     }
 
 
-def test_vllm_version_command(site_results):
-    assert site_results["cli_version"] == pins.FORK_VERSION
+def test_vllm_version_command(site_results, target):
+    assert site_results["cli_version"] == target.fork_version
 
 
 def test_env_getter(site_results):
@@ -61,6 +77,26 @@ def test_attention_config_env_default(site_results):
     assert result["env"] == result["env_lower"] == "TRITON_ATTN"
     assert result["env_auto"] is None
     assert result["explicit_wins"] == "FLASH_ATTN"
+
+
+def test_msa_alias_from_env_as_from_a_flag(site_results, target):
+    """0.33.0's AttentionConfig.__post_init__ maps the CUTLASS_MSA / TRITON_MSA
+    aliases to `minimax_m3_msa_decode_backend` and leaves `backend` to automatic
+    selection; VLLM_ATTENTION_BACKEND must go through the same mapping."""
+    result = site_results["msa_alias"]
+    release = tuple(int(p) for p in target.version.split("."))
+    assert (result is None) is (release < MSA_ALIAS_SINCE)
+    if result is None:
+        pytest.skip(f"vLLM {target.version} has no CUTLASS_MSA / TRITON_MSA alias")
+    auto = {"backend": None, "msa_decode": "triton"}
+    assert result["stock_default"] == result["fork_default"] == auto
+    for alias, kernel in (("CUTLASS_MSA", "cutlass"), ("TRITON_MSA", "triton")):
+        expected = {"backend": None, "msa_decode": kernel}
+        assert result["stock"][alias] == expected, alias
+        assert result["explicit"][alias] == expected, alias
+        assert result["env"][alias] == expected, alias
+    # An explicit backend still wins over the environment's alias.
+    assert result["explicit_wins"] == {"backend": "FLASH_ATTN", "msa_decode": "triton"}
 
 
 @pytest.mark.parametrize("case", ["bad_env", "bad_explicit"])

@@ -15,19 +15,27 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_build_vllm import run_checks
+from test_build_vllm import run
 
-from fork_build import pins, plan, wheel
+from fork_build import BuildError, backend, pins, plan, wheel
 
 REPO = Path(__file__).resolve().parents[2]
-FORK_DIST_INFO = f"vllm-{pins.FORK_VERSION}.dist-info"
-UPSTREAM_DIST_INFO = f"vllm-{pins.UPSTREAM_VERSION}.dist-info"
+
+
+def fork_dist_info(target: pins.Upstream) -> str:
+    return f"vllm-{target.fork_version}.dist-info"
+
+
+def upstream_dist_info(target: pins.Upstream) -> str:
+    return f"vllm-{target.version}.dist-info"
 
 
 def pip(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != pins.VERSION_ENV}
     proc = subprocess.run(
         [sys.executable, "-m", "pip", *args],
         cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         timeout=900,
@@ -37,28 +45,32 @@ def pip(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def fork_wheel(upstream_wheel, tmp_path_factory) -> Path:
-    """`pip wheel . --no-deps -w DIR`, as docs/install.md says."""
-    out = tmp_path_factory.mktemp("dist")
-    pip("wheel", ".", "--no-deps", "--no-cache-dir", "-q", "-w", str(out))
+def fork_wheel(target, upstream_wheel, tmp_path_factory) -> Path:
+    """`pip wheel . --no-deps -w DIR`, as docs/install.md says; the default release
+    without a config setting, another one with `vllm-version`."""
+    out = tmp_path_factory.mktemp(f"dist_{target.version}")
+    choose = []
+    if target.version != pins.DEFAULT_VERSION:
+        choose = ["--config-settings", f"vllm-version={target.version}"]
+    pip("wheel", ".", "--no-deps", "--no-cache-dir", "-q", "-w", str(out), *choose)
     built = sorted(out.glob("*.whl"))
-    assert [p.name for p in built] == [wheel.wheel_name()]
+    assert [p.name for p in built] == [wheel.wheel_name(target)]
     return built[0]
 
 
 @pytest.fixture(scope="session")
-def installed_target(fork_wheel, tmp_path_factory) -> Path:
-    target = tmp_path_factory.mktemp("target")
+def installed_target(target, fork_wheel, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp(f"target_{target.version}")
     pip(
         "install",
         "--no-deps",
         "--no-compile",
         "-q",
         "--target",
-        str(target),
+        str(out),
         str(fork_wheel),
     )
-    return target
+    return out
 
 
 def record_hash(data: bytes) -> str:
@@ -66,49 +78,51 @@ def record_hash(data: bytes) -> str:
     return "sha256=" + digest.decode()
 
 
-def test_wheel_name_and_dist_info(fork_wheel, upstream_wheel):
+def test_wheel_name_and_dist_info(fork_wheel, upstream_wheel, target):
     assert fork_wheel.name == (
-        f"vllm-{pins.FORK_VERSION}-cp38-abi3-manylinux_2_28_x86_64.whl"
+        f"vllm-{target.fork_version}-cp38-abi3-manylinux_2_28_x86_64.whl"
     )
+    fork_dist, upstream_dist = fork_dist_info(target), upstream_dist_info(target)
     with zipfile.ZipFile(fork_wheel) as zf, zipfile.ZipFile(upstream_wheel) as up:
         tops = {name.split("/")[0] for name in zf.namelist()}
-        assert tops == {"vllm", FORK_DIST_INFO}
-        metadata = zf.read(f"{FORK_DIST_INFO}/METADATA").decode()
-        upstream_metadata = up.read(f"{UPSTREAM_DIST_INFO}/METADATA").decode()
-        assert f"\nVersion: {pins.FORK_VERSION}\n" in metadata
+        assert tops == {"vllm", fork_dist}
+        metadata = zf.read(f"{fork_dist}/METADATA").decode()
+        upstream_metadata = up.read(f"{upstream_dist}/METADATA").decode()
+        assert f"\nVersion: {target.version}\n" in upstream_metadata
+        assert f"\nVersion: {target.fork_version}\n" in metadata
         requires = [ln for ln in metadata.splitlines() if ln.startswith("Requires-")]
         upstream_requires = [
             ln for ln in upstream_metadata.splitlines() if ln.startswith("Requires-")
         ]
         assert requires == upstream_requires and len(requires) > 10
         for leaf in ("entry_points.txt", "top_level.txt"):
-            assert zf.read(f"{FORK_DIST_INFO}/{leaf}") == up.read(
-                f"{UPSTREAM_DIST_INFO}/{leaf}"
-            )
+            assert zf.read(f"{fork_dist}/{leaf}") == up.read(f"{upstream_dist}/{leaf}")
 
 
-def test_wheel_contents_and_record(fork_wheel, upstream_wheel):
+def test_wheel_contents_and_record(fork_wheel, upstream_wheel, target):
+    fork_dist, upstream_dist = fork_dist_info(target), upstream_dist_info(target)
     with zipfile.ZipFile(upstream_wheel) as up:
         names = set(up.namelist())
         changes = plan.compute_changes(
-            lambda p: up.read(p) if p in names else None, with_version=True
+            lambda p: up.read(p) if p in names else None, target, with_version=True
         )
-        upstream_members = {
-            n for n in names if not n.startswith(UPSTREAM_DIST_INFO + "/")
-        }
+        upstream_members = {n for n in names if not n.startswith(upstream_dist + "/")}
+    assert {c.path for c in changes if c.kind == "edited"} == set(
+        plan.edited_files(target)
+    )
     with zipfile.ZipFile(fork_wheel) as zf:
         assert zf.testzip() is None  # every CRC, raw-copied members included
-        members = {n for n in zf.namelist() if not n.startswith(FORK_DIST_INFO)}
+        members = {n for n in zf.namelist() if not n.startswith(fork_dist)}
         assert members == upstream_members | {c.path for c in changes}
         for change in changes:
             assert zf.read(change.path) == change.new, change.path
         for rel, local in plan.overlay_files().items():
             assert zf.read(rel) == local.read_bytes()
         assert b"VLLM_ATTENTION_BACKEND" in zf.read("vllm/envs.py")
-        text = zf.read(f"{FORK_DIST_INFO}/RECORD").decode()
+        text = zf.read(f"{fork_dist}/RECORD").decode()
         rows = {row[0]: row for row in csv.reader(io.StringIO(text)) if row}
         assert set(rows) == set(zf.namelist())
-        assert rows[f"{FORK_DIST_INFO}/RECORD"][1:] == ["", ""]
+        assert rows[f"{fork_dist}/RECORD"][1:] == ["", ""]
         for info in zf.infolist():
             if info.file_size < 2_000_000 and not info.filename.endswith("RECORD"):
                 data = zf.read(info)
@@ -116,9 +130,10 @@ def test_wheel_contents_and_record(fork_wheel, upstream_wheel):
                 assert rows[info.filename][1:] == expected, info.filename
 
 
-def test_setup_py_wheel_matches_pip(fork_wheel, tmp_path):
+def test_setup_py_wheel_matches_pip(fork_wheel, target, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "setup.py", "wheel", "--out", str(tmp_path)],
+        [sys.executable, "setup.py", "wheel", "--out", str(tmp_path)]
+        + ["--vllm-version", target.version],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -129,7 +144,7 @@ def test_setup_py_wheel_matches_pip(fork_wheel, tmp_path):
     assert built.read_bytes() == fork_wheel.read_bytes()  # reproducible
 
 
-def test_installed_wheel_imports_as_the_fork(installed_target):
+def test_installed_wheel_imports_as_the_fork(installed_target, target):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     env["PYTHONPATH"] = str(installed_target)
     proc = subprocess.run(
@@ -141,23 +156,36 @@ def test_installed_wheel_imports_as_the_fork(installed_target):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == pins.FORK_VERSION
-    results = run_checks(installed_target, "version", "registry", "cli_version")
-    assert results["version"]["metadata"] == pins.FORK_VERSION
-    assert results["cli_version"] == pins.FORK_VERSION  # `vllm --version`
+    assert proc.stdout.strip().splitlines()[-1] == target.fork_version
+    results = run(installed_target, "version", "registry", "cli_version")
+    assert results["version"]["metadata"] == target.fork_version
+    assert results["cli_version"] == target.fork_version  # `vllm --version`
     registry = results["registry"]
     assert registry["module_is_ours"] is True
     assert registry["ROCM_ATTN"].endswith("triton_attn.RocmAttentionBackend")
 
 
-def test_sdist_of_the_fork_builds_standalone(tmp_path):
+def test_backend_metadata_of_the_chosen_release(upstream_wheel, target, tmp_path):
+    settings = {"vllm-version": target.version}
+    name = backend.prepare_metadata_for_build_wheel(str(tmp_path), settings)
+    assert name == fork_dist_info(target)
+    metadata = (tmp_path / name / "METADATA").read_text()
+    assert f"\nVersion: {target.fork_version}\n" in metadata
+
+
+def test_backend_refuses_an_unsupported_release(tmp_path):
+    with pytest.raises(BuildError) as info:
+        backend.build_wheel(str(tmp_path), {"vllm-version": "0.30.0"})
+    assert f"supported versions: {', '.join(pins.SUPPORTED)} " in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sdist_of_the_fork_builds_standalone(target, tmp_path):
     """The backend's own sdist holds everything the backend needs."""
     import tarfile
 
-    from fork_build import backend
-
-    name = backend.build_sdist(str(tmp_path))
-    root = f"vllm-{pins.FORK_VERSION}"
+    name = backend.build_sdist(str(tmp_path), {"vllm-version": target.version})
+    root = f"vllm-{target.fork_version}"
     assert name == f"{root}.tar.gz"
     with tarfile.open(tmp_path / name) as tar:
         members = set(tar.getnames())
@@ -167,11 +195,12 @@ def test_sdist_of_the_fork_builds_standalone(tmp_path):
     for rel in plan.overlay_files():
         assert f"{root}/{rel}" in members
     proc = subprocess.run(
-        [sys.executable, "setup.py", "show"],
+        [sys.executable, "setup.py", "show", "--vllm-version", target.version],
         cwd=tmp_path / "x" / root,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"fork version: {target.fork_version} ")
     assert "edited:  vllm/envs.py" in proc.stdout

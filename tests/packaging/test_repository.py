@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from fork_build import pins, upstream
+
 REPO = Path(__file__).resolve().parents[2]
 REQUIREMENTS = REPO / "requirements-test.txt"
 # Wheels of every Linux x86_64 tag a Python 3.12 host can install.
@@ -110,11 +112,13 @@ def _pinned(requirement: str, lines: list[str]) -> str:
     return pin
 
 
-def test_requirements_resolve_from_pypi_with_the_pinned_vllm(upstream_wheel, tmp_path):
+def test_requirements_resolve_from_pypi_with_the_pinned_vllm(tmp_path):
     """One environment for the fork and its tests: pip resolves the test
-    requirements and the pinned vLLM wheel together (Python 3.11, this one), and
-    separately for Python 3.12, from PyPI alone; torch stays vLLM's pin."""
+    requirements and the default release's pinned vLLM wheel together (Python
+    3.11, this one), and separately for Python 3.12, from PyPI alone; torch stays
+    vLLM's pin."""
     assert sys.version_info[:2] >= (3, 11)
+    upstream_wheel = upstream.fetch("wheel", pins.upstream(pins.DEFAULT_VERSION))
     procs = {
         "with_vllm": _dry_run(tmp_path, "with_vllm", str(upstream_wheel)),
         "py312": _dry_run(
