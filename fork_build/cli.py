@@ -118,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         required=True,
         metavar="DIR",
-        help="directory that contains the vllm package, e.g. /tmp/site",
+        help="directory that contains the vllm package (a site-packages directory)",
     )
     mode = cmd.add_mutually_exclusive_group()
     mode.add_argument("--revert", action="store_true", help="restore stock vLLM")

@@ -26,18 +26,18 @@ from ``--stock-site`` and imported as ``vllm``; then the checkout's ``vllm/`` fo
 is inserted at the FRONT of ``vllm.__path__``. ``vllm.attention.ops.*`` (ours; stock
 has no ``vllm/attention``) therefore loads from the checkout, while
 ``vllm.v1...`` and ``vllm.vllm_flash_attn`` (regular packages of stock) load from
-stock. The JSON records the file of every module used.
+stock. The JSON records the file of every module used. ``--stock-site`` is required
+when a stock caller (``fa3``, ``stock_triton``) is requested; ``--callers ours`` runs
+without it. A GPU is required (the CPU interpreter runs the kernel tests, not this).
 
-CPU smoke run: ``--interpret --tiny`` (Triton interpreter, ours + reference only).
+Tuning tables are written by ``tune_attention.py`` in this folder, which reuses this
+file's inputs, reference check and timing.
 """
 
 import argparse
 import datetime
-import itertools
 import json
 import math
-import os
-import statistics
 import subprocess
 import sys
 import time
@@ -45,16 +45,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-if "--interpret" in sys.argv:  # Triton reads it when first imported
-    os.environ["TRITON_INTERPRET"] = "1"
-
 import torch
 import triton
 import triton.testing
 
 REPO = Path(__file__).resolve().parents[2]
-L2_BYTES = 50 * 2**20  # H100/H200 L2
-BF16_DENSE_PEAK_TFLOPS = 989.0  # H200 (and H100 SXM) dense bf16
 MAX_SETS = 64
 
 # ----------------------------------------------------------------------------------
@@ -95,6 +90,7 @@ QUICK = {
     ],
     "fp8": [("llama-3.1-8b", 64, 64, 8192)],
 }
+# A seconds-long GPU smoke run (--tiny).
 TINY = {
     "decode": [(2, 40, (4, 2, 64), 16), (3, 70, (4, 1, 64), 32)],
     "prefill": [(2, 8, 24, (4, 2, 64), 16)],
@@ -221,7 +217,8 @@ def build_inputs(s: Shape, device: str, rotate: bool) -> Inputs:
     set_bytes = decode_bytes(s) if s.kernel == "decode" else 0
     num_sets = 1
     if rotate and s.kernel == "decode":
-        num_sets = max(1, min(MAX_SETS, math.ceil(2 * L2_BYTES / set_bytes)))
+        l2_bytes = ops.hardware.H200_L2_BYTES
+        num_sets = max(1, min(MAX_SETS, math.ceil(2 * l2_bytes / set_bytes)))
     num_blocks = num_sets * s.batch * pages
     q_dtype = getattr(torch, s.dtype)
     kv_dtype = getattr(torch, s.kv_dtype)
@@ -276,20 +273,19 @@ class Skip(Exception):
     """A caller that cannot run this point; the message says why."""
 
 
-def caller_ours(s: Shape, inp: Inputs) -> Runner:
+def caller_ours(
+    s: Shape, inp: Inputs, *, decode_config=None, decode_max_splits=None
+) -> Runner:
+    """Our kernels; ``decode_config`` overrides the decode tuning table (the decode
+    tuner's candidates), ``decode_max_splits`` the split cap."""
     out = torch.empty_like(inp.query)
     key_cache, value_cache = inp.kv_cache[:, 0], inp.kv_cache[:, 1]
     if s.kernel == "decode":
-        num_sms = (
-            torch.cuda.get_device_properties(0).multi_processor_count
-            if torch.cuda.is_available()
-            else 132
-        )
         splits = ops.choose_num_splits(
             num_seqs=s.batch,
             num_kv_heads=s.num_kv_heads,
-            num_sms=num_sms,
-            max_splits=DECODE_MAX_SPLITS or ops.MAX_NUM_SPLITS,
+            num_sms=ops.hardware.num_sms(inp.query.device),
+            max_splits=decode_max_splits or ops.MAX_NUM_SPLITS,
         )
         workspace = torch.empty(
             ops.decode_workspace_shape(
@@ -315,7 +311,7 @@ def caller_ours(s: Shape, inp: Inputs) -> Runner:
                 v_scale=inp.v_scale,
                 num_splits=splits,
                 workspace=workspace,
-                config=OVERRIDE_DECODE_CONFIG,
+                config=decode_config,
             )
 
         return Runner(run, out, note=f"splits={splits}")
@@ -437,11 +433,10 @@ def caller_stock_triton(s: Shape, inp: Inputs) -> Runner:
 
 
 CALLERS = {"ours": caller_ours, "fa3": caller_fa3, "stock_triton": caller_stock_triton}
-OVERRIDE_DECODE_CONFIG = None  # set by --retune-decode
-# --retune-decode skips a config whose output differs more from the reference (the
-# sweep's own warning threshold for a benchmarked point).
-RETUNE_MAX_ERR = 0.05
-DECODE_MAX_SPLITS = None  # set by --decode-max-splits (None: the kernel's default cap)
+STOCK_CALLERS = ("fa3", "stock_triton")
+# Largest |ours - reference| a point may show before the run warns (and the decode
+# tuner rejects a config).
+MAX_ABS_ERR = 0.05
 
 
 # ----------------------------------------------------------------------------------
@@ -485,20 +480,13 @@ def max_abs_err(out: torch.Tensor, checked) -> float:
     return worst
 
 
-def time_us(runner: Runner, num_sets: int, on_gpu: bool) -> tuple[float, str]:
+def time_us(runner: Runner, num_sets: int) -> tuple[float, str]:
     """Median microseconds of one call (averaged over a pass over all sets)."""
 
     def all_sets():
         for i in range(num_sets):
             runner.run(i)
 
-    if not on_gpu:
-        samples = []
-        for _ in range(3):
-            start = time.perf_counter()
-            all_sets()
-            samples.append((time.perf_counter() - start) / num_sets * 1e6)
-        return statistics.median(samples), "perf_counter (interpreter)"
     all_sets()
     torch.cuda.synchronize()
     try:
@@ -511,9 +499,8 @@ def time_us(runner: Runner, num_sets: int, on_gpu: bool) -> tuple[float, str]:
     return ms * 1e3 / num_sets, method
 
 
-def measure_point(s: Shape, args, on_gpu: bool) -> dict:
-    device = "cuda" if on_gpu else "cpu"
-    inp = build_inputs(s, device, rotate=on_gpu)
+def measure_point(s: Shape, args) -> dict:
+    inp = build_inputs(s, "cuda", rotate=True)
     record = {**asdict(s), "num_sets": inp.num_sets}
     record["unit"] = "GB/s" if s.kernel == "decode" else "TFLOP/s"
     record["work"] = decode_bytes(s) if s.kernel == "decode" else prefill_flops(s)
@@ -522,15 +509,17 @@ def measure_point(s: Shape, args, on_gpu: bool) -> dict:
     for name, caller in CALLERS.items():
         try:
             if name not in args.callers:
-                raise Skip(args.skip_reason.get(name, "not in --callers"))
-            runner = caller(s, inp)
+                raise Skip("not in --callers")
+            if name == "ours":
+                runner = caller(s, inp, decode_max_splits=args.decode_max_splits)
+            else:
+                runner = caller(s, inp)
             runner.run(0)
-            if on_gpu:
-                torch.cuda.synchronize()
+            torch.cuda.synchronize()
             if checked is None:
                 checked = reference_rows(s, inp)
             record["max_abs_err"][name] = max_abs_err(runner.output, checked)
-            us, method = time_us(runner, inp.num_sets, on_gpu)
+            us, method = time_us(runner, inp.num_sets)
             record["time_us"][name] = us
             record["notes"][name] = f"{runner.note}; {method}".strip("; ")
         except Skip as why:
@@ -544,8 +533,7 @@ def measure_point(s: Shape, args, on_gpu: bool) -> dict:
         a, b = record.get("ours"), record.get(other)
         record[f"ratio_vs_{other}"] = a / b if a and b else None
     del inp
-    if on_gpu:
-        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()
     return record
 
 
@@ -556,160 +544,6 @@ def copy_bandwidth_gbs() -> float:
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
     return 2 * 4 * 2**30 / (ms * 1e-3) / 1e9
-
-
-# ----------------------------------------------------------------------------------
-# Retuning the decode table
-# ----------------------------------------------------------------------------------
-
-
-def _time_config(points, inputs, checked) -> float:
-    """Microseconds of ``OVERRIDE_DECODE_CONFIG`` summed over ``points``, each
-    output checked against its reference first (ValueError when wrong)."""
-    total = 0.0
-    for s, inp, ref in zip(points, inputs, checked):
-        runner = caller_ours(s, inp)
-        runner.run(0)
-        # A config must be right before it may be fast.
-        err = max_abs_err(runner.output, ref)
-        if not err <= RETUNE_MAX_ERR:
-            raise ValueError(f"max abs error {err:.3g} on {s}")
-        total += time_us(runner, inp.num_sets, True)[0]
-    return round(total, 2)
-
-
-def retune_decode(shapes: list[Shape], args, write=None, environment=None) -> dict:
-    """Time the valid DecodeConfigs on the decode points of each problem key and
-    return the table (JSON dict) with the fastest correct config per key.
-
-    Two rounds per key: every config on the key's heaviest point (most K/V bytes),
-    then the ``args.retune_finalists`` fastest of those on every point of the key
-    (0: every config on every point). One config on one point costs a compile and a
-    CUDA-graph timing; 54 fp8 configs on all points took ~5 min per key at e5b6df6.
-    The config the GPU's shipped table (or the heuristic) gives the key is always a
-    finalist, as ``previous``, and every timing goes into the table's ``records``.
-    ``write(table)`` runs after each key, so a run cut short keeps its finished
-    keys. ``environment`` (commit, driver, versions) goes into the provenance."""
-    global OVERRIDE_DECODE_CONFIG
-    from vllm.attention.ops.tuning import decode_configs as dc
-    from vllm.attention.ops.tuning.tables import device_gpu_name
-
-    groups: dict[tuple, list[Shape]] = {}
-    for s in shapes:
-        if s.kernel != "decode":
-            continue
-        splits = ops.choose_num_splits(
-            num_seqs=s.batch,
-            num_kv_heads=s.num_kv_heads,
-            num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
-        )
-        fields = dict(
-            head_size=s.head_size,
-            q_dtype=getattr(torch, s.dtype),
-            kv_dtype=getattr(torch, s.kv_dtype),
-            group=s.num_q_heads // s.num_kv_heads,
-            block_size=s.block_size,
-            split=splits > 1,
-        )
-        groups.setdefault(dc.problem_key(**fields), (fields, []))[1].append(s)
-    table = {
-        "provenance": {
-            "gpu": torch.cuda.get_device_name(),
-            "triton": triton.__version__,
-            "timing": "do_bench_cudagraph median, summed over the decode points of "
-            "the key (bench_kernels.py sweep)",
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "command": " ".join(sys.argv),
-            **(environment or {}),
-        },
-        "configs": [],
-        "records": [],
-    }
-    names = list(dc.DECODE_CONFIG_SPACE)
-    for key, (fields, points) in groups.items():
-        inputs = [build_inputs(s, "cuda", rotate=True) for s in points]
-        checked = [reference_rows(s, inp) for s, inp in zip(points, inputs)]
-        # key[2] is the table's dtype name ("fp8" for both e4m3 flavours), not a
-        # torch attribute: take the points' dtype.
-        kv_dtype = fields["kv_dtype"]
-        # What a launch on this GPU uses now (its table, a stand-in's, or the
-        # heuristic): device_gpu_name is the launchers' own choice of table.
-        previous = dc.get_decode_config(
-            gpu_name=device_gpu_name(torch.device("cuda")), **fields
-        )
-        space = [
-            dc.DecodeConfig(**dict(zip(names, values)))
-            for values in itertools.product(*dc.DECODE_CONFIG_SPACE.values())
-        ]
-        space = [
-            c
-            for c in [previous] + [c for c in space if c != previous]
-            if dc.is_valid_config(c, head_size=key[0], kv_dtype=kv_dtype)
-        ]
-        kept = [c for c in space if c == previous]  # always a finalist
-        heaviest = max(
-            range(len(points)), key=lambda i: points[i].batch * points[i].context
-        )
-        finalists = getattr(args, "retune_finalists", 0)
-        screened = {}  # config -> us on the heaviest point, None if it failed
-        if finalists and len(space) > finalists + len(kept):
-            one = ([points[heaviest]], [inputs[heaviest]], [checked[heaviest]])
-            for cfg in space:
-                OVERRIDE_DECODE_CONFIG = cfg
-                try:
-                    screened[cfg] = _time_config(*one)
-                except Exception as exc:  # e.g. out of resources, or a wrong result
-                    screened[cfg] = None
-                    print(f"  {cfg}: failed ({type(exc).__name__}: {exc})"[:200])
-            ranked = sorted(
-                (c for c in space if c not in kept and screened[c] is not None),
-                key=screened.get,
-            )
-            space = kept + ranked[:finalists]
-        timed = {}  # config -> us summed over the key's points, None if it failed
-        for cfg in space:
-            OVERRIDE_DECODE_CONFIG = cfg
-            timed[cfg] = None
-            try:
-                timed[cfg] = _time_config(points, inputs, checked)
-            except Exception as exc:  # e.g. out of resources, or a wrong result
-                print(f"  {cfg}: failed ({type(exc).__name__}: {exc})"[:200])
-        OVERRIDE_DECODE_CONFIG = None
-        done = {c: us for c, us in timed.items() if us is not None}
-        if done:
-            # min keeps the first of equals: the previous config, timed first.
-            cfg = min(done, key=done.get)
-            print(
-                f"retune {key}: {cfg} ({done[cfg]:.1f} us summed; "
-                f"previous {previous}: {timed.get(previous)} us)"
-            )
-            table["configs"].append(dc.table_entry(key, cfg))
-            table["records"].append(
-                {
-                    "entry": dc.table_entry(key, cfg),
-                    "previous": asdict(previous),
-                    "points": [str(s) for s in points],
-                    "timings": [
-                        {**asdict(c), "us_summed": us}
-                        if us is not None
-                        else {**asdict(c), "failed": True}
-                        for c, us in timed.items()
-                    ],
-                    # Round one (when there was one): every config on one point.
-                    "screen_point": str(points[heaviest]) if screened else None,
-                    "screen": [
-                        {**asdict(c), "us": us}
-                        if us is not None
-                        else {**asdict(c), "failed": True}
-                        for c, us in screened.items()
-                    ],
-                }
-            )
-            if write is not None:
-                write(table)
-        del inputs
-        torch.cuda.empty_cache()
-    return table
 
 
 # ----------------------------------------------------------------------------------
@@ -757,31 +591,28 @@ def _import_stock(files: dict) -> None:
             print(f"note: {name} skipped: {reason}")
 
 
-def import_modules(args) -> dict:
-    """Import stock (from --stock-site), then ours (from the checkout); return the
-    file each module came from. Stock modules are imported first, before the
-    checkout joins ``vllm.__path__``, so no file of the checkout can shadow them."""
-    stock.fa3_reason = stock.triton_reason = "--interpret: stock kernels need a GPU"
+def import_modules(stock_site: str | None) -> dict:
+    """Import stock (from ``stock_site``, when given), then ours (from the checkout);
+    return the file each module came from. Stock modules are imported first, before
+    the checkout joins ``vllm.__path__``, so no file of the checkout can shadow them.
+    Call it before anything imports ``vllm``."""
+    stock.fa3_reason = stock.triton_reason = "no --stock-site given"
     stock.flash_attn_varlen_func = stock.unified_attention = None
     files = {}
-    sys.path.insert(0, str(REPO))  # tests.kernels.interpreter_compat; plain vllm/
-    if not args.interpret and os.path.isdir(args.stock_site):
-        sys.path.insert(0, args.stock_site)
+    sys.path.insert(0, str(REPO))  # benchmarks.harness; the checkout's vllm/
+    if stock_site is not None:
+        sys.path.insert(0, stock_site)
     import vllm
 
     files["vllm"] = getattr(vllm, "__file__", None)
-    if files["vllm"]:  # stock vLLM (a regular package) was found
-        if not args.interpret:
-            _import_stock(files)
+    if stock_site is not None and files["vllm"]:  # stock vLLM (a regular package)
+        _import_stock(files)
         vllm.__path__.insert(0, str(REPO / "vllm"))
-    else:
+    elif stock_site is not None:
         stock.fa3_reason = stock.triton_reason = (
-            f"stock vLLM not found at --stock-site {args.stock_site}"
+            f"stock vLLM not found at --stock-site {stock_site}"
         )
-    if args.interpret:
-        from tests.kernels.interpreter_compat import install
-
-        install()
+    from vllm.attention.ops import hardware
     from vllm.attention.ops import triton_paged_decode_attention_2d as dec
     from vllm.attention.ops.prefix_prefill import prefix_prefill_attention
     from vllm.attention.ops.reference import ref_paged_attention
@@ -789,6 +620,7 @@ def import_modules(args) -> dict:
     for name in ("choose_num_splits", "decode_workspace_shape", "WORKSPACE_DTYPE",
                  "paged_decode_attention", "MAX_NUM_SPLITS"):  # fmt: skip
         setattr(ops, name, getattr(dec, name))
+    ops.hardware = hardware
     ops.prefix_prefill_attention = prefix_prefill_attention
     ops.ref_paged_attention = ref_paged_attention
     files["ours_decode"] = dec.__file__
@@ -811,13 +643,12 @@ def environment(args, files) -> dict:
     commit = args.commit or _run(["git", "rev-parse", "--short=12", "HEAD"], REPO)
     if commit and _run(["git", "status", "--porcelain", "--untracked-files=no"], REPO):
         commit += "-dirty"
-    on_gpu = torch.cuda.is_available() and not args.interpret
-    from benchmarks.harness import gpu_info  # import_modules put REPO on sys.path
+    from benchmarks.harness import gpu_info
 
     return {
         "commit": commit or "unknown",
-        "gpu": torch.cuda.get_device_name() if on_gpu else "cpu (interpreter)",
-        "driver": gpu_info()["driver"] if on_gpu else None,
+        "gpu": torch.cuda.get_device_name(),
+        "driver": gpu_info()["driver"],
         "torch": torch.__version__,
         "triton": triton.__version__,
         "vllm": getattr(vllm, "__version__", None),
@@ -853,13 +684,13 @@ def print_table(records: list[dict]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a ~2 minute subset")
-    p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run)")
+    p.add_argument("--tiny", action="store_true", help="tiny shapes (smoke run)")
     p.add_argument(
         "--decode-max-splits",
         type=int,
         default=None,
         help="cap of choose_num_splits for our decode (default: MAX_NUM_SPLITS); "
-        "to measure a different cap against FA3 in the same sitting",
+        "to measure a different cap against FA3 in the same run",
     )
     p.add_argument(
         "--kernels",
@@ -876,82 +707,44 @@ def main() -> None:
         help="measure only the points with these KV-cache dtypes",
     )
     p.add_argument(
-        "--interpret",
-        action="store_true",
-        help="TRITON_INTERPRET=1 on the CPU: ours + reference only",
-    )
-    p.add_argument(
         "--stock-site",
-        default="/tmp/site",
-        help="folder holding stock vLLM 0.26.0 (imported as vllm)",
+        default=None,
+        help="folder holding stock vLLM 0.26.0 (imported as vllm); required for "
+        "the fa3 and stock_triton callers",
     )
     p.add_argument("--results-dir", default=str(REPO / "benchmarks/results/kernels"))
     p.add_argument("--commit", help="commit id to record (default: git HEAD)")
     p.add_argument("--callers", nargs="+", default=list(CALLERS), choices=list(CALLERS))
-    p.add_argument(
-        "--retune-decode",
-        action="store_true",
-        help="search DECODE_CONFIG_SPACE on the decode points and write "
-        "paged_decode_<gpu>.json to --results-dir",
-    )
-    p.add_argument(
-        "--retune-finalists",
-        type=int,
-        default=6,
-        help="--retune-decode: time every config on each key's heaviest point, "
-        "then this many of the fastest (and the key's current config) on all its "
-        "points; 0 = every config on every point",
-    )
     args = p.parse_args()  # fmt: skip
-    args.skip_reason = {}
-    if args.interpret:
-        args.callers = ["ours"]
-        reason = "--interpret runs on the CPU; FA3 and stock Triton need a GPU"
-        args.skip_reason = {"fa3": reason, "stock_triton": reason}
-        print(f"note: fa3 and stock_triton skipped: {reason}")
-    files = import_modules(args)
-    on_gpu = torch.cuda.is_available() and not args.interpret
-    if not on_gpu and not args.interpret:
-        sys.exit("no GPU: use --interpret --tiny for a CPU smoke run")
+    stock_callers = [c for c in args.callers if c in STOCK_CALLERS]
+    if stock_callers and args.stock_site is None:
+        p.error(
+            f"--stock-site DIR (stock vLLM 0.26.0) is required for the callers "
+            f"{stock_callers}; or pass --callers ours"
+        )
+    if not torch.cuda.is_available():
+        sys.exit("bench_kernels.py needs a GPU (the kernel tests run on the CPU)")
+    files = import_modules(args.stock_site)
     shapes = [
         s
         for s in sweep(args)
         if s.kernel in args.kernels
         and ("fp8" if s.kv_dtype.startswith("float8") else "bf16") in args.kv_dtypes
     ]
-    global DECODE_MAX_SPLITS
-    DECODE_MAX_SPLITS = args.decode_max_splits
     out_dir = Path(args.results_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if args.retune_decode:
-        from vllm.attention.ops.tuning.decode_configs import table_path
-
-        path = out_dir / table_path(torch.cuda.get_device_name()).name
-
-        def write(table):
-            path.write_text(json.dumps(table, indent=1) + "\n")
-            print(f"wrote {path} ({len(table['configs'])} keys)", flush=True)
-
-        env = environment(args, files)
-        keep = ("commit", "driver", "torch", "vllm")
-        retune_decode(shapes, args, write, {k: env[k] for k in keep})
-        print(
-            f"merge its configs into vllm/attention/ops/tuning/{path.name} to use them"
-        )
-        return
     start = time.time()
     result = environment(args, files)
     result["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
-    result["bf16_dense_peak_tflops"] = BF16_DENSE_PEAK_TFLOPS
-    if on_gpu:
-        result["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
-        print(
-            f"device-to-device copy: {result['copy_bandwidth_gbs']:.0f} GB/s "
-            f"(read + write); bf16 dense peak {BF16_DENSE_PEAK_TFLOPS} TFLOP/s"
-        )
+    result["bf16_dense_peak_tflops"] = ops.hardware.H200_BF16_DENSE_PEAK_TFLOPS
+    result["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
+    print(
+        f"device-to-device copy: {result['copy_bandwidth_gbs']:.0f} GB/s "
+        f"(read + write); bf16 dense peak {result['bf16_dense_peak_tflops']} TFLOP/s"
+    )
     result["records"] = []
     for i, s in enumerate(shapes):
-        record = measure_point(s, args, on_gpu)
+        record = measure_point(s, args)
         result["records"].append(record)
         cells = [
             f"{c}={record[c]:.3g}"
@@ -981,10 +774,10 @@ def main() -> None:
     bad = [
         (r["kernel"], r["batch"], r["context"], r["max_abs_err"])
         for r in result["records"]
-        if any(e > 0.05 for e in r["max_abs_err"].values())
+        if any(e > MAX_ABS_ERR for e in r["max_abs_err"].values())
     ]
     if bad:
-        print(f"WARNING: max_abs_err > 0.05 at {bad}")
+        print(f"WARNING: max_abs_err > {MAX_ABS_ERR} at {bad}")
     print(f"wrote {path} ({result['wall_s']:.0f} s)")
 
 

@@ -1,20 +1,22 @@
 """Merge the winners of recorded GPU sweeps into the shipped tuning tables.
 
-A sitting's sweeps write into copies of the tables (benchmarks/gpu/sittings/
-kernel_work.sh); an entry reaches ``vllm/attention/ops/tuning/`` only together with
-the record that timed it. Each RECORD is one of:
+Tuning runs write into copies of the tables; an entry reaches
+``vllm/attention/ops/tuning/`` only together with the record that timed it. Each
+RECORD is one of:
 
-- a prefill tuner record (``tune_prefix_prefill --record``): ``records`` whose items
-  have the table ``key`` and the ``best`` config;
-- a decode retune output (``bench_kernels.py --retune-decode``): a table file whose
+- a prefill tuner record (``tune_attention.py --kernel prefill --record``):
+  ``records`` whose items have the table ``key`` and the ``best`` config;
+- a decode tuner output (``tune_attention.py --kernel decode``): a table file whose
   ``records`` hold every timing and whose ``configs`` are the winners.
 
 The table of RECORD's GPU gets each key's winner (replaced or added), its entries
-sorted by key as the tuner writes them, and one ``merged_later`` provenance item per
-record (path, commit, keys). Later records win over earlier ones for a key.
+sorted by key as the tuner writes them. Its provenance stays short structured
+fields: ``records`` lists every record merged into it, ``commit``, ``triton``,
+``torch`` and ``driver`` are the latest record's. Later records win over earlier
+ones for a key.
 
     python3 benchmarks/kernels/merge_tuning.py \\
-        benchmarks/results/tuning/2026-11-30-e5b6df6-prefill-bf16.json
+        benchmarks/results/tuning/RECORD.json
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def merge(record_paths: list[Path], table_path: Path | None = None) -> Path:
         table.key(**{k: e[k] for k in table.key_fields}): e for e in data["configs"]
     }
     provenance = data.get("provenance", {})
-    merged = list(provenance.get("merged_later", []))
+    merged = list(provenance.get("records", []))
     for record_path, body, (_, best) in zip(record_paths, bodies, parsed):
         for key, config in best.items():
             old = entries.get(key, {}).get("config")
@@ -87,14 +89,12 @@ def merge(record_paths: list[Path], table_path: Path | None = None) -> Path:
             shown = record_path.resolve().relative_to(REPO)
         except ValueError:
             shown = record_path
-        merged.append(
-            {
-                "record": str(shown),
-                "commit": _field(body, "commit"),
-                "keys": len(best),
-            }
-        )
-    provenance["merged_later"] = merged
+        if str(shown) not in merged:
+            merged.append(str(shown))
+        for name in ("gpu", "commit", "triton", "torch", "driver"):
+            if _field(body, name) is not None:
+                provenance[name] = _field(body, name)
+    provenance["records"] = merged
     path.write_text(table_text(provenance, [entries[k] for k in sorted(entries)]))
     print(f"wrote {path} ({len(entries)} entries)")
     return path

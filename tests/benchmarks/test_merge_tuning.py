@@ -69,12 +69,9 @@ def test_prefill_records_replace_and_add_sorted_with_provenance(tmp_path):
     assert got[key(**KEY, max_query_len=64)] == PrefillConfig(128, 64, 4, 2)
     buckets = [e["max_query_len"] for e in json.loads(table.read_text())["configs"]]
     assert buckets == [64, 1024, 16384]  # sorted by key, as the tuner writes
-    assert provenance["commit"] == "old"
-    assert [m["commit"] for m in provenance["merged_later"]] == [
-        "abc1234",
-        "def",
-        "abc1234",
-    ]
+    # Provenance: every merged record listed once, the latest record's commit.
+    assert provenance["records"] == [str(first), str(later), str(added)]
+    assert provenance["commit"] == "abc1234" and provenance["gpu"] == "Fake GPU"
 
 
 def test_decode_retune_output_merges_its_winners(tmp_path):
@@ -95,7 +92,8 @@ def test_decode_retune_output_merges_its_winners(tmp_path):
     merge_tuning.merge([retune], table)
     got, provenance = _parsed(DECODE_TABLE, table)
     assert got == {key: win}
-    assert provenance["merged_later"][0]["keys"] == 1
+    assert provenance["records"] == [str(retune)]
+    assert provenance["commit"] == "abc1234"
 
 
 def test_refuses_what_is_not_one_table(tmp_path):

@@ -139,7 +139,7 @@ def _amd_prefix_prefill_kwargs():
     query = torch.empty((64, 16, 128), dtype=torch.bfloat16)
     cache = torch.empty((8, 2, 2, 16, 128), dtype=torch.float8_e4m3fnuz)
     heads = torch.empty(16)
-    _, kwargs = pp._launch_arguments(
+    ((_, _, kwargs),) = pp._launches(
         query=query,
         key_cache=cache[:, 0],
         value_cache=cache[:, 1],
@@ -218,7 +218,7 @@ def _prefix_prefill_cases():
             head_size=head_size, group=group, max_query_len=max_query_len
         )
         config = dataclasses.replace(config, use_tma=use_tma)
-        _, kwargs = pp._launch_arguments(
+        ((_, _, kwargs),) = pp._launches(
             query=query,
             key_cache=cache[:, 0],
             value_cache=cache[:, 1],
@@ -311,7 +311,7 @@ def _cache_write_cases(*cache_dtypes):
         key = torch.empty((16, 8, 128), dtype=torch.bfloat16)
         cache = torch.empty((4, 2, 8, 64, 128), dtype=cache_dtype)
         scale = torch.ones(1) if cache_dtype != torch.bfloat16 else None
-        _, kwargs = pcw._launch_arguments(
+        ((_, _, kwargs),) = pcw._launches(
             key=key,
             value=key,
             key_cache=cache[:, 0],
@@ -345,13 +345,18 @@ def main() -> int:
         good &= (summary["ex2_f16x2"] > 0) == kwargs["FAST_EXP"]
         # No register spills up to head size 128, except in a tile a GPU sweep
         # chose by timing against spill-free ones (the H200 table's 128x64 4-warp
-        # TMA tiles spill 288 bytes per thread and were 3-19% faster than every
-        # spill-free candidate: benchmarks/results/tuning/*-e5b6df6-prefill-*.json).
-        # Head size 256 is exempt: the heuristic's 64x32 4-warp tile, which the
-        # table keeps in three buckets, spills ~72 bytes (kernel_work.sh head256
-        # sweeps them next); its printed stack_bytes are for the reader.
+        # TMA tiles spill a few hundred bytes per thread and were faster than every
+        # spill-free candidate: benchmarks/results/tuning/*-prefill-*.json), and
+        # under a register cap (maxnreg trades spills for occupancy; that case
+        # checks that the cap reaches ptxas). Head size 256 is exempt: its 64x32
+        # heuristic tile spills; its printed stack_bytes are for the reader.
         spills = summary.get("stack_bytes", 0) > 0
-        good &= not spills or kwargs["HEAD_SIZE"] > 128 or name.startswith(TIMED)
+        good &= (
+            not spills
+            or kwargs["HEAD_SIZE"] > 128
+            or name.startswith(TIMED)
+            or bool(kwargs.get("maxnreg"))
+        )
         ok &= good
         print(f"{'ok ' if good else 'BAD'} {name}: {summary}")
     for name, kwargs in _cache_write_cases():

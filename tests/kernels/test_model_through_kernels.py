@@ -68,18 +68,6 @@ def _prompts():
     return [torch.randint(1, VOCAB, (n,), generator=gen).tolist() for n in lens]
 
 
-def _reference_answers(model, prompts):
-    out = []
-    for p in prompts:
-        ids = torch.tensor([p], device=DEVICE)
-        with torch.no_grad():
-            gen = model.generate(
-                ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
-            )
-        out.append(gen[0, ids.shape[1] :].tolist())
-    return out
-
-
 class PagedKernelRunner:
     """The model's layers with attention through the fork's cache write + dispatch."""
 
@@ -210,7 +198,7 @@ def _reference_logits(model, prompts, answers):
 def test_model_generates_the_same_through_the_kernels(model):
     prompts = _prompts()
     runner = PagedKernelRunner(model, [len(p) for p in prompts], NEW_TOKENS)
-    ours = runner.generate(prompts, NEW_TOKENS)
+    runner.generate(prompts, NEW_TOKENS)
     ref_logits = _reference_logits(model, prompts, runner.answer_ids)
     ours_logits = torch.stack(runner.logits)
     assert torch.isfinite(ours_logits).all()  # no NaN slot or spare page was read
@@ -218,7 +206,11 @@ def test_model_generates_the_same_through_the_kernels(model):
     spread = ref_logits.std().item()
     # Seen on the CPU: 0.30 against a spread of 4.5; 6.3 with the softmax scale 20% off.
     assert diff < 0.25 * spread, (diff, spread)
-    # Greedy answers agree (a flip needs a near-tie between bf16 and fp32 attention).
-    ref = _reference_answers(model, prompts)
-    same = sum(a == b for a, b in zip(ours, ref))
-    assert same >= len(prompts) - 1, list(zip(ours, ref))
+    # Greedy choices agree wherever the reference is not near a tie: a margin
+    # between its two best logits of more than twice the largest difference seen
+    # above leaves bf16 rounding no room to flip the choice; most positions qualify.
+    top2 = ref_logits.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 2 * diff
+    assert clear.float().mean() > 0.5, clear.float().mean()
+    agree = ours_logits.argmax(-1) == ref_logits.argmax(-1)
+    assert agree[clear].all(), (agree, clear)

@@ -229,3 +229,55 @@ def test_fp8_cache_with_a_query_past_fp16_range():
     assert_close(
         output, ref, dtype=torch.bfloat16, atol=atol, rtol=rtol, what="fp8 big q"
     )
+
+
+# Inputs outside the one contract (triton_attention_common.check_attention_inputs),
+# each with the words its error must contain. Both kernels share the contract, so
+# the batch's decode part and its prefill part reject each one alike.
+CONTRACT_VIOLATIONS = {
+    "head-size-not-multiple-of-16": ({"head_size": 72}, {}, "head size 72"),
+    "head-size-past-256": ({"head_size": 272}, {}, "head size 272"),
+    "block-size-not-power-of-2": ({"block_size": 24}, {}, "block size 24"),
+    "negative-softcap": ({}, {"logits_soft_cap": -1.0}, "logits_soft_cap"),
+    "window-0": ({}, {"sliding_window": 0}, "sliding_window"),
+    "sinks-shape": ({}, {"sinks": "wrong-shape"}, "sinks"),
+    "fp8-without-scales": ({"kv_dtype": torch.float8_e4m3fn}, {}, "k_scale"),
+}
+
+
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+@pytest.mark.parametrize(
+    "build, call, match",
+    list(CONTRACT_VIOLATIONS.values()),
+    ids=list(CONTRACT_VIOLATIONS),
+)
+def test_one_contract_for_both_kernels(kernel, build, call, match):
+    decode_only = kernel == "decode"
+    seqs = [(1, 20)] if decode_only else [(3, 20)]
+    shape = {"head_size": 64, "block_size": 16, **build}
+    kv_dtype = shape.pop("kv_dtype", torch.bfloat16)
+    batch = make_paged_batch(
+        seqs=seqs,
+        num_q_heads=4,
+        num_kv_heads=2,
+        q_dtype=torch.bfloat16,
+        cache_dtype=kv_dtype,
+        **shape,
+    )
+    if call.get("sinks") == "wrong-shape":
+        call = {**call, "sinks": torch.zeros(3, device=DEVICE)}
+    with pytest.raises(ValueError, match=match):
+        dispatch.paged_attention(
+            query=batch.query,
+            key_cache=batch.key_cache,
+            value_cache=batch.value_cache,
+            output=torch.empty_like(batch.query),
+            block_table=batch.block_table,
+            query_start_loc=batch.query_start_loc,
+            seq_lens=batch.seq_lens,
+            num_decodes=1 if decode_only else 0,
+            num_decode_tokens=1 if decode_only else 0,
+            max_query_len=batch.max_query_len,
+            softmax_scale=0.125,
+            **call,
+        )

@@ -151,6 +151,10 @@ CASES = {
     "d112_gqa8_bs128": (112, 8, 1, 128, BF16, BF16, {}),
     "d192_gqa16_bs16": (192, 16, 1, 16, BF16, BF16, {}),
     "d256_gqa2_bs32": (256, 2, 1, 32, FP16, FP16, {}),
+    # The shared contract's edges (prefill takes them too): the smallest head size,
+    # pages smaller than a KV tile (a tile spans many pages), one key per page.
+    "d16_gqa4_bs8": (16, 4, 1, 8, BF16, BF16, {}),
+    "d64_gqa2_bs1": (64, 2, 1, 1, FP16, FP16, {}),
     "fp8_e4m3fn_bf16": (128, 4, 1, 16, BF16, E4M3, {}),
     "fp8_e4m3fn_fp16": (64, 2, 1, 32, FP16, E4M3, {}),
     "fp8_e4m3fnuz": (64, 2, 1, 16, BF16, torch.float8_e4m3fnuz, {}),
@@ -158,6 +162,8 @@ CASES = {
     "window_1": (64, 2, 1, 16, FP16, FP16, {"window": 1}),
     "alibi": (64, 4, 1, 16, FP16, FP16, {"alibi": True}),
     "softcap": (64, 2, 1, 32, BF16, BF16, {"softcap": 2.0}),
+    # 0 means "no soft-cap" in every entry point (and in the reference).
+    "softcap_0_off": (64, 2, 1, 32, BF16, BF16, {"softcap": 0.0}),
     "sinks": (64, 4, 1, 16, BF16, BF16, {"sinks": True}),
     "all_features_fp8": (
         80,
@@ -297,15 +303,10 @@ def test_choose_num_splits():
     assert choose_num_splits(num_seqs=0, num_kv_heads=8, num_sms=132) == 64
 
 
-def test_decode_tuning_tables_load(tmp_path, monkeypatch):
-    # Every committed table parses into valid configs; a table entry wins over the
-    # heuristic for its key only; an unknown GPU falls back to the heuristic.
-    for path in tables.TUNING_DIR.glob("paged_decode_*.json"):
-        gpu = json.loads(path.read_text())["provenance"]["gpu"]
-        table = dc.load_decode_table(gpu)
-        assert table, f"{path.name}: no entries"
-        for key, config in table.items():
-            assert dc.is_valid_config(config, head_size=key[0], kv_dtype=key[2]), key
+def test_decode_table_lookup_prefers_entries_and_falls_back(tmp_path, monkeypatch):
+    # The loader's behaviour for the decode kind: a table entry wins over the
+    # heuristic for its key only; a GPU without a table (the H200 ships none: no
+    # decode entry was measured) and a key outside the table take the heuristic.
     special = dc.DecodeConfig(block_n=128, num_warps=8, num_stages=3)
     key = {
         "head_size": 96,
@@ -315,19 +316,20 @@ def test_decode_tuning_tables_load(tmp_path, monkeypatch):
         "block_size": 32,
         "split": True,
     }
-    entry = dc.table_entry(dc.problem_key(**key), special)
+    entry = dc.DECODE_TABLE.entry(dc.DECODE_TABLE.key(**key), special)
     (tmp_path / "paged_decode_Test_GPU.json").write_text(
         json.dumps({"provenance": {"gpu": "Test GPU"}, "configs": [entry]})
     )
     monkeypatch.setattr(tables, "TUNING_DIR", tmp_path)
     tables.clear_caches()
     try:
-        assert dc.get_decode_config(gpu_name="Test GPU", **key) == special
+        assert dc.DECODE_TABLE.lookup(gpu_name="Test GPU", **key) == special
+        assert dc.DECODE_TABLE.load("Test GPU") == {dc.DECODE_TABLE.key(**key): special}
         other = {**key, "split": False}
-        assert dc.get_decode_config(gpu_name="Test GPU", **other) != special
-        assert dc.get_decode_config(gpu_name="Other GPU", **key) == (
-            dc.heuristic_decode_config(head_size=96, kv_dtype=torch.float16)
-        )
+        heuristic = dc.heuristic_decode_config(head_size=96, kv_dtype=torch.float16)
+        assert dc.DECODE_TABLE.lookup(gpu_name="Test GPU", **other) == heuristic
+        assert dc.DECODE_TABLE.lookup(gpu_name="Other GPU", **key) == heuristic
+        assert dc.DECODE_TABLE.load("Other GPU") == {}
     finally:
         tables.clear_caches()
 
@@ -399,7 +401,7 @@ def _call(batch, **over):
     [
         ({"head_size": 72}, {}, "head size 72"),
         ({"head_size": 288}, {}, "head size 288"),
-        ({"block_size": 8}, {}, "block size 8"),
+        ({"block_size": 24}, {}, "block size 24"),
         ({"q_dtype": torch.float16, "cache_dtype": torch.bfloat16}, {}, "cache dtype"),
         ({"cache_dtype": torch.float8_e4m3fn}, {"k_scale": None}, "k_scale"),
         ({}, {"num_splits": SPLIT_LIMIT + 1}, "num_splits"),
@@ -410,17 +412,21 @@ def _call(batch, **over):
         (
             {},
             {
-                "query": torch.empty(1, 5, 64, dtype=torch.bfloat16),
-                "output": torch.empty(1, 5, 64, dtype=torch.bfloat16),
+                "query": torch.empty(1, 5, 64, dtype=torch.bfloat16, device=DEVICE),
+                "output": torch.empty(1, 5, 64, dtype=torch.bfloat16, device=DEVICE),
             },
             "multiple of num_kv_heads",
         ),
-        ({}, {"query": torch.empty(1, 4, 64, dtype=torch.float32)}, "query dtype"),
+        (
+            {},
+            {"query": torch.empty(1, 4, 64, dtype=torch.float32, device=DEVICE)},
+            "query dtype",
+        ),
     ],
     ids=[
         "head72",
         "head288",
-        "bs8",
+        "bs24",
         "dtype_mix",
         "fp8_no_scale",
         "splits-past-limit",
@@ -442,7 +448,7 @@ def test_unsupported_inputs_raise(build, call, match):
 
 # The interpreter does not lower anything; compiling the real launches for real
 # targets on the CPU catches lowering errors (and lost pipelining) before a GPU
-# session does. Variants: the plain 2D kernel, and split-KV with fp8 and every
+# run does. Variants: the plain 2D kernel, and split-KV with fp8 and every
 # feature on a padded head size and GQA group (decode kernel + merge).
 COMPILE_VARIANTS = {
     "2d_bf16_d128": {"fp8": False, "num_splits": 1, "features": False,

@@ -61,6 +61,9 @@ def paged_attention(
             (``choose_num_splits`` / ``decode_workspace_shape``, chosen by the
             builder from the batch shape so CUDA graphs stay valid).
         The rest are the attention features of both kernels.
+
+    Both kernels check their part of the batch against the one input contract
+    (``triton_attention_common.check_attention_inputs``) and raise ValueError.
     """
     if num_seqs is None:
         num_seqs = seq_lens.shape[0]

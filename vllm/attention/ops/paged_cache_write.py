@@ -11,6 +11,13 @@ tile of K and the same of V; the 16-bit paths are pure copies. For an fp8 cache 
 stored value is ``clamp(x / scale, -max, max)`` cast to the cache dtype (e4m3fn on
 CUDA, e4m3fnuz on ROCm), with per-tensor fp32 scales read on the device (no host
 sync). Cache offsets are int64 (``num_blocks * block stride`` can pass 2**31).
+
+Strides are runtime arguments here, unlike the attention kernels' constexpr
+``STRIDE_*``: the key/value inputs reach this copy in several layouts (views of the
+fused QKV projection, contiguous tensors after a norm or rotary embedding), each of
+which would be one more compiled variant, and a copy has no address arithmetic
+worth folding. The input contract (head size, page size, fp8 scales) is the attention
+kernels' (``triton_attention_common.check_kv_cache``).
 """
 
 import torch
@@ -19,6 +26,7 @@ import triton.language as tl
 
 from vllm.attention.ops.triton_attention_common import (
     FP8_DTYPES,
+    check_kv_cache,
     fp8_max,
     quantize_fp8,
 )
@@ -117,10 +125,12 @@ def _paged_cache_write_kernel(
     )
 
 
-def _launch_arguments(
+def _launches(
     *, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale
-) -> tuple[tuple[int, int], dict]:
-    """Grid and keyword arguments of ``_paged_cache_write_kernel`` (no checks)."""
+) -> list[tuple]:
+    """``(kernel, grid, keyword arguments)`` of each launch of one cache write (one
+    launch); no checks. Separate from the launch so the offline compile check
+    builds exactly what a launch would."""
     num_tokens = slot_mapping.shape[0]
     _, num_kv_heads, block_size, head_size = key_cache.shape
     is_fp8 = key_cache.dtype in FP8_DTYPES
@@ -129,7 +139,7 @@ def _launch_arguments(
         triton.next_power_of_2(num_kv_heads), max(1, _MAX_TILE_ELEMENTS // head_pad)
     )
     grid = (num_tokens, triton.cdiv(num_kv_heads, heads_per_program))
-    return grid, {
+    kwargs = {
         "key_ptr": key,
         "value_ptr": value,
         "key_cache_ptr": key_cache,
@@ -156,10 +166,11 @@ def _launch_arguments(
         "IS_FP8": is_fp8,
         "num_warps": 4,
     }
+    return [(_paged_cache_write_kernel, grid, kwargs)]
 
 
 def _fail(message: str) -> None:
-    raise ValueError(f"write_to_paged_cache: {message}")
+    raise ValueError(f"write_to_paged_cache: {message}.")
 
 
 def write_to_paged_cache(
@@ -189,11 +200,14 @@ def write_to_paged_cache(
             f"key and value must be [num_tokens, num_kv_heads, head_size], got "
             f"{tuple(key.shape)} and {tuple(value.shape)}"
         )
-    if not (key_cache.dim() == 4 and value_cache.shape == key_cache.shape):
-        _fail(
-            f"caches must be [num_blocks, num_kv_heads, block_size, head_size], got "
-            f"{tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
-        )
+    is_fp8 = check_kv_cache(
+        "write_to_paged_cache",
+        key_cache=key_cache,
+        value_cache=value_cache,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        device=key.device,
+    )
     _, num_kv_heads, _, head_size = key_cache.shape
     if key.shape[1:] != (num_kv_heads, head_size):
         _fail(
@@ -205,35 +219,13 @@ def write_to_paged_cache(
             f"key/value dtype must be one of {_INPUT_DTYPES} and equal, got "
             f"{key.dtype} and {value.dtype}"
         )
-    if key_cache.dtype != value_cache.dtype:
-        _fail(
-            f"key/value cache dtypes differ: {key_cache.dtype} vs {value_cache.dtype}"
-        )
-    is_fp8 = key_cache.dtype in FP8_DTYPES
-    if is_fp8:
-        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if not (
-                scale is not None
-                and scale.numel() == 1
-                and scale.dtype == torch.float32
-                and scale.device == key.device
-            ):
-                _fail(
-                    f"an fp8 cache needs {name} as a 1-element float32 tensor on "
-                    f"{key.device}"
-                )
-    elif key_cache.dtype != key.dtype:
+    if not is_fp8 and key_cache.dtype != key.dtype:
         _fail(
             f"cache dtype {key_cache.dtype} must equal the key dtype {key.dtype} "
             f"(or be fp8 e4m3fn/e4m3fnuz with scales)"
         )
-    if not (
-        key.stride(2) == 1
-        and value.stride(2) == 1
-        and key_cache.stride(3) == 1
-        and value_cache.stride(3) == 1
-    ):
-        _fail("the head dim of key, value and both caches must be contiguous")
+    if not (key.stride(2) == 1 and value.stride(2) == 1):
+        _fail("the head dim of key and value must be contiguous")
     if not (
         slot_mapping.dim() == 1
         and slot_mapping.dtype in (torch.int64, torch.int32)
@@ -243,14 +235,12 @@ def write_to_paged_cache(
             f"slot_mapping must be 1D int64 with at most {key.shape[0]} entries, got "
             f"{tuple(slot_mapping.shape)} {slot_mapping.dtype}"
         )
-    if any(
-        t.device != key.device for t in (value, key_cache, value_cache, slot_mapping)
-    ):
+    if any(t.device != key.device for t in (value, slot_mapping)):
         _fail("all tensors must be on one device")
     num_tokens = slot_mapping.shape[0]
     if num_tokens == 0:
         return
-    grid, kwargs = _launch_arguments(
+    launches = _launches(
         key=key,
         value=value,
         key_cache=key_cache,
@@ -259,4 +249,5 @@ def write_to_paged_cache(
         k_scale=k_scale,
         v_scale=v_scale,
     )
-    _paged_cache_write_kernel[grid](**kwargs)
+    for kernel, grid, kwargs in launches:
+        kernel[grid](**kwargs)

@@ -48,42 +48,41 @@ of a Triton Attention Kernel", arXiv 2511.11581):
   e4m3 -> fp16 conversion per element instead of two to reach bf16); with the
   config's ``fp8_qk`` the query tile is quantised to the cache's format once per
   program and q.k runs on fp8 tensor cores (``FP8_QK``), only V is converted.
+* Strides (the same rule in the decode kernel): the query, output and cache strides
+  are fixed for a model, so they are ``tl.constexpr`` (``STRIDE_*``) and Triton
+  folds the address arithmetic; the block table's row stride is set by the model
+  runner (max blocks per sequence) and stays a runtime argument so that it does not
+  multiply the compiled variants.
 * Launch tiles come from a table keyed on (head size, dtypes, group, page size,
   bucketed max query length), with a heuristic fallback: see ``tuning/``. There is
   no autotuning and no host sync at launch (``max_query_len`` is a host int).
 """
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from vllm.attention.ops.hardware import nvidia_gpu, tma_supported
 from vllm.attention.ops.triton_attention_common import (
     FP8_DTYPES,
+    check_attention_inputs,
     finalize_output,
     fp8_max,
     init_softmax_state,
     load_kv_tile,
-    nvidia_gpu,
     online_softmax_step,
     page_tile_offset,
     paged_row_offsets,
     quantize_fp8,
     query_for_cache,
     scores_and_scale,
+    softcap_enabled,
     to_dot_dtype,
 )
-from vllm.attention.ops.tuning.prefill_configs import (
-    PrefillConfig,
-    get_prefill_config,
-    next_power_of_2,
-)
-from vllm.attention.ops.tuning.tables import device_gpu_name
+from vllm.attention.ops.tuning.prefill_configs import PREFILL_TABLE, PrefillConfig
+from vllm.attention.ops.tuning.tables import device_gpu_name, next_power_of_2
 
-MAX_HEAD_SIZE = 256
-_QUERY_DTYPES = (torch.bfloat16, torch.float16)
 # Triton's limit on the 2nd and 3rd grid dimensions.
 _MAX_GRID_YZ = 65535
 
@@ -105,11 +104,10 @@ def _attend_kv_range(
     k_desc,  # TMA descriptors of the caches as [rows, HEAD_SIZE] (USE_TMA)
     v_desc,
     head_offset,  # elements from a cache's start to this KV head (USE_TMA)
-    stride_cache_block,
-    stride_cache_slot,
     qk_scale,  # scale of q.k (softmax_scale; fp8: k_scale, q pre-scaled)
-    soft_cap,
-    sliding_window,
+    softcap,  # fp32 (USE_SOFTCAP)
+    sliding_window,  # int (USE_WINDOW)
+    STRIDE_KV_BLOCK: tl.constexpr,  # elements between pages (same for K and V)
     BLOCK_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
@@ -120,7 +118,7 @@ def _attend_kv_range(
     LAZY_RESCALE: tl.constexpr,  # see online_softmax_step
     FAST_EXP: tl.constexpr,  # fp16 probabilities (common.probabilities)
     MASKED: tl.constexpr,  # False: every key of every tile is visible to every row
-    USE_SOFT_CAP: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
     USE_WINDOW: tl.constexpr,
 ):
@@ -134,18 +132,18 @@ def _attend_kv_range(
             first_row = page_tile_offset(
                 block_table_row_ptr,
                 tile_start,
-                stride_cache_block,
-                stride_cache_slot,
+                STRIDE_KV_BLOCK,
+                HEAD_SIZE,  # a page row is HEAD_SIZE elements (contiguous pages)
                 BLOCK_SIZE=BLOCK_SIZE,
             )
-            rows = first_row + tl.arange(0, BLOCK_N).to(tl.int64) * stride_cache_slot
+            rows = first_row + tl.arange(0, BLOCK_N).to(tl.int64) * HEAD_SIZE
         else:
             rows = paged_row_offsets(
                 block_table_row_ptr,
                 k_pos,
                 key_valid,
-                stride_cache_block,
-                stride_cache_slot,
+                STRIDE_KV_BLOCK,
+                HEAD_SIZE,
                 BLOCK_SIZE=BLOCK_SIZE,
                 MASK_KEYS=MASKED,
             )
@@ -169,10 +167,10 @@ def _attend_kv_range(
             k_pos,
             kv_len,
             qk_scale,
-            soft_cap,
+            softcap,
             alibi_slope,
             sliding_window,
-            USE_SOFT_CAP=USE_SOFT_CAP,
+            USE_SOFTCAP=USE_SOFTCAP,
             USE_ALIBI=USE_ALIBI,
             APPLY_MASK=MASKED,
             USE_WINDOW=USE_WINDOW,
@@ -225,19 +223,18 @@ def _prefix_prefill_kernel(
     alibi_slopes_ptr,  # [num_q_heads] float (USE_ALIBI)
     sinks_ptr,  # [num_q_heads] float (USE_SINKS)
     softmax_scale,  # fp32
-    soft_cap,  # fp32 (USE_SOFT_CAP)
+    softcap,  # fp32 (USE_SOFTCAP)
     sliding_window,  # int32 (USE_WINDOW)
+    block_table_stride,  # int: row stride of block_table (see STRIDES in the docs)
     seq_start,  # first sequence of this launch
-    stride_q_token,
-    stride_q_head,
-    stride_o_token,
-    stride_o_head,
-    stride_cache_block,  # same for K and V (two views of one tensor)
-    stride_cache_head,
-    stride_cache_slot,
-    stride_bt_seq,
-    GROUP: tl.constexpr,  # query heads per KV head
-    GROUP_PAD: tl.constexpr,  # next power of two >= GROUP
+    STRIDE_Q_TOKEN: tl.constexpr,
+    STRIDE_Q_HEAD: tl.constexpr,
+    STRIDE_O_TOKEN: tl.constexpr,
+    STRIDE_O_HEAD: tl.constexpr,
+    STRIDE_KV_BLOCK: tl.constexpr,  # same for K and V (two views of one tensor)
+    STRIDE_KV_HEAD: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,  # query heads per KV head
+    GROUP_PAD: tl.constexpr,  # next power of two >= GROUP_SIZE
     BLOCK_Q: tl.constexpr,  # query tokens per program
     BLOCK_M: tl.constexpr,  # BLOCK_Q * GROUP_PAD
     BLOCK_N: tl.constexpr,  # keys per KV tile
@@ -251,7 +248,7 @@ def _prefix_prefill_kernel(
     FP8_MAX: tl.constexpr,  # largest finite value of the cache's fp8 format
     LAZY_RESCALE: tl.constexpr,  # the config's lazy_rescale
     FAST_EXP: tl.constexpr,  # the config's fast_exp, where it applies (NVIDIA)
-    USE_SOFT_CAP: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_SINKS: tl.constexpr,
@@ -272,14 +269,14 @@ def _prefix_prefill_kernel(
     rows = tl.arange(0, BLOCK_M)
     token = first_token + rows // GROUP_PAD
     head_in_group = rows % GROUP_PAD
-    q_head = kv_head * GROUP + head_in_group
-    row_valid = (token < q_len) & (head_in_group < GROUP)
+    q_head = kv_head * GROUP_SIZE + head_in_group
+    row_valid = (token < q_len) & (head_in_group < GROUP_SIZE)
     q_pos = context_len + token
     dims = tl.arange(0, HEAD_PAD)
     dim_ok = dims < HEAD_SIZE
 
     token_row = (q_start + token).to(tl.int64)
-    q_offsets = token_row * stride_q_token + q_head * stride_q_head
+    q_offsets = token_row * STRIDE_Q_TOKEN + q_head * STRIDE_Q_HEAD
     q = tl.load(
         query_ptr + q_offsets[:, None] + dims[None, :],
         mask=row_valid[:, None] & dim_ok[None, :],
@@ -326,10 +323,10 @@ def _prefix_prefill_kernel(
         full_start = 0
     full_stop = tl.maximum(diag_start, full_start)
 
-    head_offset = kv_head.to(tl.int64) * stride_cache_head
+    head_offset = kv_head.to(tl.int64) * STRIDE_KV_HEAD
     k_head_ptr = key_cache_ptr + head_offset
     v_head_ptr = value_cache_ptr + head_offset
-    block_table_row_ptr = block_table_ptr + seq.to(tl.int64) * stride_bt_seq
+    block_table_row_ptr = block_table_ptr + seq.to(tl.int64) * block_table_stride
 
     # [first, full_start): left edge of the sliding window (masked).
     if USE_WINDOW:
@@ -349,11 +346,10 @@ def _prefix_prefill_kernel(
             k_desc,
             v_desc,
             head_offset,
-            stride_cache_block,
-            stride_cache_slot,
             qk_scale,
-            soft_cap,
+            softcap,
             sliding_window,
+            STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
             BLOCK_N=BLOCK_N,
             BLOCK_SIZE=BLOCK_SIZE,
             HEAD_SIZE=HEAD_SIZE,
@@ -364,7 +360,7 @@ def _prefix_prefill_kernel(
             LAZY_RESCALE=LAZY_RESCALE,
             FAST_EXP=FAST_EXP,
             MASKED=True,
-            USE_SOFT_CAP=USE_SOFT_CAP,
+            USE_SOFTCAP=USE_SOFTCAP,
             USE_ALIBI=USE_ALIBI,
             USE_WINDOW=USE_WINDOW,
         )
@@ -385,11 +381,10 @@ def _prefix_prefill_kernel(
         k_desc,
         v_desc,
         head_offset,
-        stride_cache_block,
-        stride_cache_slot,
         qk_scale,
-        soft_cap,
+        softcap,
         sliding_window,
+        STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
         BLOCK_N=BLOCK_N,
         BLOCK_SIZE=BLOCK_SIZE,
         HEAD_SIZE=HEAD_SIZE,
@@ -400,7 +395,7 @@ def _prefix_prefill_kernel(
         LAZY_RESCALE=LAZY_RESCALE,
         FAST_EXP=FAST_EXP,
         MASKED=False,
-        USE_SOFT_CAP=USE_SOFT_CAP,
+        USE_SOFTCAP=USE_SOFTCAP,
         USE_ALIBI=USE_ALIBI,
         USE_WINDOW=USE_WINDOW,
     )
@@ -421,11 +416,10 @@ def _prefix_prefill_kernel(
         k_desc,
         v_desc,
         head_offset,
-        stride_cache_block,
-        stride_cache_slot,
         qk_scale,
-        soft_cap,
+        softcap,
         sliding_window,
+        STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
         BLOCK_N=BLOCK_N,
         BLOCK_SIZE=BLOCK_SIZE,
         HEAD_SIZE=HEAD_SIZE,
@@ -436,30 +430,18 @@ def _prefix_prefill_kernel(
         LAZY_RESCALE=LAZY_RESCALE,
         FAST_EXP=FAST_EXP,
         MASKED=True,
-        USE_SOFT_CAP=USE_SOFT_CAP,
+        USE_SOFTCAP=USE_SOFTCAP,
         USE_ALIBI=USE_ALIBI,
         USE_WINDOW=USE_WINDOW,
     )
 
     out = finalize_output(acc, l_i, v_scale)
-    o_offsets = token_row * stride_o_token + q_head * stride_o_head
+    o_offsets = token_row * STRIDE_O_TOKEN + q_head * STRIDE_O_HEAD
     tl.store(
         output_ptr + o_offsets[:, None] + dims[None, :],
         out.to(output_ptr.dtype.element_ty),
         mask=row_valid[:, None] & dim_ok[None, :],
     )
-
-
-@functools.cache
-def tma_supported(device: torch.device) -> bool:
-    """Whether K/V tiles may be loaded through TMA descriptors on ``device``: NVIDIA
-    sm_90 and newer; CPU tensors only run under TRITON_INTERPRET=1, which emulates
-    descriptors (so the CPU tests cover that path). Not on ROCm."""
-    if device.type == "cpu":
-        return True
-    if not nvidia_gpu(device):
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _cache_descriptor(cache: torch.Tensor, block_n: int) -> TensorDescriptor:
@@ -480,7 +462,16 @@ def _cache_descriptor(cache: torch.Tensor, block_n: int) -> TensorDescriptor:
     )
 
 
-def _launch_arguments(
+def compile_options(config: PrefillConfig, device: torch.device) -> dict:
+    """Triton's launch options of ``config`` on ``device``: warps and stages, and
+    the register cap where it applies (NVIDIA; not ROCm, not the interpreter)."""
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    if config.maxnreg and nvidia_gpu(device):
+        options["maxnreg"] = config.maxnreg
+    return options
+
+
+def _launches(
     *,
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -500,13 +491,15 @@ def _launch_arguments(
     logits_soft_cap: float | None,
     sinks: torch.Tensor | None,
     config: PrefillConfig,
-) -> tuple[tuple[int, int, int], dict]:
-    """Grid and keyword arguments of ``_prefix_prefill_kernel`` for one launch:
-    tiles from ``config``, strides from the tensors (no checks, no launch)."""
+) -> list[tuple]:
+    """``(kernel, grid, keyword arguments)`` of each launch of one prefill call (one
+    launch); tiles from ``config``, strides from the tensors; no checks. Separate
+    from the launch so the offline compile check builds exactly what a launch
+    would."""
     num_q_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
-    group = num_q_heads // num_kv_heads
-    group_pad = next_power_of_2(group)
+    group_size = num_q_heads // num_kv_heads
+    group_pad = next_power_of_2(group_size)
     block_q = max(1, config.block_m // group_pad)
     block_m = block_q * group_pad
     head_pad = max(16, next_power_of_2(head_size))
@@ -521,89 +514,53 @@ def _launch_arguments(
         and tma_supported(query.device)
     )
     grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
-    return grid, {
-        "query_ptr": query,
-        "key_cache_ptr": key_cache,
-        "value_cache_ptr": value_cache,
-        "output_ptr": output,
-        "block_table_ptr": block_table,
-        "query_start_loc_ptr": query_start_loc,
-        "seq_lens_ptr": seq_lens,
-        "k_desc": _cache_descriptor(key_cache, config.block_n) if use_tma else None,
-        "v_desc": _cache_descriptor(value_cache, config.block_n) if use_tma else None,
-        "k_scale_ptr": k_scale if is_fp8 else None,
-        "v_scale_ptr": v_scale if is_fp8 else None,
-        "alibi_slopes_ptr": alibi_slopes,
-        "sinks_ptr": sinks,
-        "softmax_scale": float(softmax_scale),
-        "soft_cap": float(logits_soft_cap or 0.0),
-        "sliding_window": int(sliding_window or 0),
-        "seq_start": seq_start,
-        "stride_q_token": query.stride(0),
-        "stride_q_head": query.stride(1),
-        "stride_o_token": output.stride(0),
-        "stride_o_head": output.stride(1),
-        "stride_cache_block": key_cache.stride(0),
-        "stride_cache_head": key_cache.stride(1),
-        "stride_cache_slot": key_cache.stride(2),
-        "stride_bt_seq": block_table.stride(0),
-        "GROUP": group,
-        "GROUP_PAD": group_pad,
-        "BLOCK_Q": block_q,
-        "BLOCK_M": block_m,
-        "BLOCK_N": config.block_n,
-        "BLOCK_SIZE": block_size,
-        "HEAD_SIZE": head_size,
-        "HEAD_PAD": head_pad,
-        "TILE_IN_PAGE": tile_in_page,
-        "USE_TMA": use_tma,
-        "IS_FP8": is_fp8,
-        "FP8_QK": is_fp8 and config.fp8_qk,
-        "FP8_MAX": fp8_max(key_cache.dtype),
-        "LAZY_RESCALE": config.lazy_rescale,
-        "FAST_EXP": config.fast_exp and nvidia_gpu(query.device),  # inline PTX
-        "USE_SOFT_CAP": bool(logits_soft_cap),
-        "USE_ALIBI": alibi_slopes is not None,
-        "USE_WINDOW": sliding_window is not None,
-        "USE_SINKS": sinks is not None,
+    kwargs = dict(
+        query_ptr=query,
+        key_cache_ptr=key_cache,
+        value_cache_ptr=value_cache,
+        output_ptr=output,
+        block_table_ptr=block_table,
+        query_start_loc_ptr=query_start_loc,
+        seq_lens_ptr=seq_lens,
+        k_desc=_cache_descriptor(key_cache, config.block_n) if use_tma else None,
+        v_desc=_cache_descriptor(value_cache, config.block_n) if use_tma else None,
+        k_scale_ptr=k_scale if is_fp8 else None,
+        v_scale_ptr=v_scale if is_fp8 else None,
+        alibi_slopes_ptr=alibi_slopes,
+        sinks_ptr=sinks,
+        softmax_scale=float(softmax_scale),
+        softcap=float(logits_soft_cap or 0.0),
+        sliding_window=int(sliding_window or 0),
+        block_table_stride=block_table.stride(0),
+        seq_start=seq_start,
+        STRIDE_Q_TOKEN=query.stride(0),
+        STRIDE_Q_HEAD=query.stride(1),
+        STRIDE_O_TOKEN=output.stride(0),
+        STRIDE_O_HEAD=output.stride(1),
+        STRIDE_KV_BLOCK=key_cache.stride(0),
+        STRIDE_KV_HEAD=key_cache.stride(1),
+        GROUP_SIZE=group_size,
+        GROUP_PAD=group_pad,
+        BLOCK_Q=block_q,
+        BLOCK_M=block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_SIZE=block_size,
+        HEAD_SIZE=head_size,
+        HEAD_PAD=head_pad,
+        TILE_IN_PAGE=tile_in_page,
+        USE_TMA=use_tma,
+        IS_FP8=is_fp8,
+        FP8_QK=is_fp8 and config.fp8_qk,
+        FP8_MAX=fp8_max(key_cache.dtype),
+        LAZY_RESCALE=config.lazy_rescale,
+        FAST_EXP=config.fast_exp and nvidia_gpu(query.device),  # inline PTX
+        USE_SOFTCAP=softcap_enabled(logits_soft_cap),
+        USE_ALIBI=alibi_slopes is not None,
+        USE_WINDOW=sliding_window is not None,
+        USE_SINKS=sinks is not None,
         **compile_options(config, query.device),
-    }
-
-
-def compile_options(config: PrefillConfig, device: torch.device) -> dict:
-    """Triton's launch options of ``config`` on ``device``: warps and stages, and
-    the register cap where it applies (NVIDIA; not ROCm, not the interpreter)."""
-    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    if config.maxnreg and nvidia_gpu(device):
-        options["maxnreg"] = config.maxnreg
-    return options
-
-
-def _launch(**kwargs) -> None:
-    """Launch the kernel; arguments as ``_launch_arguments``."""
-    grid, kernel_kwargs = _launch_arguments(**kwargs)
-    _prefix_prefill_kernel[grid](**kernel_kwargs)
-
-
-def _fail(message: str) -> None:
-    raise ValueError(f"prefix_prefill_attention: {message}")
-
-
-def _check_per_head(
-    name: str, tensor: torch.Tensor | None, num_q_heads: int, device: torch.device
-) -> None:
-    if tensor is None:
-        return
-    if not (
-        tensor.shape == (num_q_heads,)
-        and tensor.is_floating_point()
-        and tensor.is_contiguous()
-        and tensor.device == device
-    ):
-        _fail(
-            f"{name} must be a contiguous float tensor of shape ({num_q_heads},) on "
-            f"{device}, got {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}"
-        )
+    )
+    return [(_prefix_prefill_kernel, grid, kwargs)]
 
 
 def prefix_prefill_attention(
@@ -654,128 +611,46 @@ def prefix_prefill_attention(
 
     Raises ValueError for unsupported inputs (nothing is launched then).
     """
-    if query.dim() != 3:
-        _fail(f"query must be 3D, got shape {tuple(query.shape)}")
+    who = "prefix_prefill_attention"
+    check_attention_inputs(
+        who,
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        output=output,
+        block_table=block_table,
+        seq_lens=seq_lens,
+        softmax_scale=softmax_scale,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        sliding_window=sliding_window,
+        alibi_slopes=alibi_slopes,
+        logits_soft_cap=logits_soft_cap,
+        sinks=sinks,
+        query_start_loc=query_start_loc,
+    )
     num_tokens, num_q_heads, head_size = query.shape
-    device = query.device
-    if query.dtype not in _QUERY_DTYPES:
-        _fail(f"query dtype must be bfloat16 or float16, got {query.dtype}")
-    if not (
-        output.shape == query.shape
-        and output.dtype == query.dtype
-        and output.device == device
-    ):
-        _fail(
-            f"output must match query ({tuple(query.shape)} {query.dtype}), got "
-            f"{tuple(output.shape)} {output.dtype} on {output.device}"
-        )
-    if not (query.stride(2) == 1 and output.stride(2) == 1):
-        _fail("query and output need a contiguous last dim")
-    if not (16 <= head_size <= MAX_HEAD_SIZE):
-        _fail(
-            f"head size {head_size} is not supported (16..{MAX_HEAD_SIZE}); use "
-            "another attention backend for this model"
-        )
-    if not (key_cache.dim() == 4 and key_cache.shape == value_cache.shape):
-        _fail(
-            f"key_cache and value_cache must both be [num_blocks, num_kv_heads, "
-            f"block_size, head_size], got {tuple(key_cache.shape)} and "
-            f"{tuple(value_cache.shape)}"
-        )
-    _, num_kv_heads, block_size, cache_head_size = key_cache.shape
-    if cache_head_size != head_size:
-        _fail(f"cache head size {cache_head_size} != query head size {head_size}")
-    if not (num_kv_heads > 0 and num_q_heads % num_kv_heads == 0):
-        _fail(
-            f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads "
-            f"{num_kv_heads}"
-        )
-    if not (block_size > 0 and block_size & (block_size - 1) == 0):
-        _fail(f"block_size must be a power of two, got {block_size}")
-    if key_cache.stride() != value_cache.stride():
-        _fail(
-            "key_cache and value_cache must have the same strides (two views of "
-            "one kv_cache tensor)"
-        )
-    if not (key_cache.stride(3) == 1 and key_cache.stride(2) == head_size):
-        _fail("each cache page must be a contiguous [block_size, head_size] matrix")
-    if key_cache.dtype != value_cache.dtype:
-        _fail(
-            f"key/value cache dtypes differ: {key_cache.dtype} vs {value_cache.dtype}"
-        )
-    if not (key_cache.device == device and value_cache.device == device):
-        _fail("query and caches must be on one device")
-    is_fp8 = key_cache.dtype in FP8_DTYPES
-    if is_fp8:
-        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if not (
-                scale is not None
-                and scale.numel() == 1
-                and scale.dtype == torch.float32
-                and scale.device == device
-            ):
-                _fail(
-                    f"an fp8 cache needs {name} as a 1-element float32 tensor on "
-                    f"{device}"
-                )
-    else:
-        if key_cache.dtype != query.dtype:
-            _fail(
-                f"cache dtype {key_cache.dtype} must equal the query dtype "
-                f"{query.dtype} (or be fp8 e4m3fn/e4m3fnuz with scales)"
-            )
+    num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
     num_seqs_total = seq_lens.shape[0]
     if num_seqs is None:
         num_seqs = num_seqs_total - seq_start
     if not (
         seq_start >= 0 and num_seqs >= 0 and seq_start + num_seqs <= num_seqs_total
     ):
-        _fail(
-            f"sequence range [{seq_start}, {seq_start + num_seqs}) is outside the "
-            f"{num_seqs_total} sequences"
+        raise ValueError(
+            f"{who}: sequence range [{seq_start}, {seq_start + num_seqs}) is outside "
+            f"the {num_seqs_total} sequences of seq_lens; pass a range inside it."
         )
-    if not (num_seqs <= _MAX_GRID_YZ):
-        _fail(f"at most {_MAX_GRID_YZ} sequences per launch, got {num_seqs}")
-    if not (num_kv_heads <= _MAX_GRID_YZ):
-        _fail(f"too many KV heads: {num_kv_heads}")
-    for name, tensor, rows in (
-        ("seq_lens", seq_lens, num_seqs_total),
-        ("query_start_loc", query_start_loc, num_seqs_total + 1),
-    ):
-        if not (
-            tensor.dtype == torch.int32
-            and tensor.shape == (rows,)
-            and tensor.is_contiguous()
-            and tensor.device == device
-        ):
-            _fail(
-                f"{name} must be a contiguous int32 tensor of shape ({rows},) on "
-                f"{device}, got {tuple(tensor.shape)} {tensor.dtype}"
-            )
-    if not (
-        block_table.dtype == torch.int32
-        and block_table.dim() == 2
-        and block_table.shape[0] >= num_seqs_total
-        and block_table.stride(1) == 1
-        and block_table.device == device
-    ):
-        _fail(
-            f"block_table must be int32 [num_seqs, max_blocks] with contiguous rows "
-            f"on {device}, got {tuple(block_table.shape)} {block_table.dtype}"
+    if num_seqs > _MAX_GRID_YZ or num_kv_heads > _MAX_GRID_YZ:
+        raise ValueError(
+            f"{who}: at most {_MAX_GRID_YZ} sequences and KV heads per launch, got "
+            f"{num_seqs} and {num_kv_heads}; split the batch."
         )
-    if not (sliding_window is None or sliding_window > 0):
-        _fail(f"sliding_window must be None or > 0, got {sliding_window}")
-    if not softmax_scale > 0:  # the softmax takes row maxima before scaling
-        _fail(f"softmax_scale must be > 0, got {softmax_scale}")
-    if not (logits_soft_cap is None or logits_soft_cap >= 0):
-        _fail(f"logits_soft_cap must be None, 0 (off) or > 0, got {logits_soft_cap}")
-    _check_per_head("alibi_slopes", alibi_slopes, num_q_heads, device)
-    _check_per_head("sinks", sinks, num_q_heads, device)
     if num_seqs == 0 or max_query_len <= 0 or num_tokens == 0:
         return
     if config is None:
-        config = get_prefill_config(
-            gpu_name=device_gpu_name(device),
+        config = PREFILL_TABLE.lookup(
+            gpu_name=device_gpu_name(query.device),
             head_size=head_size,
             q_dtype=query.dtype,
             kv_dtype=key_cache.dtype,
@@ -790,8 +665,10 @@ def prefix_prefill_attention(
         and config.block_n & (config.block_n - 1) == 0
         and config.block_m & (config.block_m - 1) == 0
     ):
-        _fail(f"config tiles must be powers of two >= 16, got {config}")
-    _launch(
+        raise ValueError(
+            f"{who}: config tiles must be powers of two >= 16, got {config}."
+        )
+    launches = _launches(
         query=query,
         key_cache=key_cache,
         value_cache=value_cache,
@@ -811,3 +688,5 @@ def prefix_prefill_attention(
         sinks=sinks,
         config=config,
     )
+    for kernel, grid, kwargs in launches:
+        kernel[grid](**kwargs)

@@ -65,7 +65,7 @@ def ref_paged_attention(
         k = k.repeat_interleave(group, dim=1)  # [seq_len, Hq, d]
         v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k) * softmax_scale
-        if logits_soft_cap is not None:
+        if logits_soft_cap:  # None or 0: off
             scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
         k_pos = torch.arange(seq_len, device=q.device)[None, :]

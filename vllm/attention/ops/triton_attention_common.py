@@ -35,7 +35,11 @@ absolute key positions inside the sequence. Scores handed between helpers are fp
 and in log2 units (natural-log score times log2(e)); masked scores are ``-inf``.
 The softmax state ``(m_i, l_i)`` is kept in log2 units as well.
 
-Host side, for the launchers: ``FP8_DTYPES`` (the fp8 cache formats) and ``fp8_max``.
+Host side, for the launchers: ``FP8_DTYPES`` (the fp8 cache formats), ``fp8_max``,
+and the one input contract of every public entry point (``check_attention_inputs``
+for the attention kernels, ``check_kv_cache`` for what the cache write shares with
+them). Their errors are ``ValueError``s that name the entry point, say what is wrong
+and what to pass instead.
 
 Every helper takes its flags as keyword constexprs; callers pass them by name.
 These signatures are shared by several kernels: add helpers or trailing keyword
@@ -56,11 +60,237 @@ def fp8_max(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max) if dtype in FP8_DTYPES else 0.0
 
 
-def nvidia_gpu(device: torch.device) -> bool:
-    """Whether launches on ``device`` compile for an NVIDIA GPU: what inline PTX
-    (``e4m3_to_fp16_at_load``, ``exp2_fp16``), TMA and register caps need. Not ROCm,
-    not the CPU interpreter."""
-    return device.type == "cuda" and torch.version.hip is None
+# --------------------------------------------------------------------------------------
+# The input contract (host side)
+# --------------------------------------------------------------------------------------
+
+# Query / output dtypes of the attention kernels.
+QUERY_DTYPES = (torch.bfloat16, torch.float16)
+# Head sizes: multiples of 16 (the tl.dot K dimension) up to 256 (registers and
+# shared memory of one program); non-powers of two are padded and masked.
+HEAD_SIZE_MULTIPLE = 16
+MAX_HEAD_SIZE = 256
+
+
+def supported_head_size(head_size: int) -> bool:
+    """Whether the kernels take this head size (every backend head size must pass)."""
+    return 0 < head_size <= MAX_HEAD_SIZE and head_size % HEAD_SIZE_MULTIPLE == 0
+
+
+def supported_block_size(block_size: int) -> bool:
+    """Whether the kernels take this page size: any power of two (tiles may span
+    pages or lie inside one)."""
+    return block_size > 0 and block_size & (block_size - 1) == 0
+
+
+def softcap_enabled(logits_soft_cap: float | None) -> bool:
+    """Soft-cap contract: ``None`` or ``0`` means off, ``c > 0`` caps at ``c``."""
+    return bool(logits_soft_cap)
+
+
+def check_kv_cache(
+    who: str,
+    *,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    device: torch.device,
+) -> bool:
+    """Check the paged caches (shape, dtype, head size, page size, fp8 scales);
+    return whether they are fp8. Raises ValueError naming ``who``."""
+    if not (key_cache.dim() == 4 and key_cache.shape == value_cache.shape):
+        _fail(
+            who,
+            "key_cache and value_cache must both be [num_blocks, num_kv_heads, "
+            f"block_size, head_size], got {tuple(key_cache.shape)} and "
+            f"{tuple(value_cache.shape)}",
+        )
+    _, num_kv_heads, block_size, head_size = key_cache.shape
+    if key_cache.dtype != value_cache.dtype:
+        _fail(
+            who,
+            f"key/value cache dtypes differ: {key_cache.dtype} vs {value_cache.dtype};"
+            " pass two views of one kv_cache tensor",
+        )
+    if not supported_head_size(head_size):
+        _fail(
+            who,
+            f"head size {head_size} is not supported; use a multiple of "
+            f"{HEAD_SIZE_MULTIPLE} up to {MAX_HEAD_SIZE} (e.g. 64, 80, 128, 256) or "
+            "another attention backend",
+        )
+    if not supported_block_size(block_size):
+        _fail(
+            who,
+            f"block size {block_size} is not supported; use a power of two "
+            "(e.g. 16, 32, 64, 128)",
+        )
+    if num_kv_heads <= 0:
+        _fail(who, "the caches have no KV head")
+    if not (key_cache.stride(3) == 1 and value_cache.stride(3) == 1):
+        _fail(who, "the caches' head_size dim must be contiguous (stride 1)")
+    if not (key_cache.device == device and value_cache.device == device):
+        _fail(who, f"the caches must be on {device}, like the other tensors")
+    is_fp8 = key_cache.dtype in FP8_DTYPES
+    if is_fp8:
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not (
+                scale is not None
+                and scale.numel() == 1
+                and scale.dtype == torch.float32
+                and scale.device == device
+            ):
+                _fail(
+                    who,
+                    f"an fp8 cache needs {name} as a 1-element float32 tensor on "
+                    f"{device} (stored = x / scale)",
+                )
+    return is_fp8
+
+
+def check_attention_inputs(
+    who: str,
+    *,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    output: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    softmax_scale: float,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    sliding_window: int | None,
+    alibi_slopes: torch.Tensor | None,
+    logits_soft_cap: float | None,
+    sinks: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None = None,
+) -> bool:
+    """The contract shared by the prefill and decode kernels (and so by the dispatch
+    ``paged_attention``); return whether the cache is fp8.
+
+    query, output: ``[num_tokens, num_q_heads, head_size]``, one of QUERY_DTYPES,
+    same shape and dtype, head dim contiguous. Caches: see ``check_kv_cache``, plus
+    the same strides (two views of one tensor) and contiguous pages; a 16-bit cache
+    has the query's dtype. block_table: int32 ``[>= num_seqs, max_blocks]`` with
+    contiguous rows; seq_lens (and query_start_loc, one longer): contiguous int32.
+    softmax_scale > 0. sliding_window: None (off) or > 0. logits_soft_cap: None or
+    0 (off), or > 0. alibi_slopes, sinks: None or contiguous float
+    ``[num_q_heads]``. Everything on the query's device.
+    """
+    if query.dim() != 3:
+        _fail(
+            who,
+            "query must be [num_tokens, num_q_heads, head_size], got shape "
+            f"{tuple(query.shape)}",
+        )
+    _, num_q_heads, head_size = query.shape
+    device = query.device
+    if query.dtype not in QUERY_DTYPES:
+        _fail(who, f"query dtype {query.dtype} is not supported; use bf16 or fp16")
+    if not (
+        output.shape == query.shape
+        and output.dtype == query.dtype
+        and output.device == device
+    ):
+        _fail(
+            who,
+            f"output must match query ({tuple(query.shape)} {query.dtype} on "
+            f"{device}), got {tuple(output.shape)} {output.dtype} on {output.device}",
+        )
+    if not (query.stride(2) == 1 and output.stride(2) == 1):
+        _fail(who, "query and output must be contiguous in head_size (stride 1)")
+    is_fp8 = check_kv_cache(
+        who,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        device=device,
+    )
+    _, num_kv_heads, _, cache_head_size = key_cache.shape
+    if cache_head_size != head_size:
+        _fail(who, f"cache head size {cache_head_size} != query head size {head_size}")
+    if num_q_heads % num_kv_heads:
+        _fail(
+            who,
+            f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads "
+            f"{num_kv_heads}",
+        )
+    if key_cache.stride() != value_cache.stride():
+        _fail(
+            who,
+            "key_cache and value_cache must have the same strides (pass kv_cache[:, 0]"
+            " and kv_cache[:, 1] of one tensor)",
+        )
+    if key_cache.stride(2) != head_size:
+        _fail(
+            who, "each cache page must be a contiguous [block_size, head_size] matrix"
+        )
+    if not is_fp8 and key_cache.dtype != query.dtype:
+        _fail(
+            who,
+            f"cache dtype {key_cache.dtype} must equal the query dtype {query.dtype} "
+            "or be fp8 (float8_e4m3fn / float8_e4m3fnuz) with k_scale and v_scale",
+        )
+    num_seqs_total = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
+    index_tensors = [("seq_lens", seq_lens, num_seqs_total)]
+    if query_start_loc is not None:
+        index_tensors.append(("query_start_loc", query_start_loc, num_seqs_total + 1))
+    for name, tensor, rows in index_tensors:
+        if not (
+            tensor.dtype == torch.int32
+            and tensor.shape == (rows,)
+            and tensor.is_contiguous()
+            and tensor.device == device
+        ):
+            _fail(
+                who,
+                f"{name} must be a contiguous 1D int32 tensor on {device} (one entry "
+                f"per sequence{', plus one' if name == 'query_start_loc' else ''}), "
+                f"got {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}",
+            )
+    if not (
+        block_table.dtype == torch.int32
+        and block_table.dim() == 2
+        and block_table.shape[0] >= num_seqs_total
+        and block_table.stride(1) == 1
+        and block_table.device == device
+    ):
+        _fail(
+            who,
+            "block_table must be int32 [num_seqs, max_blocks_per_seq] with contiguous "
+            f"rows on {device}, got {tuple(block_table.shape)} {block_table.dtype} on "
+            f"{block_table.device}",
+        )
+    if not softmax_scale > 0:  # the softmax takes row maxima before scaling
+        _fail(who, f"softmax_scale must be > 0, got {softmax_scale}")
+    if not (sliding_window is None or sliding_window > 0):
+        _fail(who, f"sliding_window must be None (off) or > 0, got {sliding_window}")
+    if not (logits_soft_cap is None or logits_soft_cap >= 0):
+        _fail(
+            who,
+            f"logits_soft_cap must be None or 0 (off) or > 0, got {logits_soft_cap}",
+        )
+    for name, tensor in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+        if tensor is not None and not (
+            tensor.shape == (num_q_heads,)
+            and tensor.is_floating_point()
+            and tensor.is_contiguous()
+            and tensor.device == device
+        ):
+            _fail(
+                who,
+                f"{name} must be None or a contiguous float tensor of shape "
+                f"({num_q_heads},) on {device}, got {tuple(tensor.shape)} "
+                f"{tensor.dtype} on {tensor.device}",
+            )
+    return is_fp8
+
+
+def _fail(who: str, message: str):
+    raise ValueError(f"{who}: {message}.")
 
 
 # log2(e): scores are multiplied by it once so that exp(x) == exp2(x * LOG2E).
@@ -239,12 +469,6 @@ def probabilities(x, FAST_EXP: tl.constexpr):
 
 
 @triton.jit
-def dequantize(tile, scale):
-    """fp32 value of a cache tile: ``tile * scale`` (scale 1.0 for 16-bit caches)."""
-    return tile.to(tl.float32) * scale
-
-
-@triton.jit
 def quantize_fp8(x, scale, FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr):
     """fp8 value stored for ``x``: ``clamp(x / scale, -FP8_MAX, FP8_MAX)`` cast to
     ``FP8_DTYPE`` (round to nearest even on GPUs)."""
@@ -263,8 +487,8 @@ def quantize_fp8(x, scale, FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr):
 def scale_scores_log2(
     qk,  # [BLOCK_M, BLOCK_N] fp32: raw q.k
     qk_scale,  # fp32 scalar: softmax_scale * k_scale
-    soft_cap,  # fp32 scalar, used only if USE_SOFT_CAP
-    USE_SOFT_CAP: tl.constexpr,
+    softcap,  # fp32 scalar, used only if USE_SOFTCAP
+    USE_SOFTCAP: tl.constexpr,
 ):
     """Scaled scores in log2 units: ``qk * qk_scale * log2(e)``; with a soft-cap c,
     ``c * tanh(qk * qk_scale / c) * log2(e)``.
@@ -273,10 +497,10 @@ def scale_scores_log2(
     in fp32, saturates correctly at +-1 and needs no libdevice (runs on AMD and in
     the interpreter).
     """
-    if USE_SOFT_CAP:
-        x = qk * (qk_scale / soft_cap)
+    if USE_SOFTCAP:
+        x = qk * (qk_scale / softcap)
         tanh_x = 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E)) + 1.0)
-        scores = tanh_x * (soft_cap * LOG2E)
+        scores = tanh_x * (softcap * LOG2E)
     else:
         scores = qk * (qk_scale * LOG2E)
     return scores
@@ -317,10 +541,10 @@ def scores_and_scale(
     k_pos,  # [BLOCK_N] int
     kv_len,  # int scalar
     qk_scale,  # fp32 scalar, > 0: softmax_scale * k_scale
-    soft_cap,  # fp32 scalar (USE_SOFT_CAP)
+    softcap,  # fp32 scalar (USE_SOFTCAP)
     alibi_slope,  # [BLOCK_M] fp32 (USE_ALIBI)
     sliding_window,  # int scalar (USE_WINDOW)
-    USE_SOFT_CAP: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
     APPLY_MASK: tl.constexpr,  # False for tiles known to be fully visible
     USE_WINDOW: tl.constexpr,
@@ -336,8 +560,8 @@ def scores_and_scale(
     multiply and a subtraction were. Otherwise the scores are transformed here and
     ``score_scale`` is 1.
     """
-    if USE_SOFT_CAP or USE_ALIBI:
-        scores = scale_scores_log2(qk, qk_scale, soft_cap, USE_SOFT_CAP=USE_SOFT_CAP)
+    if USE_SOFTCAP or USE_ALIBI:
+        scores = scale_scores_log2(qk, qk_scale, softcap, USE_SOFTCAP=USE_SOFTCAP)
         if USE_ALIBI:
             scores = add_alibi_log2(scores, alibi_slope, q_pos, k_pos)
         score_scale = 1.0

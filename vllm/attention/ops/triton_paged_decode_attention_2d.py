@@ -1,6 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Paged attention for query length 1 (decode), with an optional split-KV pass.
 
+The name: "2d" is the shape of the work of one program, a 2D ``[query heads of one
+GQA group, head size]`` query tile against 2D K/V tiles, i.e. one program per
+(sequence, KV head), the "2D" grid of vLLM's unified Triton attention. Without
+split-KV the grid is that 2D grid; with split-KV (``NUM_SPLITS > 1``) it has a third
+axis, one program per (sequence, KV head, split), plus a second, 2D merge kernel.
+
 Algorithm
 ---------
 One program per (sequence, KV head, split). The program owns *all* query heads that
@@ -45,10 +51,12 @@ workspace (split-KV only): fp32
 ``[max_num_seqs, num_q_heads, num_splits, head_size + 1]``, the partial output in
 ``[..., :head_size]`` and its log-sum-exp in ``[..., head_size]``.
 
-Strides and shapes that are fixed for a model (head size, block size, KV-head and
-block strides, query/output strides) are ``tl.constexpr``: specialising on them removes
-integer arithmetic from the address computation, which is a large share of the work of
-a decode step at small batch.
+Strides (the same rule in the prefill kernel): the query, output and cache strides
+are fixed for a model, so they are ``tl.constexpr`` (``STRIDE_*``): specialising on
+them removes integer arithmetic from the address computation, a large share of the
+work of a decode step at small batch. The block table's row stride is set by the
+model runner and stays a runtime argument (``block_table_stride``) so that it does
+not multiply the compiled variants.
 """
 
 import math
@@ -57,21 +65,22 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm.attention.ops.hardware import nvidia_gpu
 from vllm.attention.ops.triton_attention_common import (
-    FP8_DTYPES,
     LOG2E,
+    check_attention_inputs,
     e4m3_to_fp16_at_load,
     finalize_output,
     init_softmax_state,
     load_kv_tile,
-    nvidia_gpu,
     online_softmax_step,
     paged_row_offsets,
     query_for_cache,
     scores_and_scale,
+    softcap_enabled,
     to_dot_dtype,
 )
-from vllm.attention.ops.tuning.decode_configs import DecodeConfig, get_decode_config
+from vllm.attention.ops.tuning.decode_configs import DECODE_TABLE, DecodeConfig
 from vllm.attention.ops.tuning.tables import device_gpu_name
 
 # Cap on splits per sequence. Batch 1 needs it: with 8 KV heads, 64 splits make the
@@ -89,8 +98,6 @@ SPLIT_LIMIT = 256
 SPLIT_TARGET_WAVES = 3
 
 WORKSPACE_DTYPE = torch.float32
-
-_FP16_DTYPES = (torch.float16, torch.bfloat16)
 
 
 # ----------------------------------------------------------------------------------
@@ -113,7 +120,7 @@ def _attend_tiles(
     lo,  # int: first visible key
     seq_len,  # int: keys [lo, seq_len) are visible
     qk_scale,  # fp32 scale of q.k (softmax_scale; fp8: k_scale, q pre-scaled)
-    logits_soft_cap,  # fp32 (USE_SOFTCAP)
+    softcap,  # fp32 (USE_SOFTCAP)
     alibi_slope,  # [BLOCK_M] fp32 (USE_ALIBI)
     sliding_window,  # int (USE_WINDOW)
     STRIDE_KV_BLOCK: tl.constexpr,
@@ -173,10 +180,10 @@ def _attend_tiles(
             k_pos,
             seq_len,
             qk_scale,
-            logits_soft_cap,
+            softcap,
             alibi_slope,
             sliding_window,
-            USE_SOFT_CAP=USE_SOFTCAP,
+            USE_SOFTCAP=USE_SOFTCAP,
             USE_ALIBI=USE_ALIBI,
             APPLY_MASK=MASKED,
             USE_WINDOW=USE_WINDOW,
@@ -199,7 +206,7 @@ def _paged_decode_kernel(
     k_scale_ptr,  # [1] fp32 (IS_FP8)
     v_scale_ptr,  # [1] fp32 (IS_FP8)
     softmax_scale,  # float
-    logits_soft_cap,  # float (USE_SOFTCAP)
+    softcap,  # float (USE_SOFTCAP)
     sliding_window,  # int (USE_WINDOW)
     block_table_stride,  # int: row stride of block_table
     seq_start,  # int: first sequence of this launch
@@ -285,7 +292,7 @@ def _paged_decode_kernel(
     if USE_WINDOW:
         acc, m_i, l_i = _attend_tiles(
             acc, m_i, l_i, tile_begin, head_end, k_head_ptr, v_head_ptr,
-            block_table_row_ptr, q, q_pos, lo, seq_len, qk_scale, logits_soft_cap,
+            block_table_row_ptr, q, q_pos, lo, seq_len, qk_scale, softcap,
             alibi_slope, sliding_window, STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
             HEAD_SIZE=HEAD_SIZE, HEAD_PAD=HEAD_PAD, BLOCK_SIZE=BLOCK_SIZE,
             BLOCK_N=BLOCK_N, USE_SOFTCAP=USE_SOFTCAP, USE_ALIBI=USE_ALIBI,
@@ -293,7 +300,7 @@ def _paged_decode_kernel(
         )  # fmt: skip
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, head_end, tail_begin, k_head_ptr, v_head_ptr,
-        block_table_row_ptr, q, q_pos, lo, seq_len, qk_scale, logits_soft_cap,
+        block_table_row_ptr, q, q_pos, lo, seq_len, qk_scale, softcap,
         alibi_slope, sliding_window, STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
         HEAD_SIZE=HEAD_SIZE, HEAD_PAD=HEAD_PAD, BLOCK_SIZE=BLOCK_SIZE,
         BLOCK_N=BLOCK_N, USE_SOFTCAP=USE_SOFTCAP, USE_ALIBI=USE_ALIBI,
@@ -301,7 +308,7 @@ def _paged_decode_kernel(
     )  # fmt: skip
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, tail_begin, tile_end, k_head_ptr, v_head_ptr,
-        block_table_row_ptr, q, q_pos, lo, seq_len, qk_scale, logits_soft_cap,
+        block_table_row_ptr, q, q_pos, lo, seq_len, qk_scale, softcap,
         alibi_slope, sliding_window, STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
         HEAD_SIZE=HEAD_SIZE, HEAD_PAD=HEAD_PAD, BLOCK_SIZE=BLOCK_SIZE,
         BLOCK_N=BLOCK_N, USE_SOFTCAP=USE_SOFTCAP, USE_ALIBI=USE_ALIBI,
@@ -442,86 +449,6 @@ def decode_workspace_shape(
     return (max_num_seqs, num_q_heads, num_splits, head_size + 1)
 
 
-def _check_inputs(
-    query, key_cache, value_cache, output, block_table, seq_lens, k_scale, v_scale
-):
-    if query.dtype not in _FP16_DTYPES:
-        raise ValueError(
-            f"paged_decode_attention: query dtype {query.dtype} is not supported; "
-            "use torch.float16 or torch.bfloat16."
-        )
-    if output.dtype not in _FP16_DTYPES or output.shape != query.shape:
-        raise ValueError(
-            f"paged_decode_attention: output must be fp16/bf16 with the query's shape "
-            f"{tuple(query.shape)}; got {output.dtype} {tuple(output.shape)}."
-        )
-    if key_cache.dtype != value_cache.dtype or key_cache.shape != value_cache.shape:
-        raise ValueError(
-            "paged_decode_attention: key_cache and value_cache must have the same "
-            f"dtype and shape; got {key_cache.dtype} {tuple(key_cache.shape)} and "
-            f"{value_cache.dtype} {tuple(value_cache.shape)}."
-        )
-    if key_cache.stride() != value_cache.stride():
-        raise ValueError(
-            "paged_decode_attention: key_cache and value_cache must have the same "
-            "strides (pass kv_cache[:, 0] and kv_cache[:, 1] of one tensor)."
-        )
-    is_fp8 = key_cache.dtype in FP8_DTYPES
-    if not is_fp8 and key_cache.dtype != query.dtype:
-        raise ValueError(
-            f"paged_decode_attention: cache dtype {key_cache.dtype} must equal the "
-            f"query dtype {query.dtype} or be fp8 (float8_e4m3fn / float8_e4m3fnuz)."
-        )
-    if is_fp8 and (k_scale is None or v_scale is None):
-        raise ValueError(
-            "paged_decode_attention: an fp8 cache needs k_scale and v_scale "
-            "(1-element fp32 tensors, stored = x / scale)."
-        )
-    if key_cache.dim() != 4 or query.dim() != 3:
-        raise ValueError(
-            "paged_decode_attention: expected query [num_tokens, num_q_heads, "
-            "head_size] and caches [num_blocks, num_kv_heads, block_size, head_size]."
-        )
-    _, num_kv_heads, block_size, head_size = key_cache.shape
-    if query.shape[2] != head_size:
-        raise ValueError(
-            f"paged_decode_attention: query head size {query.shape[2]} != cache head "
-            f"size {head_size}."
-        )
-    if head_size % 16 or not 32 <= head_size <= 256:
-        raise ValueError(
-            f"paged_decode_attention: head size {head_size} is not supported; use a "
-            "multiple of 16 in [32, 256] (e.g. 64, 80, 96, 112, 128, 192, 256)."
-        )
-    if block_size < 16 or block_size & (block_size - 1):
-        raise ValueError(
-            f"paged_decode_attention: block size {block_size} is not supported; use a "
-            "power of two >= 16 (16, 32, 64, 128)."
-        )
-    if key_cache.stride(3) != 1 or key_cache.stride(2) != head_size:
-        raise ValueError(
-            "paged_decode_attention: the last two cache dims [block_size, head_size] "
-            "must be contiguous."
-        )
-    if query.stride(2) != 1 or output.stride(2) != 1:
-        raise ValueError(
-            "paged_decode_attention: query and output must be contiguous in head_size."
-        )
-    if query.shape[1] % num_kv_heads:
-        raise ValueError(
-            f"paged_decode_attention: num_q_heads {query.shape[1]} is not a multiple "
-            f"of num_kv_heads {num_kv_heads}."
-        )
-    if block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32:
-        raise ValueError(
-            "paged_decode_attention: block_table and seq_lens must be int32; got "
-            f"{block_table.dtype} and {seq_lens.dtype}."
-        )
-    if block_table.stride(1) != 1:
-        raise ValueError("paged_decode_attention: block_table rows must be contiguous.")
-    return is_fp8
-
-
 def _launches(
     *,
     query,
@@ -548,7 +475,7 @@ def _launches(
     so the offline compile test builds exactly what a launch would."""
     num_q_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
-    group = num_q_heads // num_kv_heads
+    group_size = num_q_heads // num_kv_heads
     head_pad = triton.next_power_of_2(head_size)
     use_sinks = sinks is not None
     decode = dict(
@@ -564,7 +491,7 @@ def _launches(
         k_scale_ptr=k_scale,
         v_scale_ptr=v_scale,
         softmax_scale=float(softmax_scale),
-        logits_soft_cap=float(logits_soft_cap or 0.0),
+        softcap=float(logits_soft_cap or 0.0),
         sliding_window=int(sliding_window or 0),
         block_table_stride=block_table.stride(0),
         seq_start=seq_start,
@@ -575,8 +502,8 @@ def _launches(
         STRIDE_KV_BLOCK=key_cache.stride(0),
         STRIDE_KV_HEAD=key_cache.stride(1),
         NUM_Q_HEADS=num_q_heads,
-        GROUP_SIZE=group,
-        BLOCK_M=max(16, triton.next_power_of_2(group)),
+        GROUP_SIZE=group_size,
+        BLOCK_M=max(16, triton.next_power_of_2(group_size)),
         HEAD_SIZE=head_size,
         HEAD_PAD=head_pad,
         BLOCK_SIZE=block_size,
@@ -585,7 +512,7 @@ def _launches(
         IS_FP8=k_scale is not None,
         USE_WINDOW=sliding_window is not None,
         USE_ALIBI=alibi_slopes is not None,
-        USE_SOFTCAP=logits_soft_cap is not None,
+        USE_SOFTCAP=softcap_enabled(logits_soft_cap),
         USE_SINKS=use_sinks,
         EARLY_CONVERT=config.early_convert and early_convert_applies(key_cache),
         num_warps=config.num_warps,
@@ -649,7 +576,8 @@ def paged_decode_attention(
         k_scale, v_scale: ``[1]`` fp32, fp8 only (stored = x / scale).
         sliding_window: key ``j`` is visible iff ``pos - j < sliding_window``.
         alibi_slopes: ``[num_q_heads]`` fp32; adds ``slope * (j - pos)``.
-        logits_soft_cap: ``c * tanh(s / c)`` after the scale.
+        logits_soft_cap: c > 0 (``c * tanh(s / c)`` after the scale), or None / 0
+            for none.
         sinks: ``[num_q_heads]`` fp32 extra logit per head (no value).
         num_splits: KV splits per sequence (see ``choose_num_splits``); 1 = no split.
         workspace: contiguous fp32 buffer with at least as many elements as
@@ -658,9 +586,25 @@ def paged_decode_attention(
             allocated here if ``None``.
         config: launch configuration (tile, warps, stages); None picks it from
             the tuning table (tuning/decode_configs.py). For tuning sweeps.
+
+    Raises ValueError for unsupported inputs (nothing is launched then).
     """
-    is_fp8 = _check_inputs(
-        query, key_cache, value_cache, output, block_table, seq_lens, k_scale, v_scale
+    who = "paged_decode_attention"
+    is_fp8 = check_attention_inputs(
+        who,
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        output=output,
+        block_table=block_table,
+        seq_lens=seq_lens,
+        softmax_scale=softmax_scale,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        sliding_window=sliding_window,
+        alibi_slopes=alibi_slopes,
+        logits_soft_cap=logits_soft_cap,
+        sinks=sinks,
     )
     if num_seqs is None:
         num_seqs = seq_lens.shape[0] - seq_start
@@ -676,24 +620,8 @@ def paged_decode_attention(
             f"paged_decode_attention: num_splits {num_splits} must be in "
             f"[1, {SPLIT_LIMIT}]; use choose_num_splits(...)."
         )
-    if sliding_window is not None and sliding_window <= 0:
-        raise ValueError(
-            f"paged_decode_attention: sliding_window must be positive or None, got "
-            f"{sliding_window}."
-        )
-    if logits_soft_cap is not None and logits_soft_cap <= 0:
-        raise ValueError(
-            "paged_decode_attention: logits_soft_cap must be positive or None, got "
-            f"{logits_soft_cap}."
-        )
-    if not softmax_scale > 0:  # the softmax takes row maxima before scaling
-        raise ValueError(
-            f"paged_decode_attention: softmax_scale must be > 0, got {softmax_scale}."
-        )
-
     num_q_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
-    group = num_q_heads // num_kv_heads
     if num_splits > 1:
         shape = decode_workspace_shape(
             max_num_seqs=num_seqs,
@@ -715,12 +643,12 @@ def paged_decode_attention(
             )
 
     if config is None:
-        config = get_decode_config(
+        config = DECODE_TABLE.lookup(
             gpu_name=device_gpu_name(query.device),
             head_size=head_size,
             q_dtype=query.dtype,
             kv_dtype=key_cache.dtype,
-            group=group,
+            group=num_q_heads // num_kv_heads,
             block_size=block_size,
             split=num_splits > 1,
             is_hip=torch.version.hip is not None,

@@ -10,18 +10,19 @@ chosen per *problem key*, the properties that change which tiles are fast:
 never by strides, batch size or context lengths, so a captured CUDA graph keeps one
 specialisation. Tables are JSON files in this folder, one per GPU name
 (``paged_decode_<gpu>.json``: the prefill tables' schema with ``split`` in place
-of ``max_query_len``, see README.md); a key missing from the table falls back to
-``heuristic_decode_config``.
-``DECODE_CONFIG_SPACE`` is the sweep that ``benchmarks/kernels/bench_kernels.py
---retune-decode`` searches, filtered by ``is_valid_config``.
+of ``max_query_len``, see README.md); a key missing from the table (every key of a
+GPU without a decode table) falls back to ``heuristic_decode_config``.
+``DECODE_CONFIG_SPACE`` is the sweep of ``benchmarks/kernels/tune_attention.py
+--kernel decode``, filtered by ``is_valid_config``.
 
 ``DECODE_TABLE`` declares the kind for the one loader in tables.py, which finds,
-parses and caches the files and falls back to the heuristic. Nothing is read at
-import time.
+parses and caches the files and falls back to the heuristic
+(``DECODE_TABLE.lookup``). Nothing is read at import time.
 """
 
 from dataclasses import dataclass
 
+from vllm.attention.ops.hardware import HOPPER_SMEM_BYTES_PER_PROGRAM
 from vllm.attention.ops.tuning import tables
 
 # 27 configs per 16-bit key (about 1 min of compiling and timing on an H200), 54 per
@@ -56,7 +57,7 @@ def is_valid_config(config: DecodeConfig, *, head_size: int, kv_dtype) -> bool:
     smem = config.num_stages * 2 * config.block_n * head_pad * kv_bytes
     return (
         config.block_n >= 16
-        and smem <= tables.SMEM_BYTES
+        and smem <= HOPPER_SMEM_BYTES_PER_PROGRAM
         and not (config.early_convert and kv_bytes != 1)
     )
 
@@ -86,11 +87,3 @@ DECODE_TABLE = tables.TuningTable(
     heuristic=heuristic_decode_config,
     heuristic_fields=("head_size", "kv_dtype"),
 )
-
-# The table's operations under the names the kernel, the benchmark and the tests
-# use (tables.TuningTable documents each).
-problem_key = DECODE_TABLE.key
-table_path = DECODE_TABLE.path
-table_entry = DECODE_TABLE.entry
-load_decode_table = DECODE_TABLE.load
-get_decode_config = DECODE_TABLE.lookup

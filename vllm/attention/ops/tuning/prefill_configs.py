@@ -12,18 +12,19 @@ and never by strides or batch composition, so one launch shape is used for all
 batches of a model (good for CUDA graphs). Tables are JSON files in this folder,
 one per GPU name (``prefix_prefill_<gpu>.json``, see README.md); a key missing from
 the table falls back to ``heuristic_prefill_config``. ``PREFILL_CONFIG_SPACE`` is
-the sweep tune_prefix_prefill.py searches, filtered by ``is_valid_config``.
+the sweep of ``benchmarks/kernels/tune_attention.py --kernel prefill``, filtered by
+``is_valid_config``.
 
 This module only declares the kind (``PREFILL_TABLE``); reading, caching and the
-lookup-else-heuristic are the shared loader's (tables.py). Nothing is read at
-import time: the first lookup for a GPU loads its file once.
+lookup-else-heuristic are the shared loader's (``PREFILL_TABLE.lookup``, tables.py).
+Nothing is read at import time: the first lookup for a GPU loads its file once.
 """
 
 from dataclasses import dataclass
 
+from vllm.attention.ops.hardware import HOPPER_SMEM_BYTES_PER_PROGRAM
 from vllm.attention.ops.tuning.tables import (
     COMMON_KEY_FIELDS,
-    SMEM_BYTES,
     TuningTable,
     dtype_name,
     next_power_of_2,
@@ -122,7 +123,7 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         # takes block_m / warpgroups * head_pad / 128 registers per thread
         and config.block_m // (config.num_warps // 4) <= 128
         and config.block_n >= 16
-        and smem <= SMEM_BYTES
+        and smem <= HOPPER_SMEM_BYTES_PER_PROGRAM
         and not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 64)
         and (config.maxnreg == 0 or 64 <= config.maxnreg <= 255)
         and not (config.fp8_qk and kv_bytes != 1)
@@ -164,11 +165,3 @@ PREFILL_TABLE = TuningTable(
     heuristic=heuristic_prefill_config,
     heuristic_fields=("head_size", "group", "max_query_len"),
 )
-
-# The table's operations under the names the kernel, the backend and the tuning
-# script use (tables.TuningTable documents each).
-problem_key = PREFILL_TABLE.key
-table_path = PREFILL_TABLE.path
-table_entry = PREFILL_TABLE.entry
-load_prefill_table = PREFILL_TABLE.load
-get_prefill_config = PREFILL_TABLE.lookup

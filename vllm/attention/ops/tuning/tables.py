@@ -7,7 +7,9 @@ decode_configs.py): its config dataclass, its problem-key fields and how each is
 normalised, and the heuristic for keys no table holds. This module does what every
 kind shares: where the table of a GPU lives, how a JSON file parses into
 ``{key tuple: config}``, the per-process caches, and the lookup that falls back to
-the heuristic. The file schema is in README.md.
+the heuristic. A kernel asks its kind's table directly
+(``PREFILL_TABLE.lookup(...)``, ``DECODE_TABLE.lookup(...)``). The file schema is
+in README.md.
 
 Nothing happens at import time: the first lookup of a (kind, GPU) reads that file
 once; later launches with the same key are a dict hit.
@@ -22,20 +24,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm.attention.ops.hardware import SAME_ARCHITECTURE
+
 TUNING_DIR = Path(__file__).resolve().parent
 # Every table kind's file prefix (one TuningTable each, declared by its kernel).
 KINDS = ("prefix_prefill", "paged_decode")
-# A GPU with no table of its own uses the tables of a tuned GPU with the same SM
-# design, where the same tiles win: {NVIDIA compute capability: GPU name}. An H100
-# or H800 (sm_90, like the H200) is closer to the H200's tuned tiles, most of them
-# TMA tiles, than to the heuristic, which uses none.
-SAME_ARCHITECTURE = {(9, 0): "NVIDIA H200"}
 
 logger = logging.getLogger(__name__)
-
-# Shared memory of one Hopper SM as Triton sees it (232,448 bytes per program);
-# the validity filters of the config sweeps keep the pipelined tiles within it.
-SMEM_BYTES = 232_448
 
 
 def _slug(gpu_name: str) -> str:
@@ -67,8 +62,8 @@ def device_gpu_name(device) -> str:
         return name
     logger.info(
         "TRITON_ATTN: no tuning tables for %s; using those of %s (same "
-        "architecture). To tune for this GPU: python -m "
-        "vllm.attention.ops.tuning.tune_prefix_prefill (vllm/attention/ops/tuning/"
+        "architecture). To tune for this GPU: python3 "
+        "benchmarks/kernels/tune_attention.py (vllm/attention/ops/tuning/"
         "README.md).",
         name,
         stand_in,

@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import torch
 
+from vllm.attention.ops.hardware import num_sms
 from vllm.attention.ops.paged_attention import DECODE_QUERY_LEN, paged_attention
 from vllm.attention.ops.paged_cache_write import write_to_paged_cache
 from vllm.attention.ops.triton_paged_decode_attention_2d import (
@@ -122,9 +123,6 @@ KV_CACHE_DTYPES: tuple[str, ...] = (
 # CUDA: bf16 tensor-core dots need SM 8.0; Triton's fp8 e4m3 conversions need 8.9.
 MIN_CUDA_CAPABILITY = (8, 0)
 MIN_CUDA_FP8_CAPABILITY = (8, 9)
-# CPU runs (tests under TRITON_INTERPRET=1) have no SM count; they pretend to be an
-# H200 (132 SMs) so that the split-KV choices match the GPU's.
-_CPU_STAND_IN_NUM_SMS = 132
 
 # Stock modules whose subclasses of our classes reach into stock internals that this
 # file does not have (softmax segment buffers, packed K|V layout): refused.
@@ -253,14 +251,6 @@ def _guess_block_table_stride(vllm_config: "VllmConfig", spec: AttentionSpec) ->
     return -(-blocks // align) * align
 
 
-def _device_num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return _CPU_STAND_IN_NUM_SMS
-    from vllm.platforms import current_platform
-
-    return current_platform.num_compute_units(device.index or 0)
-
-
 class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMetadata]):
     """Builds ``TritonAttentionMetadata``; owns the split-KV decode workspace."""
 
@@ -283,7 +273,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         self.num_kv_heads = kv_cache_spec.num_kv_heads
         self.head_size = kv_cache_spec.head_size
         self.num_q_heads = self._num_q_heads(vllm_config, layer_names)
-        self.num_sms = _device_num_sms(self.device)
+        self.num_sms = num_sms(self.device)  # an H200's count off the GPU
 
         # Split counts for every decode batch size up to the largest one vLLM can
         # form (max_num_seqs; CUDA-graph capture sizes never exceed it for decodes).

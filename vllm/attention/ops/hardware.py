@@ -1,0 +1,57 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Hardware facts the kernels, the tuning filters and the benchmarks rely on.
+
+One place for what is true of a GPU rather than of a kernel: shared memory per
+program, the SM count and L2 size of the tuned GPU, which devices take inline PTX
+and TMA, and which tuned GPU stands in for an untuned one of the same SM design.
+Nothing is queried at import time; the device queries below run at the first launch.
+"""
+
+import functools
+
+import torch
+
+# Shared memory one Hopper (sm_90) program may use, as Triton sees it: 232,448 bytes
+# (227 KiB). The validity filters of the tuning sweeps keep pipelined tiles within it.
+HOPPER_SMEM_BYTES_PER_PROGRAM = 232_448
+# SMs of an H200 (and H100 SXM). Used where no GPU can be asked: CPU runs under
+# TRITON_INTERPRET=1 pretend to be an H200 so that split-KV choices match the GPU's.
+H200_NUM_SMS = 132
+# L2 cache of an H100 / H200: benchmarks rotate more K/V than twice this through
+# each timed pass so that no call finds its K/V in L2.
+H200_L2_BYTES = 50 * 2**20
+# Dense bf16 tensor-core peak of an H200 (and H100 SXM), TFLOP/s, for benchmark
+# efficiency figures.
+H200_BF16_DENSE_PEAK_TFLOPS = 989.0
+
+# A GPU with no tuning table of its own uses the tables of a tuned GPU with the same
+# SM design, where the same tiles win: {NVIDIA compute capability: GPU name}. An
+# H100 or H800 (sm_90, like the H200) is closer to the H200's tuned TMA tiles than
+# to the heuristic, which uses none.
+SAME_ARCHITECTURE = {(9, 0): "NVIDIA H200"}
+
+
+def nvidia_gpu(device: torch.device) -> bool:
+    """Whether launches on ``device`` compile for an NVIDIA GPU: what inline PTX
+    (``e4m3_to_fp16_at_load``, ``exp2_fp16``), TMA and register caps need. Not ROCm,
+    not the CPU interpreter."""
+    return device.type == "cuda" and torch.version.hip is None
+
+
+@functools.cache
+def tma_supported(device: torch.device) -> bool:
+    """Whether K/V tiles may be loaded through TMA descriptors on ``device``: NVIDIA
+    sm_90 and newer; CPU tensors only run under TRITON_INTERPRET=1, which emulates
+    descriptors (so the CPU tests cover that path). Not on ROCm."""
+    if device.type == "cpu":
+        return True
+    if not nvidia_gpu(device):
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def num_sms(device: torch.device) -> int:
+    """SMs (compute units) of ``device``; ``H200_NUM_SMS`` off the GPU."""
+    if device.type != "cuda":
+        return H200_NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
