@@ -34,22 +34,30 @@ def tree_name(target: pins.Upstream) -> str:
     return f"{pins.NAME}-{target.fork_version}"
 
 
+def _sdist_reader(sdist: Path, target: pins.Upstream):
+    """A reader of the sdist's files by tree path (None for a missing file)."""
+    with tarfile.open(sdist, "r:gz") as tar:
+        members = {
+            m.name: tar.extractfile(m).read()  # type: ignore[union-attr]
+            for m in tar.getmembers()
+            if m.isfile() and m.name.endswith((".py", ".toml", ".txt", ".json", ".md"))
+        }
+        names = {m.name for m in tar.getmembers() if m.isfile()}
+
+    def read_upstream(path: str) -> bytes | None:
+        name = f"{target.sdist_root}/{path}"
+        if name in members:
+            return members[name]
+        return b"" if name in names else None
+
+    return read_upstream
+
+
 def sdist_changes(sdist: Path, target: pins.Upstream) -> list[plan.Change]:
     """The fork's changes against the files of the upstream sdist of `target`."""
-    with tarfile.open(sdist, "r:gz") as tar:
-        members = {m.name: m for m in tar.getmembers() if m.isfile()}
-
-        def read_upstream(path: str) -> bytes | None:
-            member = members.get(f"{target.sdist_root}/{path}")
-            if member is None:
-                return None
-            f = tar.extractfile(member)
-            assert f is not None
-            return f.read()
-
-        return plan.compute_changes(
-            read_upstream, target, with_version=False, source=True
-        )
+    return plan.compute_changes(
+        _sdist_reader(sdist, target), target, with_version=False, source=True
+    )
 
 
 # ---------------------------------------------------------------- the PR patch
@@ -104,8 +112,71 @@ def patch_text(changes: list[plan.Change], target: pins.Upstream) -> str:
     return header + "".join(file_diff(c) for c in changes) + "-- \n"
 
 
+# The fork's tests, placed where upstream keeps its own, so a reviewer runs them
+# with upstream's pytest: kernel tests beside upstream's attention kernel tests,
+# the backend checks beside upstream's backend tests (run in a subprocess over the
+# installed vLLM by the runner, as in this repository).
+KERNEL_TESTS = "tests/kernels/attention/triton_attn"
+BACKEND_TESTS = "tests/v1/attention"
+PR_TEST_FILES = {  # repository path -> path in the upstream tree
+    "tests/site_runner.py": f"{BACKEND_TESTS}/triton_attn_site_runner.py",
+    "tests/backend/backend_in_vllm.py": f"{BACKEND_TESTS}/triton_attn_checks.py",
+}
+BACKEND_TEST_MODULE = '''# SPDX-License-Identifier: Apache-2.0
+"""TRITON_ATTN inside the installed vLLM: each check of triton_attn_checks.py,
+all run in one subprocess (vLLM's import-time state stays out of pytest)."""
+
+from pathlib import Path
+
+import pytest
+
+import vllm
+from tests.v1.attention.triton_attn_site_runner import (
+    check_names,
+    passed,
+    run_checks,
+)
+
+CHECKS = Path(__file__).with_name("triton_attn_checks.py")
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_checks(Path(vllm.__file__).resolve().parent.parent, CHECKS)
+
+
+@pytest.mark.parametrize("name", check_names(CHECKS))
+def test_triton_attn_backend(results, name):
+    passed(results, name)
+'''
+
+
+def pr_test_changes(read_upstream, root: Path = plan.REPO_ROOT) -> list[plan.Change]:
+    """The fork's kernel and backend tests as new files of the upstream tree."""
+    files = {
+        f"tests/kernels/{p.name}": f"{KERNEL_TESTS}/{p.name}"
+        for p in sorted((root / "tests" / "kernels").glob("*.py"))
+    }
+    files.update(PR_TEST_FILES)
+    kernel_package = KERNEL_TESTS.replace("/", ".")
+    runner_module = PR_TEST_FILES["tests/site_runner.py"][:-3].replace("/", ".")
+    added = {f"{KERNEL_TESTS}/__init__.py": b""}
+    for ours, theirs in files.items():
+        text = (root / ours).read_text("utf-8")
+        text = text.replace("tests.kernels.", f"{kernel_package}.")
+        text = text.replace("tests.site_runner", runner_module)
+        added[theirs] = text.encode("utf-8")
+    added[f"{BACKEND_TESTS}/test_triton_attn_backend.py"] = BACKEND_TEST_MODULE.encode()
+    clashes = [path for path in added if read_upstream(path) is not None]
+    if clashes:
+        raise BuildError(f"the fork's tests would replace upstream files: {clashes}")
+    return [plan.Change(path, None, data, "added") for path, data in added.items()]
+
+
 def write_pr_patch(sdist: Path, out: Path, target: pins.Upstream) -> Path:
-    text = patch_text(sdist_changes(sdist, target), target)
+    changes = sdist_changes(sdist, target)
+    changes += pr_test_changes(_sdist_reader(sdist, target))
+    text = patch_text(changes, target)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(text, encoding="utf-8")

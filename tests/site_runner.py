@@ -22,7 +22,8 @@ import sys
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+# The checkout: the directory that holds the `tests` package this file is in.
+REPO = next(p.parent for p in Path(__file__).resolve().parents if p.name == "tests")
 PREFIX = "CHECK "
 
 

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-REPO = Path(__file__).resolve().parents[2]
+# The checkout: the directory that holds the `tests` package this file is in.
+REPO = next(p.parent for p in Path(__file__).resolve().parents if p.name == "tests")
 OUR_FILE = REPO / "vllm" / "v1" / "attention" / "backends" / "triton_attn.py"
 # Stock modules that import names from triton_attn.py; every name must resolve.
 IMPORTERS = (

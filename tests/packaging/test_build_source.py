@@ -7,6 +7,7 @@ setuptools-scm gives the fork version. A ROCm compile of the C++/HIP extensions
 needs a ROCm host (docs/rocm.md).
 """
 
+import ast
 import compileall
 import os
 import shutil
@@ -105,8 +106,43 @@ def test_pr_patch_applies_and_compiles(pr_patch, pristine_tree, target, tmp_path
         assert (tree / rel).read_bytes() != (pristine_tree / rel).read_bytes(), rel
     assert compileall.compile_dir(tree / "vllm", quiet=1, workers=2)
     assert compileall.compile_file(tree / "setup.py", quiet=1)
+    _check_pr_tests(tree)
     # Applying twice must fail: the patch is not silently re-applicable.
     assert git_apply(tree, pr_patch, "--check").returncode != 0
+
+
+def _check_pr_tests(tree: Path) -> None:
+    """The fork's kernel and backend tests are in the upstream tree where upstream
+    keeps its own, compile, and every `tests.*` module they import is there."""
+    added = [tree / source.BACKEND_TESTS / "test_triton_attn_backend.py"]
+    added += [tree / path for path in source.PR_TEST_FILES.values()]
+    added += [
+        tree / source.KERNEL_TESTS / p.name
+        for p in (REPO / "tests/kernels").glob("*.py")
+    ]
+    assert [p for p in added if not p.is_file()] == []
+    for path in added:
+        module = ast.parse(path.read_text(), str(path))  # compiles
+        imported = [
+            name
+            for node in ast.walk(module)
+            for name in (
+                [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            if name.startswith("tests.")
+        ]
+        ours = (
+            source.KERNEL_TESTS.replace("/", "."),
+            source.BACKEND_TESTS.replace("/", "."),
+        )
+        for name in imported:
+            assert name.startswith(ours), (path, name)  # not upstream's namesakes
+            rel = Path(*name.split("."))
+            assert (tree / f"{rel}.py").is_file() or (tree / rel).is_dir(), (path, name)
 
 
 @pytest.fixture(scope="session")
