@@ -30,14 +30,25 @@ stock. The JSON records the file of every module used. ``--stock-site`` is requi
 when a stock caller (``fa3``, ``stock_triton``) is requested; ``--callers ours`` runs
 without it. A GPU is required (the CPU interpreter runs the kernel tests, not this).
 
+``--matrix full``: the kernel matrix against FA3 (``MATRIX_*`` data: groups, head
+sizes, pages, KV dtypes, lengths, window / soft-cap), pruned by ``--kernels``,
+``--groups``, ``--head-sizes``, ``--block-sizes``, ``--kv-dtypes``, capped by
+``--max-points``; each point's record is written to ``--out`` as it finishes and a
+rerun skips the finished ones. ``--summarize FILE...`` prints the worst and median
+ratios to FA3 per kernel, head size and group as Markdown (no GPU); ``--list``
+prints the selected points (no GPU).
+
 Tuning tables are written by ``tune_attention.py`` in this folder, which reuses this
 file's inputs, reference check and timing.
 """
 
 import argparse
 import datetime
+import itertools
 import json
 import math
+import os
+import statistics
 import subprocess
 import sys
 import time
@@ -97,19 +108,80 @@ TINY = {
 }
 
 
+# ----------------------------------------------------------------------------------
+# The kernel matrix against FA3 (--matrix full), as data
+# ----------------------------------------------------------------------------------
+# Every axis is crossed with the others only where it changes what the kernels do;
+# the points are: CORE lengths for every (group, head size, page, KV dtype), the
+# full length SWEEPS for the (group, head size) pairs of the end-to-end models, and
+# the FEATURE points (sliding window, soft-cap) of the models that use them. Points
+# shared by two parts are measured once. Prune with --kernels, --groups,
+# --head-sizes, --block-sizes, --kv-dtypes and --max-points; --list prints them.
+
+# Every integer group 1-8 (Phi-3 1, Gemma-2 2, Llama-3.1-8B / Mistral 4, Qwen2.5-14B
+# 5, Qwen2.5-7B 7, Llama-3.1-70B 8) and 12, 16: groups that do not divide the packed
+# tile, and ones larger than the 8 rows of an MMA slice.
+MATRIX_GROUPS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
+# Powers of two and the padded ones (80, 96, 112, 192 run with a padded head tile);
+# 96 is Phi-3's, 256 Gemma-2's, 128 everyone else's.
+MATRIX_HEAD_SIZES = (64, 80, 96, 112, 128, 192, 256)
+# 16: stock vLLM's default page; 64: ours preferred; 128 (prefill only, the only
+# kernel whose tuning table has it): a page longer than any KV tile.
+MATRIX_BLOCK_SIZES = {"prefill": (16, 64, 128), "decode": (16, 64)}
+# Eight KV heads (Llama-3.1-8B, and tune_attention's batches): q heads = 8 * group.
+# The KV-head count only widens the grid; the group changes the packed tiles.
+MATRIX_KV_HEADS = 8
+MATRIX_KV_DTYPES = ("bfloat16", "float8_e4m3fn")
+# fp8 changes the K/V loads and the dot inputs, not the paging: its CORE points
+# run on page 64 only (its SWEEP and FEATURE points on every page size).
+MATRIX_FP8_CORE_BLOCK_SIZES = (64,)
+CHUNK = 2048  # chunked prefill: one 2k chunk after a cached prefix
+# (batch, query_len, kv_len), kv_len = cached prefix + query_len.
+MATRIX_PREFILL_FRESH = [(1, 512, 512), (1, 2048, 2048), (1, 8192, 8192),
+                        (1, 32768, 32768)]  # fmt: skip
+MATRIX_PREFILL_CHUNKED = [(1, CHUNK, cached + CHUNK) for cached in (8192, 16384, 32768)]
+# (batch, kv_len): batch 1-256, contexts 1k-32k; at most 2M cached tokens per point
+# (17 GB at head 256, group 16, bf16; the FA3/stock copy doubles it).
+MATRIX_DECODE = [(1, 1024), (1, 8192), (1, 32768), (4, 32768), (16, 4096),
+                 (16, 32768), (64, 8192), (256, 1024), (256, 8192)]  # fmt: skip
+# Lengths every (group, head size, page, KV dtype) runs: a long fresh prefill, a
+# chunk after a long prefix, one long decode and a large decode batch.
+MATRIX_CORE = {
+    "prefill": [(1, 8192, 8192), (1, CHUNK, 16384 + CHUNK)],
+    "decode": [(1, 32768), (64, 8192)],
+}
+# (group, head size) of the end-to-end models: every length of the sweep.
+MATRIX_SWEEP_SHAPES = [(1, 96), (2, 256), (4, 128), (5, 128), (7, 128), (8, 128)]
+# (group, head size, window, soft-cap), as the models use them; FA3 takes both
+# (window_size=(W - 1, 0), softcap). Gemma-2 alternates window+cap / cap-only.
+MATRIX_FEATURES = [
+    (4, 128, 4096, None),  # Mistral-7B-v0.1
+    (2, 256, 4096, 50.0),  # Gemma-2-9B, local layers
+    (2, 256, None, 50.0),  # Gemma-2-9B, global layers
+    (1, 96, 2047, None),  # Phi-3-mini-4k
+]
+MATRIX_FEATURE_LENGTHS = {
+    "prefill": [(1, 8192, 8192), (1, 32768, 32768), (1, CHUNK, 16384 + CHUNK),
+                (1, CHUNK, 32768 + CHUNK)],
+    "decode": [(1, 32768), (64, 8192), (256, 8192)],
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Shape:
     kernel: str  # "decode" | "prefill"
     model: str
     batch: int
     query_len: int
-    context: int
+    context: int  # KV length of every sequence, query tokens included
     num_q_heads: int
     num_kv_heads: int
     head_size: int
     block_size: int
     dtype: str = "bfloat16"
     kv_dtype: str = "bfloat16"
+    window: int | None = None  # sliding window W: key j visible iff pos - j < W
+    softcap: float | None = None  # logits soft-cap c: s -> c * tanh(s / c)
 
 
 def sweep(args) -> list[Shape]:
@@ -150,6 +222,86 @@ def sweep(args) -> list[Shape]:
     return shapes
 
 
+def _matrix_shape(kernel, group, head, block, kv_dtype, length, window=None, cap=None):
+    if kernel == "prefill":
+        batch, q_len, kv_len = length
+    else:
+        (batch, kv_len), q_len = length, 1
+    name = f"g{group}-d{head}" + (f"-w{window}" if window else "")
+    name += f"-cap{cap:g}" if cap else ""
+    return Shape(kernel, name, batch, q_len, kv_len, group * MATRIX_KV_HEADS,
+                 MATRIX_KV_HEADS, head, block, kv_dtype=kv_dtype, window=window,
+                 softcap=cap)  # fmt: skip
+
+
+def matrix_shapes(
+    kernels=("prefill", "decode"),
+    groups=MATRIX_GROUPS,
+    head_sizes=MATRIX_HEAD_SIZES,
+    block_sizes=None,
+    kv_dtypes=MATRIX_KV_DTYPES,
+) -> list[Shape]:
+    """The --matrix full points (CORE, SWEEP, FEATURE parts; duplicates dropped),
+    restricted to the given kernels, groups, head sizes, page sizes, KV dtypes."""
+    shapes: dict[tuple, Shape] = {}
+
+    def add(kernel, group, head, block, kv, length, window=None, cap=None):
+        s = _matrix_shape(kernel, group, head, block, kv, length, window, cap)
+        keep = (
+            group in groups
+            and head in head_sizes
+            and kv in kv_dtypes
+            and (block_sizes is None or block in block_sizes)
+        )
+        if keep:
+            shapes.setdefault(shape_key(s), s)
+
+    sweeps = {
+        "prefill": MATRIX_PREFILL_FRESH + MATRIX_PREFILL_CHUNKED,
+        "decode": MATRIX_DECODE,
+    }
+    for kernel in ("prefill", "decode"):
+        if kernel not in kernels:
+            continue
+        blocks = MATRIX_BLOCK_SIZES[kernel]
+        for group, head, kv in itertools.product(
+            MATRIX_GROUPS, MATRIX_HEAD_SIZES, MATRIX_KV_DTYPES
+        ):
+            fp8 = kv.startswith("float8")
+            for block in MATRIX_FP8_CORE_BLOCK_SIZES if fp8 else blocks:
+                for length in MATRIX_CORE[kernel]:
+                    add(kernel, group, head, block, kv, length)
+        for (group, head), kv, block in itertools.product(
+            MATRIX_SWEEP_SHAPES, MATRIX_KV_DTYPES, blocks
+        ):
+            for length in sweeps[kernel]:
+                add(kernel, group, head, block, kv, length)
+        for (group, head, window, cap), kv, block in itertools.product(
+            MATRIX_FEATURES, MATRIX_KV_DTYPES, blocks
+        ):
+            for length in MATRIX_FEATURE_LENGTHS[kernel]:
+                add(kernel, group, head, block, kv, length, window, cap)
+    return list(shapes.values())
+
+
+# The fields that name a point of the matrix (a record's, a Shape's alike).
+KEY_FIELDS = (
+    "kernel", "dtype", "kv_cache_dtype", "group", "head_size", "block_size",
+    "q_len", "kv_len", "batch", "window", "softcap",
+)  # fmt: skip
+
+
+def shape_key(s: Shape) -> tuple:
+    return (s.kernel, s.dtype, s.kv_dtype, s.num_q_heads // s.num_kv_heads,
+            s.head_size, s.block_size, s.query_len, s.context, s.batch, s.window,
+            None if s.softcap is None else float(s.softcap))  # fmt: skip
+
+
+def record_key(r: dict) -> tuple:
+    key = tuple(r.get(f) for f in KEY_FIELDS)
+    return key[:-1] + (None if key[-1] is None else float(key[-1]),)
+
+
 # ----------------------------------------------------------------------------------
 # Work formulas
 # ----------------------------------------------------------------------------------
@@ -159,17 +311,26 @@ def _elem_bytes(dtype_name: str) -> int:
     return 1 if dtype_name.startswith("float8") else 2
 
 
+def _sum_min(first: int, last: int, cap: int | None) -> int:
+    """sum of min(n, cap) for n = first..last (cap None: no cap)."""
+    if cap is None or last <= cap:
+        return (first + last) * (last - first + 1) // 2
+    if first > cap:
+        return cap * (last - first + 1)
+    return (first + cap) * (cap - first + 1) // 2 + cap * (last - cap)
+
+
 def decode_bytes(s: Shape) -> float:
-    kv = (
-        s.batch * s.context * s.num_kv_heads * s.head_size * 2 * _elem_bytes(s.kv_dtype)
-    )
+    keys = s.context if s.window is None else min(s.context, s.window)
+    kv = s.batch * keys * s.num_kv_heads * s.head_size * 2 * _elem_bytes(s.kv_dtype)
     q_and_out = 2 * s.batch * s.num_q_heads * s.head_size * _elem_bytes(s.dtype)
     return float(kv + q_and_out)
 
 
 def prefill_flops(s: Shape) -> float:
+    """Causally visible (query, key) pairs (at most W per query with a window W)."""
     prefix = s.context - s.query_len
-    visible = s.query_len * prefix + s.query_len * (s.query_len + 1) // 2
+    visible = _sum_min(prefix + 1, s.context, s.window)
     return 4.0 * s.head_size * s.num_q_heads * s.batch * visible
 
 
@@ -312,6 +473,8 @@ def caller_ours(
                 num_splits=splits,
                 workspace=workspace,
                 config=decode_config,
+                sliding_window=s.window,
+                logits_soft_cap=s.softcap,
             )
 
         return Runner(run, out, note=f"splits={splits}")
@@ -329,9 +492,17 @@ def caller_ours(
             softmax_scale=inp.softmax_scale,
             k_scale=inp.k_scale,
             v_scale=inp.v_scale,
+            sliding_window=s.window,
+            logits_soft_cap=s.softcap,
         )
 
     return Runner(run, out)
+
+
+def stock_window(s: Shape) -> tuple[int, int]:
+    """(left, right) of FA3 / stock vLLM: W keys visible = the query's own and the
+    W - 1 before it; (-1, -1) is no window."""
+    return (-1, -1) if s.window is None else (s.window - 1, 0)
 
 
 def caller_fa3(s: Shape, inp: Inputs) -> Runner:
@@ -368,6 +539,8 @@ def caller_fa3(s: Shape, inp: Inputs) -> Runner:
             softmax_scale=inp.softmax_scale,
             causal=True,
             block_table=inp.block_tables[i],
+            window_size=stock_window(s),
+            softcap=s.softcap or 0.0,
             fa_version=3,
             **descales,
         )
@@ -415,9 +588,9 @@ def caller_stock_triton(s: Shape, inp: Inputs) -> Runner:
             max_seqlen_k=s.context,
             softmax_scale=inp.softmax_scale,
             causal=True,
-            window_size=(-1, -1),
+            window_size=stock_window(s),
             block_table=inp.block_tables[i],
-            softcap=0,
+            softcap=s.softcap or 0.0,
             q_descale=None,
             k_descale=k_descale,
             v_descale=v_descale,
@@ -466,6 +639,8 @@ def reference_rows(s: Shape, inp: Inputs) -> list[tuple[slice, torch.Tensor]]:
             softmax_scale=inp.softmax_scale,
             k_scale=None if inp.k_scale is None else inp.k_scale.item(),
             v_scale=None if inp.v_scale is None else inp.v_scale.item(),
+            sliding_window=s.window,
+            logits_soft_cap=s.softcap,
         )
         checked.append((slice(end - rows, end), ref))
     return checked
@@ -532,8 +707,49 @@ def measure_point(s: Shape, args) -> dict:
     for other in ("fa3", "stock_triton"):
         a, b = record.get("ours"), record.get(other)
         record[f"ratio_vs_{other}"] = a / b if a and b else None
+    _flat_fields(s, record)
     del inp
     torch.cuda.empty_cache()
+    return record
+
+
+def _flat_fields(s: Shape, record: dict) -> None:
+    """The matrix's flat names of a point and its results: KEY_FIELDS,
+    <caller>_us, tflops (prefill) or gbps (decode) of ours, and for every missing
+    time or ratio the reason (``<field>_reason``)."""
+    record.update(
+        kv_cache_dtype=s.kv_dtype,
+        group=s.num_q_heads // s.num_kv_heads,
+        q_len=s.query_len,
+        kv_len=s.context,
+    )
+    for name in CALLERS:
+        us = record["time_us"].get(name)
+        record[f"{name}_us"] = us
+        if us is None:
+            record[f"{name}_us_reason"] = record["notes"].get(name, "not run")
+    record["tflops" if s.kernel == "prefill" else "gbps"] = record.get("ours")
+    for other in STOCK_CALLERS:
+        if record.get(f"ratio_vs_{other}") is None:
+            missing = [c for c in ("ours", other) if record.get(f"{c}_us") is None]
+            record[f"ratio_vs_{other}_reason"] = (
+                "; ".join(f"{c}: {record['notes'].get(c, 'not run')}" for c in missing)
+                or "no throughput"
+            )
+
+
+def failed_point_record(s: Shape, exc: BaseException) -> dict:
+    """Record of a point whose inputs could not even be built (e.g. out of memory):
+    every caller failed, with the reason."""
+    why = f"failed: {type(exc).__name__}: {exc}"[:300]
+    record = {**asdict(s), "num_sets": None, "max_abs_err": {}}
+    record["unit"] = "GB/s" if s.kernel == "decode" else "TFLOP/s"
+    record["time_us"] = dict.fromkeys(CALLERS)
+    record["notes"] = dict.fromkeys(CALLERS, why)
+    for name in CALLERS:
+        record[name] = None
+    record["ratio_vs_fa3"] = record["ratio_vs_stock_triton"] = None
+    _flat_fields(s, record)
     return record
 
 
@@ -652,6 +868,12 @@ def environment(args, files) -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "vllm": getattr(vllm, "__version__", None),
+        "versions": {
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "stock_vllm": getattr(vllm, "__version__", None),
+            "cuda": torch.version.cuda,
+        },
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "modules": files,
     }
@@ -679,6 +901,221 @@ def print_table(records: list[dict]) -> None:
             f"{f(r.get('stock_triton'), 8)} {f(r['ratio_vs_fa3'], 5, 2)} "
             f"{f(r['ratio_vs_stock_triton'], 6, 2)} {f(err, 8, 4)}"
         )
+
+
+# ----------------------------------------------------------------------------------
+# The matrix: resumable run, summary
+# ----------------------------------------------------------------------------------
+
+
+def point_done(record: dict) -> bool:
+    """A finished point: no caller failed (a skip is final, a failure is retried)."""
+    return not any(
+        str(note).startswith("failed") for note in record.get("notes", {}).values()
+    )
+
+
+def load_matrix(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def write_json_atomic(path: Path, body: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(body, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def run_matrix(shapes: list[Shape], args, path: Path, header: dict, measure) -> int:
+    """Measure the points of ``shapes`` not yet finished in ``path`` (at most
+    ``args.max_points``), rewriting the file after each, and return how many were
+    measured. ``header`` holds the file-level fields (commit, gpu, ...) of this run;
+    a file of another commit or GPU is refused (its points are not comparable).
+    ``measure(shape, args) -> record``."""
+    body = load_matrix(path)
+    if body is None:
+        body = {**header, "runs": [], "records": []}
+    else:
+        for field in ("commit", "gpu"):
+            if body.get(field) != header.get(field):
+                sys.exit(
+                    f"{path} holds {field} {body.get(field)!r}, this run is "
+                    f"{header.get(field)!r}: pass another --out to start a new file"
+                )
+    body["runs"].append(
+        {k: header.get(k) for k in ("command", "date", "driver", "versions")}
+    )
+    index = {record_key(r): i for i, r in enumerate(body["records"])}
+    done = {k for k, i in index.items() if point_done(body["records"][i])}
+    todo = [s for s in shapes if shape_key(s) not in done]
+    print(
+        f"{path}: {len(shapes)} points selected, {len(shapes) - len(todo)} already "
+        f"done, {len(todo)} to measure"
+        + (f" (at most {args.max_points} now)" if args.max_points else "")
+    )
+    if args.max_points:
+        todo = todo[: args.max_points]
+    start = time.time()
+    write_json_atomic(path, body)
+    for n, s in enumerate(todo):
+        try:
+            record = measure(s, args)
+        except Exception as exc:  # e.g. the inputs do not fit: recorded, retried
+            record = failed_point_record(s, exc)
+        key = shape_key(s)
+        if key in index:
+            body["records"][index[key]] = record
+        else:
+            index[key] = len(body["records"])
+            body["records"].append(record)
+        write_json_atomic(path, body)
+        cells = ", ".join(
+            f"{c}={record[f'{c}_us']:.1f}us"
+            if record[f"{c}_us"] is not None
+            else f"{c}: {record['notes'][c]}"[:80]
+            for c in CALLERS
+        )
+        print(
+            f"[{n + 1}/{len(todo)} {time.time() - start:.0f}s] {s.kernel} {s.model} "
+            f"{s.kv_dtype} bs={s.block_size} batch={s.batch} q={s.query_len} "
+            f"kv={s.context}: {cells}",
+            flush=True,
+        )
+        if not sticky_device_ok():
+            sys.exit(f"the device is in an error state; rerun to resume ({path})")
+    return len(todo)
+
+
+def sticky_device_ok() -> bool:
+    """False when the CUDA context is broken (every later point would fail)."""
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _ratio_stats(rows: list[dict], field: str) -> dict:
+    rated = [r for r in rows if r.get(field) is not None]
+    values = [r[field] for r in rated]
+    worst = min(rated, key=lambda r: r[field]) if rated else None
+    return {
+        "points": len(rows),
+        "missing": len(rows) - len(values),
+        "worst": min(values) if values else None,
+        "median": statistics.median(values) if values else None,
+        "worst_point": worst and _point_name(worst),
+    }
+
+
+def _point_name(r: dict) -> str:
+    kv = "fp8" if "float8" in str(r.get("kv_cache_dtype", r.get("kv_dtype"))) else ""
+    extra = "".join(
+        f" {label}{r[f]:g}" for f, label in (("window", "w"), ("softcap", "cap"))
+        if r.get(f)
+    )  # fmt: skip
+    return (
+        f"g{_group(r)} d{r['head_size']} bs{r['block_size']} b{r['batch']} "
+        f"q{r.get('q_len', r.get('query_len'))} kv{r.get('kv_len', r.get('context'))}"
+        f"{' ' + kv if kv else ''}{extra}"
+    )
+
+
+def _flat_key_fields(r: dict) -> dict:
+    """KEY_FIELDS of a record, also of one written before the matrix's names."""
+    return {
+        **r,
+        "group": _group(r),
+        "kv_cache_dtype": r.get("kv_cache_dtype", r.get("kv_dtype")),
+        "q_len": r.get("q_len", r.get("query_len")),
+        "kv_len": r.get("kv_len", r.get("context")),
+    }
+
+
+def _group(r: dict) -> int:
+    return r.get("group") or r["num_q_heads"] // r["num_kv_heads"]
+
+
+SUMMARY_BY = {
+    "kernel": lambda r: (r["kernel"],),
+    "head_size": lambda r: (r["kernel"], r["head_size"]),
+    "group": lambda r: (r["kernel"], _group(r)),
+}
+
+
+def summarize(records: list[dict], other: str = "fa3") -> dict[str, list[dict]]:
+    """Worst (smallest) and median of ``ratio_vs_<other>`` (ours / other
+    throughput: > 1 = ours faster) per kernel, per (kernel, head size) and per
+    (kernel, group); points with no ratio are counted as ``missing``. A record of
+    the same point in a later file replaces an earlier one."""
+    latest = {}
+    for r in records:
+        latest[record_key(_flat_key_fields(r))] = r
+    field = f"ratio_vs_{other}"
+    out = {}
+    for by, key_of in SUMMARY_BY.items():
+        groups: dict[tuple, list] = {}
+        for r in latest.values():
+            groups.setdefault(key_of(r), []).append(r)
+        out[by] = [
+            {"kernel": k[0], by: k[-1], **_ratio_stats(rows, field)}
+            for k, rows in sorted(groups.items())
+        ]
+    return out
+
+
+def summary_markdown(records: list[dict]) -> str:
+    """The summary as Markdown tables: vs FA3 per kernel / head size / group, then
+    vs stock Triton per kernel."""
+
+    def fmt(x):
+        return "-" if x is None else f"{x:.2f}"
+
+    parts = []
+    for other, bys in (("fa3", SUMMARY_BY), ("stock_triton", ("kernel",))):
+        table = summarize(records, other)
+        for by in bys:
+            cols = ["kernel"] + ([by] if by != "kernel" else [])
+            head = cols + ["points", "missing", "worst", "median", "worst point"]
+            lines = [
+                f"### ours / {other} by {by} (> 1: ours faster)",
+                "",
+                "| " + " | ".join(head) + " |",
+                "|" + "---|" * len(head),
+            ]
+            for row in table[by]:
+                cells = [str(row[c]) for c in cols] + [
+                    str(row["points"]),
+                    str(row["missing"]),
+                    fmt(row["worst"]),
+                    fmt(row["median"]),
+                    row["worst_point"] or "-",
+                ]
+                lines.append("| " + " | ".join(cells) + " |")
+            parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def selected_shapes(args) -> list[Shape]:
+    """The points of the chosen sweep (--matrix, --tiny, --quick or the default),
+    pruned by --kernels, --kv-dtypes, --groups, --head-sizes, --block-sizes."""
+    kv_names = {"bf16": "bfloat16", "fp8": "float8_e4m3fn"}
+    if args.matrix:
+        return matrix_shapes(
+            kernels=args.kernels,
+            groups=args.groups or MATRIX_GROUPS,
+            head_sizes=args.head_sizes or MATRIX_HEAD_SIZES,
+            block_sizes=args.block_sizes,
+            kv_dtypes=[kv_names[k] for k in args.kv_dtypes],
+        )
+    return [
+        s
+        for s in sweep(args)
+        if s.kernel in args.kernels
+        and ("fp8" if s.kv_dtype.startswith("float8") else "bf16") in args.kv_dtypes
+        and (not args.groups or s.num_q_heads // s.num_kv_heads in args.groups)
+        and (not args.head_sizes or s.head_size in args.head_sizes)
+        and (not args.block_sizes or s.block_size in args.block_sizes)
+    ]
 
 
 def main() -> None:
@@ -715,7 +1152,49 @@ def main() -> None:
     p.add_argument("--results-dir", default=str(REPO / "benchmarks/results/kernels"))
     p.add_argument("--commit", help="commit id to record (default: git HEAD)")
     p.add_argument("--callers", nargs="+", default=list(CALLERS), choices=list(CALLERS))
+    p.add_argument(
+        "--matrix",
+        choices=["full"],
+        default=None,
+        help="the kernel matrix against FA3 (MATRIX_* data): resumable, one file",
+    )
+    p.add_argument("--groups", type=int, nargs="+", help="only these q/KV groups")
+    p.add_argument("--head-sizes", type=int, nargs="+", help="only these head sizes")
+    p.add_argument("--block-sizes", type=int, nargs="+", help="only these page sizes")
+    p.add_argument(
+        "--max-points",
+        type=int,
+        default=None,
+        help="--matrix: measure at most N unfinished points now (rerun to go on)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="--matrix: the records file, resumed when it exists (default "
+        "<results-dir>/matrix-<commit>.json)",
+    )
+    p.add_argument(
+        "--list", action="store_true", help="print the selected points, no GPU"
+    )
+    p.add_argument(
+        "--summarize",
+        nargs="+",
+        metavar="FILE",
+        help="print the worst / median ratios of records files as Markdown (no GPU)",
+    )
     args = p.parse_args()  # fmt: skip
+    if args.summarize:
+        records = []
+        for name in args.summarize:
+            records += json.loads(Path(name).read_text())["records"]
+        print(summary_markdown(records), end="")
+        return
+    shapes = selected_shapes(args)
+    if args.list:
+        for s in shapes:
+            print(" ".join(f"{k}={v}" for k, v in zip(KEY_FIELDS, shape_key(s))))
+        print(f"{len(shapes)} points")
+        return
     stock_callers = [c for c in args.callers if c in STOCK_CALLERS]
     if stock_callers and args.stock_site is None:
         p.error(
@@ -725,18 +1204,19 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_kernels.py needs a GPU (the kernel tests run on the CPU)")
     files = import_modules(args.stock_site)
-    shapes = [
-        s
-        for s in sweep(args)
-        if s.kernel in args.kernels
-        and ("fp8" if s.kv_dtype.startswith("float8") else "bf16") in args.kv_dtypes
-    ]
     out_dir = Path(args.results_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
     result = environment(args, files)
     result["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
     result["bf16_dense_peak_tflops"] = ops.hardware.H200_BF16_DENSE_PEAK_TFLOPS
+    if args.matrix:
+        path = Path(args.out or out_dir / f"matrix-{result['commit']}.json")
+        run_matrix(shapes, args, path, result, measure_point)
+        print()
+        print(summary_markdown(load_matrix(path)["records"]), end="")
+        print(f"wrote {path} ({time.time() - start:.0f} s)")
+        return
     result["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
     print(
         f"device-to-device copy: {result['copy_bandwidth_gbs']:.0f} GB/s "

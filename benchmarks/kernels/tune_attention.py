@@ -21,6 +21,13 @@ dtypes, group, page size, split), with that benchmark's inputs, reference check 
 CUDA-graph timing, and writes ``paged_decode_<gpu>.json`` (winners under
 ``configs``, every timing under ``records``) to ``--results-dir`` after each key.
 
+``--kernel prefill --held-out --record FILE``: "no shape left to luck". For each
+of ``HELD_OUT_SHAPES`` (prefill keys the shipped H200 table does not hold), the
+exhaustive tune of the key (as above, nothing written to a table) and the time of
+the config a launch would pick (``PREFILL_TABLE.lookup`` on this GPU: its table,
+else the heuristic), one record per shape, written after each and skipped on a
+rerun: picked vs best and whether the pick is within 5% of the best.
+
 Both write the loader's format (``vllm/attention/ops/tuning/README.md``); a record
 is merged into a shipped table with ``merge_tuning.py`` in this folder. Every
 option travels in the parsed arguments; nothing is a module global.
@@ -79,6 +86,28 @@ BATCH_FOR_BUCKET = {
     4096: (4, 4096),
     16384: (1, 16384),
 }
+
+
+# Prefill problem keys that prefix_prefill_NVIDIA_H200.json has NO entry for (no
+# entry for the (head size, group, page, dtypes) at all, whatever the bucket), so a
+# launch takes the heuristic there: other groups, padded head sizes, pages of 16
+# and 128, an fp8 cache. (head_size, group, block_size, kv_dtype, max_query_len
+# bucket); the query is bf16. The tests check they stay absent from the table.
+HELD_OUT_SHAPES = [
+    (64, 1, 16, "bfloat16", 4096),
+    (80, 2, 64, "bfloat16", 1024),
+    (96, 1, 64, "bfloat16", 4096),  # Phi-3-mini
+    (112, 3, 16, "bfloat16", 1024),
+    (128, 7, 64, "bfloat16", 4096),  # Qwen2.5-7B
+    (128, 5, 16, "bfloat16", 16384),  # Qwen2.5-14B, page 16
+    (192, 6, 64, "bfloat16", 256),
+    (256, 2, 16, "bfloat16", 4096),  # Gemma-2-9B, page 16
+    (128, 16, 128, "bfloat16", 1024),
+    (128, 12, 64, "fp8", 4096),
+    (64, 8, 128, "fp8", 16384),
+    (256, 4, 64, "bfloat16", 64),
+]
+HELD_OUT_TOLERANCE = 1.05  # the pick may be at most 5% slower than the best
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -187,6 +216,12 @@ def add_prefill_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--untuned", action="store_true", help="write heuristic values, no timing"
     )
+    parser.add_argument(
+        "--held-out",
+        action="store_true",
+        help="tune HELD_OUT_SHAPES exhaustively and time the config a launch picks "
+        "for each; writes --record (required), resumed on a rerun; no table written",
+    )
     parser.add_argument("--gpu-name", default=None, help="default: this GPU's name")
     parser.add_argument(
         "--commit",
@@ -204,12 +239,7 @@ def add_prefill_arguments(parser: argparse.ArgumentParser) -> None:
 
 def tune_prefill(args: argparse.Namespace) -> None:
     """Sweep the prefill keys of ``args`` and write the table (and ``--record``)."""
-    space = {
-        name: PREFILL_CONFIG_SPACE[name]
-        if getattr(args, name) is None
-        else tuple(type(PREFILL_CONFIG_SPACE[name][0])(v) for v in getattr(args, name))
-        for name in SPACE_FIELDS
-    }
+    space = _space(args)
     gpu_name = args.gpu_name or torch.cuda.get_device_name()
     path = args.out or PREFILL_TABLE.path(gpu_name)
     try:
@@ -270,6 +300,112 @@ def tune_prefill(args: argparse.Namespace) -> None:
             record = {k: v for k, v in provenance.items() if k != "records"}
             json.dump({**record, "space": space, "records": records}, f, indent=1)
         print(f"wrote {args.record}")
+
+
+def _space(args) -> dict:
+    """PREFILL_CONFIG_SPACE, restricted by the --<field> options given."""
+    return {
+        name: PREFILL_CONFIG_SPACE[name]
+        if getattr(args, name) is None
+        else tuple(type(PREFILL_CONFIG_SPACE[name][0])(v) for v in getattr(args, name))
+        for name in SPACE_FIELDS
+    }
+
+
+def held_out_key(head_size, group, block_size, kv_dtype, bucket) -> tuple:
+    """The table key of one HELD_OUT_SHAPES entry (bf16 query)."""
+    return PREFILL_TABLE.key(
+        head_size=head_size,
+        q_dtype="bfloat16",
+        kv_dtype=kv_dtype,
+        group=group,
+        block_size=block_size,
+        max_query_len=bucket,
+    )
+
+
+def run_held_out(args, shapes=HELD_OUT_SHAPES) -> dict:
+    """For each shape: the exhaustive tune (``_tune_one``: every valid candidate,
+    checked and timed) with the config ``PREFILL_TABLE.lookup`` gives a launch on
+    this GPU always among the candidates (as the key's ``previous``), and a record
+    of picked vs best. The record file is rewritten after each shape; shapes
+    already in it are skipped (rerun to go on after --budget-minutes)."""
+    path = Path(args.record)
+    gpu = device_gpu_name(torch.device("cuda"))
+    body = json.loads(path.read_text()) if path.is_file() else None
+    if body is None:
+        body = _provenance(
+            args,
+            torch.cuda.get_device_name(),
+            method="exhaustive tune per held-out shape (triton.testing.do_bench "
+            "median) vs the config PREFILL_TABLE.lookup picks",
+            earlier=None,
+        )
+        body = {**body, "lookup_gpu_name": gpu, "space": _space(args), "records": []}
+    done = {tuple(r["key"].values()) for r in body["records"]}
+    deadline = time.monotonic() + 60 * args.budget_minutes
+    gen = torch.Generator().manual_seed(0)
+    table = PREFILL_TABLE.load(gpu)
+    for head_size, group, block_size, kv_name, bucket in shapes:
+        key = held_out_key(head_size, group, block_size, kv_name, bucket)
+        if key in done:
+            continue
+        if time.monotonic() > deadline:
+            print("budget spent; rerun to go on with the remaining shapes")
+            break
+        shape = {
+            "head_size": head_size,
+            "group": group,
+            "block_size": block_size,
+            "q_dtype": torch.bfloat16,
+            "kv_dtype": _dtype(kv_name),
+        }
+        # Exactly the launch's choice (prefix_prefill_attention with config=None).
+        picked = PREFILL_TABLE.lookup(
+            gpu_name=gpu,
+            max_query_len=bucket,
+            is_hip=torch.version.hip is not None,
+            **shape,
+        )
+        try:
+            best, tuned = _tune_one(shape, bucket, gen, _space(args), asdict(picked))
+        except RuntimeError as exc:  # no candidate ran: recorded, not retried
+            best, tuned = None, {"best_timing": None, "previous_timing": None}
+            tuned.update(batch=None, candidates=[], error=str(exc))
+        best_ms = tuned["best_timing"] and tuned["best_timing"]["ms"]
+        picked_timing = tuned["previous_timing"]
+        picked_ms = picked_timing and picked_timing["ms"]
+        ratio = picked_ms / best_ms if picked_ms and best_ms else None
+        record = {
+            "key": dict(zip(KEY_FIELDS, key)),
+            "picked_from": "table" if key in table else "heuristic",
+            "picked": asdict(picked),
+            "picked_ms": picked_ms,
+            "best": best and asdict(best),
+            "best_ms": best_ms,
+            "ratio": None if ratio is None else round(ratio, 4),
+            "within_5pct": ratio is not None and ratio <= HELD_OUT_TOLERANCE,
+            "batch": tuned["batch"],
+            "candidates": tuned["candidates"],
+        }
+        if ratio is None:
+            record["why"] = tuned.get("error") or (
+                "the picked config failed (wrong result or no compile)"
+            )
+        body["records"].append(record)
+        path.write_text(json.dumps(body, indent=1) + "\n")
+        print(
+            f"held-out {record['key']}: picked {picked} {picked_ms} ms, best "
+            f"{best} {best_ms} ms, ratio {record['ratio']}, "
+            f"within 5%: {record['within_5pct']}",
+            flush=True,
+        )
+    missed = [r["key"] for r in body["records"] if not r["within_5pct"]]
+    print(
+        f"wrote {path}: {len(body['records'])} shapes recorded, "
+        f"{len(missed)} not within 5%" + (f": {missed}" if missed else "")
+    )
+    return body
 
 
 def _provenance(args, gpu_name: str, *, method: str, earlier: dict | None) -> dict:
@@ -360,7 +496,10 @@ def _tune_one(shape, bucket, gen, space, previous=None):
             space,
         )
     )
-    candidates += [c for c in (fallback, previous) if c and c not in candidates]
+    # (once each: the previous entry is often the heuristic's config)
+    candidates = list(
+        dict.fromkeys(candidates + [c for c in (fallback, previous) if c])
+    )
     for config in candidates:
         try:
             if not _is_correct(config, small, shape["head_size"]):
@@ -622,7 +761,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     if known.kernel == "prefill":
         add_prefill_arguments(parser)
-        tune_prefill(parser.parse_args(rest))
+        args = parser.parse_args(rest)
+        if args.held_out and not args.record:
+            parser.error("--held-out writes its records to --record FILE")
+        (run_held_out if args.held_out else tune_prefill)(args)
     else:
         add_decode_arguments(parser)
         tune_decode(parser.parse_args(rest))

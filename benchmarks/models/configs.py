@@ -54,6 +54,33 @@ def _llama31(hidden: int, layers: int, heads: int, kv_heads: int, inter: int) ->
     }
 
 
+def _qwen25(
+    hidden: int, layers: int, heads: int, kv_heads: int, inter: int, rms_norm_eps
+) -> dict:
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": hidden // heads,
+        "intermediate_size": inter,
+        "vocab_size": 152064,
+        "max_position_embeddings": 131072,
+        "rope_theta": 1000000.0,
+        # full attention on every layer (the published config switches its
+        # window off)
+        "use_sliding_window": False,
+        "hidden_act": "silu",
+        "rms_norm_eps": rms_norm_eps,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.02,
+        "torch_dtype": "bfloat16",
+    }
+
+
 # name -> {"config": HF config.json body (token ids are filled in from the tokenizer),
 #          "tokenizer": "bench" | "char",
 #          "serving_tp": tensor-parallel size for serving,
@@ -72,6 +99,65 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
         "serving_tp": 2,
         "note": "Llama-3.1-70B dimensions (GQA 8:1), served with tensor parallel 2",
     },
+    # meta-llama/Llama-3.1-70B with 40 of its 80 layers: one GPU at TP1.
+    "llama-3.1-70b-tp1-40l": {
+        "config": _llama31(8192, 40, 64, 8, 28672),
+        "tokenizer": "bench",
+        "serving_tp": 1,
+        "note": "Llama-3.1-70B per-layer dimensions (64 q / 8 KV heads, head 128) "
+        "with only 40 of its 80 layers, so that the bf16 weights (~73 GB) fit one "
+        "H200 at TP1 with room for KV cache; NOT the full model: per-token times "
+        "are about half the real 70B's",
+    },
+    # Qwen/Qwen2.5-7B config.json (qkv projections carry a bias in Qwen2 models;
+    # the config has no field for it). head_dim = 3584 / 28 = 128.
+    "qwen2.5-7b": {
+        "config": _qwen25(3584, 28, 28, 4, 18944, rms_norm_eps=1e-6),
+        "tokenizer": "bench",
+        "serving_tp": 1,
+        "note": "Qwen2.5-7B dimensions: GQA 7:1 (28 q / 4 KV heads), head 128",
+    },
+    # Qwen/Qwen2.5-14B config.json. head_dim = 5120 / 40 = 128.
+    "qwen2.5-14b": {
+        "config": _qwen25(5120, 48, 40, 8, 13824, rms_norm_eps=1e-5),
+        "tokenizer": "bench",
+        "serving_tp": 1,
+        "note": "Qwen2.5-14B dimensions: GQA 5:1 (40 q / 8 KV heads), head 128",
+    },
+    # microsoft/Phi-3-mini-4k-instruct config.json: no GQA, head 3072 / 32 = 96,
+    # and the config's sliding_window of 2047 (kept as published).
+    "phi-3-mini-4k": {
+        "config": {
+            "architectures": ["Phi3ForCausalLM"],
+            "model_type": "phi3",
+            "hidden_size": 3072,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "head_dim": 96,
+            "intermediate_size": 8192,
+            "vocab_size": 32064,
+            "max_position_embeddings": 4096,
+            "original_max_position_embeddings": 4096,
+            "sliding_window": 2047,
+            "rope_theta": 10000.0,
+            "rope_scaling": None,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-5,
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "embd_pdrop": 0.0,
+            "resid_pdrop": 0.0,
+            "tie_word_embeddings": False,
+            "initializer_range": 0.02,
+            "torch_dtype": "bfloat16",
+        },
+        "tokenizer": "bench",
+        "serving_tp": 1,
+        "note": "Phi-3-mini-4k dimensions: 32 q / 32 KV heads (no GQA), head 96, "
+        "4k context with the published sliding window of 2047",
+    },
+    # mistralai/Mistral-7B-v0.1 config.json.
     "mistral-7b-sw": {
         "config": {
             "architectures": ["MistralForCausalLM"],
@@ -95,6 +181,8 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
         "serving_tp": 1,
         "note": "Mistral-7B-v0.1 style: sliding window 4096 on every layer",
     },
+    # google/gemma-2-9b config.json: 16 q / 8 KV heads of 256 (16 * 256 = 4096,
+    # not the hidden size); every other layer uses the 4096-token sliding window.
     "gemma-2-9b-softcap": {
         "config": {
             "architectures": ["Gemma2ForCausalLM"],

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from benchmarks.kernels import bench_kernels as bk
@@ -288,3 +289,288 @@ def test_bench_kernels_requires_a_stock_site_for_stock_callers():
     )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "--stock-site DIR" in result.stderr and "--callers ours" in result.stderr
+
+
+# ----------------------------------------------------------------------------------
+# The kernel matrix (--matrix full), its resume and summary; the held-out check
+# ----------------------------------------------------------------------------------
+
+REQUIRED_GROUPS = {1, 2, 3, 4, 5, 6, 7, 8, 12, 16}
+REQUIRED_HEADS = {64, 80, 96, 112, 128, 192, 256}
+
+
+def test_matrix_covers_every_group_head_size_page_dtype_and_feature():
+    shapes = bk.matrix_shapes()
+    keys = [bk.shape_key(s) for s in shapes]
+    assert len(keys) == len(set(keys))  # each point once
+    for kernel, blocks in (("prefill", {16, 64, 128}), ("decode", {16, 64})):
+        mine = [s for s in shapes if s.kernel == kernel]
+        for kv in ("bfloat16", "float8_e4m3fn"):
+            pairs = {
+                (s.num_q_heads // s.num_kv_heads, s.head_size)
+                for s in mine
+                if s.kv_dtype == kv
+            }
+            # every group with every head size, for bf16 and fp8 caches alike
+            assert pairs == {(g, d) for g in REQUIRED_GROUPS for d in REQUIRED_HEADS}
+        assert {s.block_size for s in mine} == blocks
+        assert any(s.window for s in mine) and any(s.softcap for s in mine)
+        assert any(s.window and s.softcap for s in mine)  # Gemma-2's local layers
+        assert all(
+            s.query_len == (1 if kernel == "decode" else s.query_len) for s in mine
+        )
+    prefill = [s for s in shapes if s.kernel == "prefill"]
+    fresh = {s.query_len for s in prefill if s.query_len == s.context}
+    assert min(fresh) == 512 and max(fresh) == 32768
+    chunked = {
+        s.context - s.query_len
+        for s in prefill
+        if s.query_len == 2048 and s.context > 2048
+    }
+    assert {8192, 16384, 32768} <= chunked and max(chunked) <= 32768
+    decode = [s for s in shapes if s.kernel == "decode"]
+    assert {s.batch for s in decode} >= {1, 256}
+    assert {s.context for s in decode} >= {1024, 32768}
+    assert max(s.context for s in decode) == 32768
+    # a model's full length sweep runs at every page size, with both caches
+    qwen7 = {
+        (s.block_size, s.kv_dtype, s.batch, s.query_len, s.context)
+        for s in prefill
+        if s.num_q_heads == 56 and s.head_size == 128 and not s.window
+    }
+    assert len(qwen7) == 3 * 2 * 7
+
+
+def _main(monkeypatch, capsys, *argv) -> str:
+    monkeypatch.setattr(sys, "argv", ["bench_kernels.py", *argv])
+    bk.main()
+    return capsys.readouterr().out
+
+
+def test_matrix_pruning_options(monkeypatch, capsys):
+    out = _main(
+        monkeypatch, capsys, "--matrix", "full", "--list", "--kernels", "decode",
+        "--groups", "12", "3", "--head-sizes", "80", "--kv-dtypes", "fp8",
+    )  # fmt: skip
+    lines = out.strip().splitlines()
+    points = lines[:-1]
+    assert lines[-1] == f"{len(points)} points" and points
+    for line in points:
+        fields = dict(f.split("=") for f in line.split())
+        assert fields["kernel"] == "decode" and fields["head_size"] == "80"
+        assert fields["group"] in ("12", "3")
+        assert fields["kv_cache_dtype"] == "float8_e4m3fn"
+    shapes = bk.matrix_shapes(kernels=("prefill",), block_sizes=(128,))
+    assert shapes and {(s.kernel, s.block_size) for s in shapes} == {("prefill", 128)}
+    everything = len(bk.matrix_shapes())
+    assert (
+        len(bk.matrix_shapes(kernels=("decode",)))
+        + len(bk.matrix_shapes(kernels=("prefill",)))
+        == everything
+    )
+
+
+def _fake_callers(monkeypatch, measured, *, fail=()):
+    """Callers whose times are made up: ours 10 us, fa3 20 us (skipped on fp8),
+    stock 5 us; ``fail``: shapes on which ours raises."""
+
+    def caller(name, us):
+        def make(s, inp, **kw):
+            if name == "ours":
+                measured.append(s)
+                if s in fail:
+                    raise RuntimeError("boom")
+            if name == "fa3" and s.kv_dtype != "bfloat16":
+                raise bk.Skip("no fp8 here")
+            return SimpleNamespace(run=lambda i: None, output=us, note="")
+
+        return make
+
+    for name, us in (("ours", 10.0), ("fa3", 20.0), ("stock_triton", 5.0)):
+        monkeypatch.setitem(bk.CALLERS, name, caller(name, us))
+    monkeypatch.setattr(
+        bk, "build_inputs", lambda s, dev, rotate: SimpleNamespace(num_sets=1)
+    )
+    monkeypatch.setattr(bk, "reference_rows", lambda s, inp: None)
+    monkeypatch.setattr(bk, "max_abs_err", lambda out, ref: 0.0)
+    monkeypatch.setattr(bk, "time_us", lambda runner, n: (runner.output, "fake"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+
+def test_matrix_run_writes_each_point_and_resumes(monkeypatch, tmp_path):
+    measured = []
+    bf16 = bk.matrix_shapes(groups=(5,), head_sizes=(112,), kv_dtypes=("bfloat16",))
+    fp8 = bk.matrix_shapes(groups=(2,), head_sizes=(64,), kv_dtypes=("float8_e4m3fn",))
+    shapes = [s for s in bf16 if s.batch == 1][:4] + fp8[:1]
+    fail = {shapes[1]}
+    _fake_callers(monkeypatch, measured, fail=fail)
+    path = tmp_path / "matrix.json"
+    header = {"commit": "abc", "gpu": "Fake GPU", "driver": "1", "versions": {},
+              "command": "bench_kernels.py --matrix full"}  # fmt: skip
+    args = SimpleNamespace(callers=list(bk.CALLERS), decode_max_splits=None)
+
+    def run(max_points):
+        args.max_points = max_points
+        measured.clear()
+        return bk.run_matrix(shapes, args, path, header, bk.measure_point)
+
+    assert run(3) == 3 and measured == shapes[:3]
+    body = json.loads(path.read_text())
+    assert body["commit"] == "abc" and body["gpu"] == "Fake GPU"
+    assert all(k in body for k in ("driver", "versions", "command"))
+    assert len(body["records"]) == 3
+    good = body["records"][0]
+    for field in bk.KEY_FIELDS:
+        assert good[field] == dict(zip(bk.KEY_FIELDS, bk.shape_key(shapes[0])))[field]
+    assert (good["ours_us"], good["fa3_us"], good["stock_triton_us"]) == (10, 20, 5)
+    assert good["ratio_vs_fa3"] == 2.0 and good["ratio_vs_stock_triton"] == 0.5
+    assert good["tflops" if shapes[0].kernel == "prefill" else "gbps"] > 0
+    bad = body["records"][1]
+    assert bad["ours_us"] is None and "boom" in bad["ours_us_reason"]
+    assert bad["ratio_vs_fa3"] is None and "boom" in bad["ratio_vs_fa3_reason"]
+    # Rerun: the failed point again, then the two not measured yet; no others.
+    assert run(None) == 3 and measured == [shapes[1], shapes[3], shapes[4]]
+    body = json.loads(path.read_text())
+    assert len(body["records"]) == 5  # the failed point's record was replaced
+    fp8 = body["records"][-1]
+    assert fp8["fa3_us"] is None and fp8["ratio_vs_fa3"] is None
+    assert "no fp8 here" in fp8["ratio_vs_fa3_reason"]
+    # A skip is final: only the still failing point runs again.
+    assert run(None) == 1 and measured == [shapes[1]]
+    fail.clear()
+    assert run(None) == 1 and run(None) == 0
+    assert len(body["runs"]) == 2 and len(json.loads(path.read_text())["runs"]) == 5
+    # Another commit's file is not extended.
+    with pytest.raises(SystemExit, match="commit"):
+        bk.run_matrix(shapes, args, path, {**header, "commit": "def"}, bk.measure_point)
+
+
+def _record(kernel, head, group, ratio, q_len, fa3_skipped=False):
+    return {
+        "kernel": kernel, "dtype": "bfloat16", "kv_cache_dtype": "bfloat16",
+        "group": group, "head_size": head, "block_size": 64, "q_len": q_len,
+        "kv_len": 8192, "batch": 1, "window": None, "softcap": None,
+        "ratio_vs_fa3": None if fa3_skipped else ratio,
+        "ratio_vs_stock_triton": 1.5,
+    }  # fmt: skip
+
+
+def test_summary_worst_and_median(monkeypatch, capsys, tmp_path):
+    records = [
+        _record("prefill", 128, 4, 0.5, 1),
+        _record("prefill", 128, 4, 1.0, 2),
+        _record("prefill", 128, 8, 2.0, 3),
+        _record("prefill", 64, 4, 0.9, 4),
+        _record("decode", 128, 8, 1.2, 1),
+        _record("decode", 128, 8, None, 2, fa3_skipped=True),
+        _record("decode", 128, 8, 7.0, 3),
+    ]
+    # a later record of the same point replaces the earlier (a rerun's)
+    records.append(_record("decode", 128, 8, 1.4, 3))
+    table = bk.summarize(records)
+    kernel = {r["kernel"]: r for r in table["kernel"]}
+    assert kernel["prefill"]["worst"] == 0.5
+    assert kernel["prefill"]["median"] == pytest.approx(0.95)
+    assert kernel["prefill"]["points"] == 4 and kernel["prefill"]["missing"] == 0
+    assert kernel["decode"]["worst"] == 1.2
+    assert kernel["decode"]["median"] == pytest.approx(1.3)
+    assert kernel["decode"]["points"] == 3 and kernel["decode"]["missing"] == 1
+    heads = {(r["kernel"], r["head_size"]): r for r in table["head_size"]}
+    assert heads["prefill", 128]["worst"] == 0.5
+    assert heads["prefill", 128]["median"] == 1.0
+    assert heads["prefill", 64]["median"] == 0.9
+    groups = {(r["kernel"], r["group"]): r for r in table["group"]}
+    assert groups["prefill", 4]["median"] == pytest.approx(0.9)
+    assert groups["prefill", 8]["worst"] == 2.0
+    assert "q1 kv8192" in kernel["prefill"]["worst_point"]
+    path = tmp_path / "records.json"
+    path.write_text(json.dumps({"records": records}))
+    out = _main(monkeypatch, capsys, "--summarize", str(path))
+    assert "| prefill | 128 | 3 | 0 | 0.50 | 1.00 |" in out
+    assert "| decode | 3 | 1 | 1.20 | 1.30 |" in out
+    assert "ours / stock_triton by kernel" in out
+
+
+def test_work_formulas_count_only_window_visible_keys():
+    for q, ctx, w in ((7, 7, None), (5, 20, 8), (9, 9, 4), (3, 30, 40), (4, 40, 2)):
+        s = bk.Shape("prefill", "m", 2, q, ctx, 8, 2, 64, 16, window=w)
+        pairs = sum(
+            min(ctx - q + i + 1, w or ctx) for i in range(q)
+        )  # brute force: the keys query i sees
+        assert bk.prefill_flops(s) == 4 * 64 * 8 * 2 * pairs
+    d = bk.Shape("decode", "m", 1, 1, 10000, 8, 2, 64, 16, window=4096)
+    full = bk.Shape("decode", "m", 1, 1, 4096, 8, 2, 64, 16)
+    assert bk.decode_bytes(d) == bk.decode_bytes(full)
+    assert bk.stock_window(d) == (4095, 0) and bk.stock_window(full) == (-1, -1)
+
+
+def test_held_out_shapes_are_not_in_the_shipped_table():
+    body = json.loads(
+        (REPO / "vllm/attention/ops/tuning/prefix_prefill_NVIDIA_H200.json").read_text()
+    )
+    shipped = {
+        (e["head_size"], e["group"], e["block_size"], e["q_dtype"], e["kv_dtype"])
+        for e in body["configs"]
+    }
+    held = tune.HELD_OUT_SHAPES
+    assert len(held) >= 8 and len(set(held)) == len(held)
+    for head, group, block, kv, bucket in held:
+        # no entry for the shape at all, whatever the bucket
+        assert (head, group, block, "bfloat16", kv) not in shipped
+        assert bucket in tune.QUERY_LEN_BUCKETS
+    assert len({h[0] for h in held}) >= 4 and len({h[1] for h in held}) >= 4
+    assert {h[2] for h in held} == {16, 64, 128}
+
+
+def test_held_out_records_picked_vs_best_and_resumes(monkeypatch, tmp_path):
+    """The picked config is what a launch takes (here the heuristic: no table
+    entry); it is always timed, and the record compares it with the best."""
+    monkeypatch.setattr(tune, "device_gpu_name", lambda dev: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(tune, "_make_batch", lambda **kw: None)
+    monkeypatch.setattr(tune, "_is_correct", lambda config, small, head_size: True)
+    monkeypatch.setattr(tune, "_run", lambda batch, config, head_size: config)
+    swept = PrefillConfig(64, 32, 4, 1)
+    swept_ms = {}  # per head size: the swept config's time; the heuristic's is 1.0
+    timed = []
+
+    def do_bench(fn, **kw):
+        config = fn()
+        timed.append(config)
+        return 1.0 if config != swept else swept_ms[current[0]]
+
+    current = [None]
+    monkeypatch.setattr(tune.triton.testing, "do_bench", do_bench)
+    args = SimpleNamespace(
+        record=str(tmp_path / "held.json"), budget_minutes=10.0, commit="abc"
+    )
+    for name in tune.SPACE_FIELDS:
+        setattr(args, name, [int(getattr(swept, name))])
+    shapes = [(80, 3, 16, "bfloat16", 1024), (192, 12, 64, "fp8", 4096)]
+    swept_ms.update({80: 0.5, 192: 0.97})  # the pick 2x and 3% off the best
+
+    def run(todo):
+        timed.clear()
+        for shape in todo:
+            current[0] = shape[0]
+            tune.run_held_out(args, [shape])
+        return json.loads((tmp_path / "held.json").read_text())
+
+    body = run(shapes)
+    assert body["commit"] == "abc" and len(body["records"]) == 2
+    first, second = body["records"]
+    heuristic = heuristic_prefill_config(head_size=80, group=3, max_query_len=1024)
+    assert first["picked_from"] == "heuristic"
+    assert first["picked"] == dataclasses.asdict(heuristic)
+    assert first["key"]["group"] == 3 and first["key"]["block_size"] == 16
+    assert first["best"] == dataclasses.asdict(swept)
+    assert (first["picked_ms"], first["best_ms"]) == (1.0, 0.5)
+    assert first["ratio"] == 2.0 and first["within_5pct"] is False
+    assert second["key"]["kv_dtype"] == "fp8"
+    assert second["ratio"] == pytest.approx(1 / 0.97, abs=1e-4)
+    assert second["best"] != second["picked"] and second["within_5pct"] is True
+    assert len(timed) == 4  # heuristic and swept config, per shape
+    # Rerun: the finished shapes are skipped.
+    body = run(shapes)
+    assert timed == [] and len(body["records"]) == 2

@@ -125,3 +125,64 @@ def test_accuracy_model_fits_what_a_device_call_returns():
     per_layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
     params = c["num_hidden_layers"] * per_layer + 2 * vocab * h + h
     assert params * 2 < 16 * 2**20
+
+
+# Attention shapes of the end-to-end models, from the public config.json files:
+# (q heads, KV heads, head size, sliding window, attention soft-cap).
+ATTENTION = {
+    "qwen2.5-7b": (28, 4, 128, None, None),
+    "qwen2.5-14b": (40, 8, 128, None, None),
+    "mistral-7b-sw": (32, 8, 128, 4096, None),
+    "gemma-2-9b-softcap": (16, 8, 256, 4096, 50.0),
+    "phi-3-mini-4k": (32, 32, 96, 2047, None),
+    "llama-3.1-70b": (64, 8, 128, None, None),
+    "llama-3.1-70b-tp1-40l": (64, 8, 128, None, None),
+}
+# (hidden, layers, intermediate, vocab, max positions) of the added models.
+DIMENSIONS = {
+    "qwen2.5-7b": (3584, 28, 18944, 152064, 131072),
+    "qwen2.5-14b": (5120, 48, 13824, 152064, 131072),
+    "phi-3-mini-4k": (3072, 32, 8192, 32064, 4096),
+    "llama-3.1-70b-tp1-40l": (8192, 40, 28672, 128256, 131072),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTENTION))
+def test_attention_shapes(name):
+    c = MODEL_CONFIGS[name]["config"]
+    got = (
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["head_dim"],
+        c.get("sliding_window") if c.get("use_sliding_window", True) else None,
+        c.get("attn_logit_softcapping"),
+    )
+    assert got == ATTENTION[name]
+    if name in DIMENSIONS:
+        dims = (
+            c["hidden_size"],
+            c["num_hidden_layers"],
+            c["intermediate_size"],
+            c["vocab_size"],
+            c["max_position_embeddings"],
+        )
+        assert dims == DIMENSIONS[name]
+
+
+def test_qwen_has_no_active_window_and_70b_tp1_says_it_is_cut():
+    for name in ("qwen2.5-7b", "qwen2.5-14b"):
+        assert MODEL_CONFIGS[name]["config"]["use_sliding_window"] is False
+    entry = MODEL_CONFIGS["llama-3.1-70b-tp1-40l"]
+    full = MODEL_CONFIGS["llama-3.1-70b"]["config"]
+    assert entry["serving_tp"] == 1 and "40 of its 80 layers" in entry["note"]
+    # the same layer as the full model, fewer of them
+    same = {k: v for k, v in entry["config"].items() if k != "num_hidden_layers"}
+    assert same == {k: v for k, v in full.items() if k != "num_hidden_layers"}
+    # the names other code uses stay
+    for name in (
+        "llama-3.1-8b",
+        "llama-3.1-70b",
+        "mistral-7b-sw",
+        "gemma-2-9b-softcap",
+    ):
+        assert name in MODEL_CONFIGS
