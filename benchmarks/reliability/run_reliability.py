@@ -1,0 +1,474 @@
+"""Reliability suite: one backend's ``vllm serve`` (on 127.0.0.1) under six scenarios.
+
+    python -m benchmarks.reliability.run_reliability --scenario all \
+        --backend FLASH_ATTN,TRITON_ATTN-fork --model llama-3.1-8b --rate 20 \
+        --python stock=/envs/stock/bin/python --python fork=/envs/fork/bin/python \
+        --out-dir reliability
+
+Scenarios (docs/reliability.md has the pass rules): abort-storm, preemption,
+length-limits, prefix-caching, spec-decode, soak. Every scenario also fails on an HTTP
+5xx, an ERROR line in a server log, or a server that does not come up. Writes
+``<out-dir>/<scenario>-<backend>.json`` per scenario and backend, and the greedy
+outputs under ``<out-dir>/outputs/`` (the reference backend's are compared with the
+others': run FLASH_ATTN first or in the same call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import re
+import resource
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
+
+from benchmarks import harness  # noqa: E402
+from benchmarks.models import make_model_dir, model_names  # noqa: E402
+from benchmarks.models.configs import BENCH_TOKENIZER_VOCAB  # noqa: E402
+from benchmarks.reliability import client  # noqa: E402
+from benchmarks.soak import run_soak  # noqa: E402
+
+PREEMPTIONS = "vllm:num_preemptions_total"  # counter vllm:num_preemptions (v1)
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+ERROR_LINE = re.compile(r"\bERROR \d\d-\d\d \d\d:\d\d:\d\d\b|^ERROR\b|Traceback \(")
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
+# Per scenario: duration (s, for the timed ones) and the greedy agreement needed.
+DURATION = {"abort-storm": 600.0, "soak": 1500.0}
+MIN_AGREEMENT = {"preemption": 0.99}  # others: 1.0 (identical)
+
+
+class ServerDown(Exception):
+    pass
+
+
+@dataclass
+class Ctx:
+    args: argparse.Namespace
+    backend: harness.Backend
+    inst: harness.Install
+    model_dir: Path
+    work: Path
+    servers: list = field(default_factory=list)
+    results: list = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def server(self, tag: str, extra: list[str], max_model_len: int):
+        a, port = self.args, harness.free_port()
+        cmd = [
+            self.inst.python, "-m", "vllm.entrypoints.cli.main", "serve",
+            str(self.model_dir), "--served-model-name", a.model,
+            *(["--load-format", "dummy"] if not a.model_dir else []),
+            "--max-model-len", str(max_model_len),
+            "--attention-backend", self.backend.attention_backend,
+            "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
+            *(["--block-size", str(a.block_size)] if a.block_size else []),
+            *a.server_arg, *extra,
+        ]  # fmt: skip
+        self.work.mkdir(parents=True, exist_ok=True)
+        log = self.work / f"server-{tag}.log"
+        info = {"tag": tag, "command": shlex.join(cmd), "log": str(log)}
+        self.servers.append(info)
+        print(f"[reliability] {tag}: $ {info['command']}", flush=True)
+        t0 = time.monotonic()
+        with harness.running_server(
+            cmd, self.inst.env(), port, log, a.startup_timeout_s
+        ) as proc:
+            if proc is None:
+                info["log_tail"] = harness.tail(log, 40)
+                raise ServerDown(f"server {tag} did not come up")
+            info["up_s"] = round(time.monotonic() - t0, 1)
+            info["gpu_mib_start"] = run_soak.gpu_memory_mib()
+            live = argparse.Namespace(port=port, base=f"http://127.0.0.1:{port}")
+            try:
+                yield live
+            finally:
+                info["healthy_at_end"] = proc.poll() is None and run_soak.healthy(port)
+                info["gpu_mib_end"] = run_soak.gpu_memory_mib()
+                info["metrics_end"] = client.scrape(port)
+        lines = log.read_text(errors="replace").splitlines()
+        errors = [ln for ln in lines if ERROR_LINE.search(ln)]
+        info.update(error_lines=len(errors), error_examples=errors[:5])
+        info["late_jit_compiles"] = harness.late_jit_compiles(lines)
+
+    def batch(self, live, reqs: list[client.Req]) -> list[client.Result]:
+        res = asyncio.run(client.batch(live.base, self.args.model, reqs))
+        self.results += res
+        return res
+
+
+def ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(10, BENCH_TOKENIZER_VOCAB) for _ in range(n)]
+
+
+def sharegpt_like(rng: random.Random, max_len: int) -> tuple[list[int], int]:
+    """vLLM's random dataset at ShareGPT's means (215 in, 197 out), range ratio 0.9,
+    cut to fit ``max_len`` tokens in all."""
+    n, m = rng.randint(22, 408), rng.randint(20, 374)
+    m = min(m, max_len // 2)
+    return ids(rng, min(n, max_len - m)), m
+
+
+def agreement(a: dict, b: dict) -> dict:
+    """Share of the keys both have whose greedy outputs are identical."""
+    common = sorted(set(a) & set(b))
+    same = sum(a[k] == b[k] for k in common)
+    diff = [k for k in common if a[k] != b[k]]
+    return {"compared": len(common), "identical": same,
+            "fraction": same / len(common) if common else None,
+            "differing_keys": diff[:10]}  # fmt: skip
+
+
+def outputs(results) -> dict:
+    return {r.key: r.output() for r in results if r.kind == "ok"}
+
+
+def check_agreement(name: str, agree: dict, need: float, reasons: list) -> None:
+    frac = agree["fraction"]
+    if frac is None or frac < need:
+        reasons.append(f"{name}: {agree['identical']}/{agree['compared']} identical "
+                       f"greedy outputs, need >= {need:.0%}")  # fmt: skip
+
+
+def memory_flat(samples, args, reasons) -> dict:
+    mem = run_soak.memory_verdict(samples, args.settle_s, args.max_growth_mib)
+    if mem.get("checked") and not mem["ok"]:
+        reasons.append(f"GPU memory grew {mem['growth_mib']} MiB after the settle time")
+    return mem
+
+
+def all_complete(results, reasons) -> None:
+    bad = [r for r in results if r.kind == "failed"]
+    if bad:
+        reasons.append(f"{len(bad)} non-cancelled requests did not complete, e.g. "
+                       f"{bad[0].key}: {bad[0].note}")  # fmt: skip
+
+
+def open_loop(ctx: Ctx, live, rate: float, cancel_frac: float):
+    a = ctx.args
+
+    def make(i: int) -> client.Req:
+        rng = random.Random(a.seed * 1_000_003 + i)
+        prompt, mt = sharegpt_like(rng, a.max_model_len)
+        req = client.Req(f"r{i}", prompt, mt)
+        if rng.random() < cancel_frac:
+            if rng.random() < 0.5:
+                req.cancel, req.cancel_at = "before_first_token", rng.uniform(0, 0.05)
+            else:
+                req.cancel, req.cancel_at = "mid_decode", rng.randint(1, max(1, mt - 1))
+        return req
+
+    res, samples = asyncio.run(client.open_loop(
+        live.base, live.port, a.model, make, rate=rate, duration_s=a.duration_s,
+        drain_s=a.drain_s, sample_s=a.sample_s, seed=a.seed,
+    ))  # fmt: skip
+    ctx.results += res
+    return res, samples
+
+
+def abort_storm(ctx: Ctx) -> tuple[dict, dict, list]:
+    reasons: list[str] = []
+    with ctx.server("main", [], ctx.args.max_model_len) as live:
+        res, samples = open_loop(ctx, live, 2 * ctx.args.rate, ctx.args.cancel_frac)
+    all_complete(res, reasons)
+    mem = memory_flat(samples, ctx.args, reasons)
+    nums = {"rate": 2 * ctx.args.rate, "memory": mem, "samples": samples}
+    return nums, outputs(res), reasons
+
+
+def preemption(ctx: Ctx) -> tuple[dict, dict, list]:
+    a, reasons = ctx.args, []
+    rng = random.Random(a.seed)
+    reqs = [client.Req(f"p{i}", ids(rng, rng.randint(256, 1024)), a.max_tokens)
+            for i in range(a.num_requests)]  # fmt: skip
+    blocks = a.pressure_kv_tokens // (a.block_size or 16)
+    out = {}
+    for tag, extra in (("pressure", ["--num-gpu-blocks-override", str(blocks)]),
+                       ("no-pressure", [])):  # fmt: skip
+        with ctx.server(tag, extra, 2048) as live:
+            res = ctx.batch(live, reqs)
+        all_complete(res, reasons)
+        out[tag] = outputs(res)
+    pre = ctx.servers[-2].get("metrics_end", {}).get(PREEMPTIONS, 0.0)
+    if pre <= 0:
+        reasons.append(f"no preemptions ({PREEMPTIONS} = {pre}) under KV pressure")
+    agree = agreement(out["pressure"], out["no-pressure"])
+    check_agreement("pressure vs none", agree, a.min_agreement, reasons)
+    nums = {"gpu_blocks_override": blocks, "preemptions": pre, "agreement": agree}
+    return nums, out["pressure"], reasons
+
+
+# (case, prompt length from max_model_len L and max_tokens m, max_tokens, status).
+# vLLM 0.26 rejects a prompt of L tokens for generation (the input processor needs
+# room for one output token), so that case expects 400 like the longer one.
+LENGTH_CASES = (
+    ("L-max_tokens", lambda L, m: L - m, None, 200),
+    ("L-1, max_tokens 1", lambda L, m: L - 1, 1, 200),
+    ("L", lambda L, m: L, None, 400),
+    ("L+1", lambda L, m: L + 1, None, 400),
+)
+
+
+def length_limits(ctx: Ctx) -> tuple[dict, dict, list]:
+    a, reasons = ctx.args, []
+    L, m, rng = a.max_model_len, a.max_tokens, random.Random(a.seed)
+    cases = {}
+    long_reqs = [client.Req(f"long{i}", ids(rng, L - m), m) for i in range(4)]
+    out = {}
+    for tag, budget in (("no-chunking", max(L, 8192)), ("chunk-512", 512),
+                        ("chunk-2048", 2048)):  # fmt: skip
+        extra = ["--max-num-batched-tokens", str(budget)]
+        with ctx.server(tag, extra, L) as live:
+            if tag == "no-chunking":
+                for name, n, mt, want in LENGTH_CASES:
+                    r = ctx.batch(live, [client.Req(name, ids(rng, n(L, m)), mt or m)])[
+                        0
+                    ]
+                    cases[name] = {"prompt_tokens": n(L, m), "status": r.status,
+                                   "expected": want}  # fmt: skip
+                    if r.status != want:
+                        reasons.append(
+                            f"prompt {name}: HTTP {r.status}, expected {want}"
+                        )
+                if not run_soak.healthy(live.port):
+                    reasons.append("server unhealthy after the over-length prompts")
+            res = ctx.batch(live, long_reqs)
+        all_complete(res, reasons)
+        out[tag] = outputs(res)
+    nums = {"cases": cases}
+    for tag in ("chunk-512", "chunk-2048"):
+        nums[f"agreement_{tag}"] = agree = agreement(out[tag], out["no-chunking"])
+        check_agreement(f"{tag} vs no chunking", agree, a.min_agreement, reasons)
+    return nums, out["no-chunking"], reasons
+
+
+def prefix_caching(ctx: Ctx) -> tuple[dict, dict, list]:
+    a, reasons = ctx.args, []
+    bs, rng = a.block_size or 16, random.Random(a.seed)
+    lengths = [1, bs - 1, bs + 1, 3 * bs + 5]
+    reqs = []
+    for n in lengths:
+        for g in range(a.prefix_groups):
+            prefix = ids(rng, n)
+            for j in range(8):
+                suffix = ids(rng, rng.randint(1, 2 * bs))
+                reqs.append(
+                    client.Req(f"len{n}-g{g}-{j}", prefix + suffix, a.max_tokens)
+                )
+    # Two rounds of the same requests: the second hits (or misses, once evicted) the
+    # cache the first filled; the small cache forces evictions.
+    blocks = ["--num-gpu-blocks-override", str(a.prefix_kv_tokens // bs)]
+    out = {}
+    for tag, extra in (
+        ("prefix-caching", blocks),
+        ("no-prefix-caching", [*blocks, "--no-enable-prefix-caching"]),
+    ):
+        with ctx.server(tag, extra, 1024) as live:
+            res = ctx.batch(live, reqs)
+            res2 = ctx.batch(live, [client.Req("2:" + r.key, r.prompt, r.max_tokens)
+                                    for r in reqs])  # fmt: skip
+        all_complete(res + res2, reasons)
+        out[tag] = outputs(res + res2)
+    hits = ctx.servers[-2].get("metrics_end", {}).get(PREFIX_HITS, 0.0)
+    if hits <= 0:
+        reasons.append(f"no prefix-cache hits ({PREFIX_HITS} = {hits})")
+    agree = agreement(out["prefix-caching"], out["no-prefix-caching"])
+    check_agreement("prefix caching vs none", agree, a.min_agreement, reasons)
+    nums = {"block_size": bs, "prefix_lengths": lengths, "prefix_hits": hits,
+            "agreement": agree}  # fmt: skip
+    return nums, out["prefix-caching"], reasons
+
+
+def spec_decode(ctx: Ctx) -> tuple[dict, dict, list]:
+    a, reasons = ctx.args, []
+    rng = random.Random(a.seed)
+    reqs = []
+    for n in a.spec_prompt_lens:
+        for j in range(2):  # repeated segments: n-grams the proposer can find
+            seg = ids(rng, rng.randint(20, 200))
+            reqs.append(client.Req(f"len{n}-{j}", (seg * (n // len(seg) + 1))[:n],
+                                   a.max_tokens))  # fmt: skip
+    L = max(a.spec_prompt_lens) + a.max_tokens + 16
+    out = {}
+    for tag, extra in (("ngram", ["--speculative-config", json.dumps(NGRAM)]),
+                       ("no-spec", [])):  # fmt: skip
+        with ctx.server(tag, extra, L) as live:
+            res = ctx.batch(live, reqs)
+        all_complete(res, reasons)
+        out[tag] = outputs(res)
+    drafts = ctx.servers[-2].get("metrics_end", {}).get(SPEC_DRAFTS, 0.0)
+    if drafts <= 0:
+        reasons.append(f"no speculative drafts ({SPEC_DRAFTS} = {drafts})")
+    agree = agreement(out["ngram"], out["no-spec"])
+    check_agreement("ngram vs no speculation", agree, a.min_agreement, reasons)
+    nums = {"speculative_config": NGRAM, "drafts": drafts, "agreement": agree}
+    return nums, out["ngram"], reasons
+
+
+def throughput_windows(results, duration_s: float, window_s: float) -> dict:
+    """Output tokens/s of the requests completed in the first and the last window."""
+    w = min(window_s, duration_s / 2)
+
+    def tps(lo: float, hi: float) -> float:
+        toks = sum(len(r.token_ids) for r in results
+                   if r.kind == "ok" and lo <= r.t_end < hi)  # fmt: skip
+        return toks / w
+
+    first, last = tps(0, w), tps(duration_s - w, duration_s)
+    change = (last - first) / first if first else None
+    return {"window_s": w, "first_tok_per_s": first, "last_tok_per_s": last,
+            "change": change}  # fmt: skip
+
+
+def soak(ctx: Ctx) -> tuple[dict, dict, list]:
+    a, reasons = ctx.args, []
+    with ctx.server("main", [], a.max_model_len) as live:
+        res, samples = open_loop(ctx, live, 0.8 * a.rate, a.soak_cancel_frac)
+    all_complete(res, reasons)
+    tput = throughput_windows(res, a.duration_s, a.window_s)
+    if tput["change"] is None or abs(tput["change"]) > a.max_throughput_change:
+        reasons.append(f"throughput of the last window vs the first: {tput}")
+    late = ctx.servers[-1].get("late_jit_compiles", [])
+    if late:
+        reasons.append(f"Triton compiled while serving: {', '.join(late[:5])}")
+    nums = {"rate": 0.8 * a.rate, "throughput": tput,
+            "memory": memory_flat(samples, a, reasons), "samples": samples}  # fmt: skip
+    return nums, outputs(res), reasons
+
+
+SCENARIOS = {
+    "abort-storm": abort_storm,
+    "preemption": preemption,
+    "length-limits": length_limits,
+    "prefix-caching": prefix_caching,
+    "spec-decode": spec_decode,
+    "soak": soak,
+}
+
+
+def run_one(name: str, ctx: Ctx, env: dict) -> dict:
+    a = ctx.args
+    a.duration_s = a.duration or DURATION.get(name, 0.0)
+    a.min_agreement = a.min_agreement_arg or MIN_AGREEMENT.get(name, 1.0)
+    try:
+        nums, outs, reasons = SCENARIOS[name](ctx)
+    except ServerDown as e:
+        nums, outs, reasons = {}, {}, [str(e)]
+    reqs = client.tally(ctx.results)
+    for s in ctx.servers:
+        if s.get("error_lines"):
+            reasons.append(f"server {s['tag']}: {s['error_lines']} ERROR log lines")
+        if s.get("healthy_at_end") is False:
+            reasons.append(f"server {s['tag']} not healthy at the end")
+    if reqs["http_5xx"]:
+        reasons.append(f"{reqs['http_5xx']} HTTP 5xx answers")
+    out_dir = a.out_dir / "outputs"
+    harness.write_json(out_dir / f"{name}-{ctx.backend.name}.json", outs)
+    ref = out_dir / f"{name}-{harness.BASELINE}.json"
+    vs_ref = None
+    if ctx.backend.name != harness.BASELINE and ref.exists():
+        vs_ref = agreement(outs, harness.read_json(ref))
+        vs_ref = {**vs_ref, "reference": harness.BASELINE}
+    pre = [s.get("metrics_end", {}).get(PREEMPTIONS) for s in ctx.servers]
+    return {
+        "kind": "reliability", "scenario": name, "backend": ctx.backend.as_dict(),
+        "model": a.model, "commit": env.get("commit"), "gpu": env.get("gpu"),
+        "driver": env.get("driver"), "environment": env,
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "parameters": {k: (str(v) if isinstance(v, Path) else v)
+                       for k, v in vars(a).items()},
+        "requests": reqs, "servers": ctx.servers, "preemptions": pre,
+        "agreement_with_reference": vs_ref, "numbers": nums,
+        "pass": not reasons, "reasons": reasons,
+    }  # fmt: skip
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add = p.add_argument
+    add("--scenario", default="all", help=f"all or one of: {', '.join(SCENARIOS)}")
+    add("--backend", default="FLASH_ATTN,TRITON_ATTN-fork",
+        help=f"comma-separated: {', '.join(harness.BACKENDS)}")  # fmt: skip
+    add("--model", required=True, help=f"one of: {', '.join(model_names())}")
+    add("--model-dir", type=Path, help="serve this model directory (real weights)")
+    add("--out-dir", type=Path, required=True)
+    add("--rate", type=float, default=10.0, help="saturating request rate (req/s)")
+    add("--duration-s", dest="duration", type=float, help="abort-storm 600, soak 1500")
+    add("--drain-s", type=float, default=300.0, help="wait for in-flight requests")
+    add("--sample-s", type=float, default=10.0)
+    add("--settle-s", type=float, default=60.0, help="memory baseline after this")
+    add("--max-growth-mib", type=int, default=256)
+    add("--cancel-frac", type=float, default=0.3)
+    add("--soak-cancel-frac", type=float, default=0.05)
+    add("--window-s", type=float, default=300.0)
+    add("--max-throughput-change", type=float, default=0.05)
+    add("--max-model-len", type=int, default=4096)
+    add("--max-tokens", type=int, default=64)
+    add("--num-requests", type=int, default=128)
+    add("--pressure-kv-tokens", type=int, default=4096)
+    add("--block-size", type=int, help="KV block size (default 16, not passed)")
+    add("--prefix-groups", type=int, default=4)
+    add("--prefix-kv-tokens", type=int, default=2048)
+    add("--spec-prompt-lens", type=lambda s: [int(x) for x in s.split(",")],
+        default=[128, 1024, 4096, 10000])  # fmt: skip
+    add(
+        "--min-agreement",
+        dest="min_agreement_arg",
+        type=float,
+        help="greedy agreement needed (default: preemption 0.99, others 1.0)",
+    )
+    add("--seed", type=int, default=0)
+    add("--startup-timeout-s", type=float, default=900.0)
+    add("--server-arg", action="append", default=[], help="extra `vllm serve` arg")
+    harness.add_install_args(p)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    names = harness.pick("scenario", a.scenario, [*SCENARIOS, "all"])
+    names = list(SCENARIOS) if "all" in names else names
+    backends = harness.parse_backends(a.backend)
+    backends.sort(key=lambda b: b.name != harness.BASELINE)  # reference first
+    if a.model not in model_names() and not a.model_dir:
+        raise SystemExit(
+            f"unknown model {a.model!r}; valid: {', '.join(model_names())}"
+        )
+    installs = harness.parse_installs(a.python, a.site)
+    for b in backends:
+        harness.require_vllm(b.install, installs[b.install])
+    a.out_dir = a.out_dir.resolve()
+    model_dir = a.model_dir or make_model_dir(a.model, a.out_dir / "models" / a.model)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    ok = True
+    for b in backends:
+        env = harness.environment(installs[b.install])
+        for name in names:
+            work = a.out_dir / "work" / f"{name}-{b.name}"
+            ctx = Ctx(a, b, installs[b.install], model_dir.resolve(), work)
+            rec = run_one(name, ctx, env)
+            path = a.out_dir / f"{name}-{b.name}.json"
+            harness.write_json(path, rec)
+            ok &= rec["pass"]
+            print(f"[reliability] {name} {b.name}: {'PASS' if rec['pass'] else 'FAIL'}"
+                  f" {rec['requests']} {'; '.join(rec['reasons'])} -> {path}",
+                  flush=True)  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

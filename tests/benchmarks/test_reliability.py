@@ -1,0 +1,186 @@
+"""Reliability suite against a fake OpenAI-compatible ``vllm serve``
+(``fake_reliability_site``), started by the suite through the install's Python like
+the real one: each scenario passes on a healthy server, and each pass rule fails when
+the fake breaks it."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.harness import REPO
+from benchmarks.reliability import client, run_reliability
+
+SITE = Path(__file__).resolve().parent / "fake_reliability_site"
+SMALL = [
+    "--model", "llama-3.1-8b", "--duration-s", "1", "--rate", "20",
+    "--drain-s", "10", "--sample-s", "0.3", "--settle-s", "0", "--window-s", "0.5",
+    "--max-throughput-change", "10", "--max-model-len", "512", "--max-tokens", "16",
+    "--num-requests", "12", "--prefix-groups", "1", "--spec-prompt-lens", "64,300",
+    "--startup-timeout-s", "20",
+]  # fmt: skip
+
+
+def _run(tmp_path, scenario, backend="TRITON_ATTN-fork", env=None, extra=()):
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_REL_")}
+    run_env.pop("PYTHONPATH", None)
+    run_env.update(env or {})
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks/reliability/run_reliability.py"),
+            "--scenario",
+            scenario,
+            "--backend",
+            backend,
+            "--out-dir",
+            str(out),
+            "--site",
+            f"stock={SITE}",
+            "--site",
+            f"fork={SITE}",
+            *SMALL,
+            *extra,
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=run_env,
+        timeout=120,
+    )
+    recs = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    return r, recs
+
+
+def test_all_scenarios_pass_on_a_healthy_server(tmp_path):
+    r, recs = _run(tmp_path, "all")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert len(recs) == 6
+    for name, rec in recs.items():
+        assert rec["pass"] and not rec["reasons"], name
+        assert rec["requests"]["failed"] == 0 or name.startswith("length-limits")
+        assert rec["commit"] and "gpu" in rec and "driver" in rec, name
+        assert all("--host 127.0.0.1" in s["command"] for s in rec["servers"])
+    storm = recs["abort-storm-TRITON_ATTN-fork"]
+    assert storm["requests"]["cancelled"] > 0 and storm["requests"]["completed"] > 0
+    assert storm["numbers"]["samples"] and storm["numbers"]["memory"]
+    pre = recs["preemption-TRITON_ATTN-fork"]
+    assert pre["numbers"]["preemptions"] > 0
+    assert "--num-gpu-blocks-override" in pre["servers"][0]["command"]
+    cases = recs["length-limits-TRITON_ATTN-fork"]["numbers"]["cases"]
+    assert [c["status"] for c in cases.values()] == [200, 200, 400, 400]
+    prefix = recs["prefix-caching-TRITON_ATTN-fork"]
+    assert prefix["numbers"]["prefix_lengths"] == [1, 15, 17, 53]
+    assert "--no-enable-prefix-caching" in prefix["servers"][1]["command"]
+    spec = recs["spec-decode-TRITON_ATTN-fork"]
+    assert '"method": "ngram"' in spec["servers"][0]["command"]
+
+
+@pytest.mark.parametrize(
+    "scenario, env, reason",
+    [
+        ("abort-storm", {"FAKE_REL_5XX": "3"}, "HTTP 5xx"),
+        ("abort-storm", {"FAKE_REL_ERROR_LINE": "1"}, "ERROR log lines"),
+        ("preemption", {"FAKE_REL_NO_PREEMPT": "1"}, "no preemptions"),
+        (
+            "preemption",
+            {"FAKE_REL_WRONG": "--num-gpu-blocks-override"},
+            "identical greedy",
+        ),
+        ("length-limits", {"FAKE_REL_NO_LENGTH_CHECK": "1"}, "expected 400"),
+        ("length-limits", {"FAKE_REL_WRONG": "2048"}, "chunk-2048 vs no chunk"),
+        ("prefix-caching", {"FAKE_REL_WRONG": "!--no-enable-prefix-caching"}, "prefix"),
+        (
+            "spec-decode",
+            {"FAKE_REL_WRONG": "--speculative-config"},
+            "ngram vs no speculation",
+        ),
+        ("soak", {"FAKE_REL_LATE_JIT": "1"}, "Triton compiled while serving"),
+        ("soak", {"FAKE_REL_5XX": "2"}, "did not complete"),
+    ],
+)
+def test_each_rule_can_fail(tmp_path, scenario, env, reason):
+    r, recs = _run(tmp_path, scenario, env=env)
+    rec = recs[f"{scenario}-TRITON_ATTN-fork"]
+    assert r.returncode == 1 and not rec["pass"], r.stdout[-2000:]
+    assert any(reason in x for x in rec["reasons"]), rec["reasons"]
+
+
+@pytest.mark.parametrize(
+    "env, fraction", [({}, 1.0), ({"FAKE_REL_WRONG": "TRITON_ATTN"}, 0.0)]
+)
+def test_agreement_with_the_reference_backend(tmp_path, env, fraction):
+    # the reference runs first (whatever the order given); the fork is compared to it
+    r, recs = _run(tmp_path, "spec-decode", "TRITON_ATTN-fork,FLASH_ATTN", env)
+    vs = recs["spec-decode-TRITON_ATTN-fork"]["agreement_with_reference"]
+    assert vs["reference"] == "FLASH_ATTN" and vs["compared"] == 4
+    assert vs["fraction"] == fraction
+    assert recs["spec-decode-FLASH_ATTN"]["agreement_with_reference"] is None
+
+
+def test_server_that_does_not_come_up_is_reported(tmp_path):
+    r, recs = _run(tmp_path, "soak", env={"FAKE_REL_SERVE_FAIL": "1"})
+    rec = recs["soak-TRITON_ATTN-fork"]
+    assert r.returncode == 1 and rec["reasons"] == ["server main did not come up"]
+    assert "simulated startup crash" in rec["servers"][0]["log_tail"]
+
+
+@pytest.mark.parametrize(
+    "flag, value, what",
+    [
+        ("--scenario", "abort", "unknown scenario 'abort'; valid: abort-storm"),
+        ("--backend", "FLASH", "unknown backend 'FLASH'; valid: FLASH_ATTN"),
+        ("--model", "llama-9b", "unknown model 'llama-9b'; valid: "),
+    ],
+)
+def test_bad_input_is_refused_with_the_valid_names(tmp_path, flag, value, what):
+    args = ["--out-dir", str(tmp_path), "--model", "llama-3.1-8b", flag, value]
+    with pytest.raises(SystemExit) as e:
+        run_reliability.main(args)
+    assert what in str(e.value)
+
+
+def test_install_without_vllm_stops_with_one_line(tmp_path):
+    args = ["--out-dir", str(tmp_path), "--model", "llama-3.1-8b"]
+    args += ["--site", f"fork={tmp_path}", "--backend", "TRITON_ATTN-fork"]
+    with pytest.raises(SystemExit) as e:
+        run_reliability.main(args)
+    assert "no vLLM for install 'fork'" in str(e.value)
+
+
+def _done(t_end, n):
+    return client.Result("k", "ok", 200, list(range(n)), t_end=t_end)
+
+
+def test_throughput_rule():
+    steady = [_done(t + 0.5, 10) for t in range(600)]
+    tp = run_reliability.throughput_windows(steady, 600, 300)
+    assert tp["change"] == 0.0
+    slower = [_done(t + 0.5, 10 if t < 300 else 9) for t in range(600)]
+    tp = run_reliability.throughput_windows(slower, 600, 300)
+    assert tp["change"] == pytest.approx(-0.1)  # > 5%: the soak fails
+
+
+def test_memory_rule():
+    a = run_reliability.parse_args(["--model", "m", "--out-dir", "x"])
+    reasons = []
+    grow = [{"t": t, "gpu_mib": [1000 + 2 * t]} for t in range(0, 600, 10)]
+    assert not run_reliability.memory_flat(grow, a, reasons)["ok"]
+    assert "GPU memory grew" in reasons[0]
+    reasons = []
+    flat = [{"t": t, "gpu_mib": [1000]} for t in range(0, 600, 10)]
+    assert run_reliability.memory_flat(flat, a, reasons)["ok"] and not reasons
+    # no nvidia-smi: recorded as unchecked, not a failure
+    assert not run_reliability.memory_flat([{"t": 0, "gpu_mib": []}], a, reasons)[
+        "checked"
+    ]
+    assert not reasons
+
+
+def test_agreement_and_metrics_parsing():
+    agree = run_reliability.agreement({"a": [1, 2], "b": [3]}, {"a": [1, 2], "b": [4]})
+    assert agree["fraction"] == 0.5 and agree["differing_keys"] == ["b"]
+    assert run_reliability.agreement({}, {"a": [1]})["fraction"] is None
