@@ -603,10 +603,10 @@ def _common_metadata(query_lens, seq_lens, block_table, slot_mapping, num_tokens
 def check_builder():
     import torch
 
+    from vllm.attention.ops.hardware import H200_NUM_SMS
     from vllm.attention.ops.triton_paged_decode_attention_2d import choose_num_splits
     from vllm.v1.attention.backend import AttentionCGSupport
     from vllm.v1.attention.backends.triton_attn import (
-        _CPU_STAND_IN_NUM_SMS,
         DECODE_QUERY_LEN,
         TritonAttentionMetadataBuilder,
     )
@@ -646,7 +646,7 @@ def check_builder():
         splits = choose_num_splits(
             num_seqs=max(want_decodes, 1),
             num_kv_heads=NUM_KV_HEADS,
-            num_sms=_CPU_STAND_IN_NUM_SMS,
+            num_sms=H200_NUM_SMS,  # what a CPU run stands in for
         )
         want_splits = splits if want_decodes else 1
         assert md.decode_num_splits == want_splits, (name, md.decode_num_splits)
