@@ -21,7 +21,7 @@ KEY = {
 }
 
 
-def _prefill_record(path, bucket, config, commit="abc1234"):
+def _prefill_record(path, bucket, config, commit="fake-commit"):
     record = {
         "key": {**KEY, "max_query_len": bucket},
         "best": config,
@@ -71,7 +71,7 @@ def test_prefill_records_replace_and_add_sorted_with_provenance(tmp_path):
     assert buckets == [64, 1024, 16384]  # sorted by key, as the tuner writes
     # Provenance: every merged record listed once, the latest record's commit.
     assert provenance["records"] == [str(first), str(later), str(added)]
-    assert provenance["commit"] == "abc1234" and provenance["gpu"] == "Fake GPU"
+    assert provenance["commit"] == "fake-commit" and provenance["gpu"] == "Fake GPU"
 
 
 def test_decode_retune_output_merges_its_winners(tmp_path):
@@ -82,7 +82,7 @@ def test_decode_retune_output_merges_its_winners(tmp_path):
     retune.write_text(
         json.dumps(
             {
-                "provenance": {"gpu": "Fake GPU", "commit": "abc1234"},
+                "provenance": {"gpu": "Fake GPU", "commit": "fake-commit"},
                 "configs": [entry],
                 "records": [{"entry": entry, "timings": []}],
             }
@@ -93,7 +93,7 @@ def test_decode_retune_output_merges_its_winners(tmp_path):
     got, provenance = _parsed(DECODE_TABLE, table)
     assert got == {key: win}
     assert provenance["records"] == [str(retune)]
-    assert provenance["commit"] == "abc1234"
+    assert provenance["commit"] == "fake-commit"
 
 
 def test_refuses_what_is_not_one_table(tmp_path):
