@@ -8,6 +8,7 @@ its version from PKG-INFO, which the tree writer sets to the fork version).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import os
@@ -34,30 +35,36 @@ def tree_name(target: pins.Upstream) -> str:
     return f"{pins.NAME}-{target.fork_version}"
 
 
+@contextlib.contextmanager
 def _sdist_reader(sdist: Path, target: pins.Upstream):
-    """A reader of the sdist's files by tree path (None for a missing file)."""
+    """A reader of the sdist's files by tree path (None for a missing file), valid
+    inside the ``with`` block."""
     with tarfile.open(sdist, "r:gz") as tar:
-        members = {
-            m.name: tar.extractfile(m).read()  # type: ignore[union-attr]
-            for m in tar.getmembers()
-            if m.isfile() and m.name.endswith((".py", ".toml", ".txt", ".json", ".md"))
-        }
-        names = {m.name for m in tar.getmembers() if m.isfile()}
+        members = {m.name: m for m in tar.getmembers() if m.isfile()}
 
-    def read_upstream(path: str) -> bytes | None:
-        name = f"{target.sdist_root}/{path}"
-        if name in members:
-            return members[name]
-        return b"" if name in names else None
+        def read_upstream(path: str) -> bytes | None:
+            member = members.get(f"{target.sdist_root}/{path}")
+            if member is None:
+                return None
+            f = tar.extractfile(member)
+            assert f is not None
+            return f.read()
 
-    return read_upstream
+        yield read_upstream
 
 
-def sdist_changes(sdist: Path, target: pins.Upstream) -> list[plan.Change]:
-    """The fork's changes against the files of the upstream sdist of `target`."""
-    return plan.compute_changes(
-        _sdist_reader(sdist, target), target, with_version=False, source=True
-    )
+def sdist_changes(
+    sdist: Path, target: pins.Upstream, *, with_tests: bool = False
+) -> list[plan.Change]:
+    """The fork's changes against the files of the upstream sdist of `target`;
+    `with_tests`: also the fork's tests, placed in upstream's test tree."""
+    with _sdist_reader(sdist, target) as read_upstream:
+        changes = plan.compute_changes(
+            read_upstream, target, with_version=False, source=True
+        )
+        if with_tests:
+            changes += pr_test_changes(read_upstream)
+    return changes
 
 
 # ---------------------------------------------------------------- the PR patch
@@ -174,9 +181,7 @@ def pr_test_changes(read_upstream, root: Path = plan.REPO_ROOT) -> list[plan.Cha
 
 
 def write_pr_patch(sdist: Path, out: Path, target: pins.Upstream) -> Path:
-    changes = sdist_changes(sdist, target)
-    changes += pr_test_changes(_sdist_reader(sdist, target))
-    text = patch_text(changes, target)
+    text = patch_text(sdist_changes(sdist, target, with_tests=True), target)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
