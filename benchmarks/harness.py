@@ -233,6 +233,19 @@ def late_jit_compiles_in(path: Path) -> list[str]:
         return []
 
 
+SSE_DONE = "[DONE]"
+
+
+def sse_event(raw: bytes):
+    """One line of an OpenAI-style server-sent event stream: its JSON event,
+    ``SSE_DONE`` at the end of the stream, None for a line that carries no data."""
+    line = raw.decode(errors="replace").strip()
+    if not line.startswith("data:"):
+        return None
+    data = line[5:].strip()
+    return SSE_DONE if data == SSE_DONE else json.loads(data)
+
+
 def tail(path: Path, lines: int = 60) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -13,6 +13,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
+from benchmarks import harness
 from benchmarks.soak import run_soak
 
 
@@ -60,16 +61,14 @@ async def _stream(http, url: str, model: str, req: Req, res: Result) -> None:
             res.note = f"HTTP {resp.status}: {(await resp.text())[:300]}"
             return
         async for raw in resp.content:
-            line = raw.decode(errors="replace").strip()
-            if not line.startswith("data:"):
+            event = harness.sse_event(raw)
+            if event is None:
                 continue
-            data = line[5:].strip()
-            if data == "[DONE]":
+            if event == harness.SSE_DONE:
                 done = True
                 break
-            event = json.loads(data)
             if "error" in event:
-                res.note = f"stream error: {data[:300]}"
+                res.note = f"stream error: {json.dumps(event)[:300]}"
                 return
             for ch in event.get("choices", []):
                 res.text += ch.get("text") or ""

@@ -125,16 +125,14 @@ def stream_completion(
             return "errors", 0, f"HTTP {resp.status}: {resp.read()[:200]!r}"
         done = False
         for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data:"):
+            event = harness.sse_event(raw)
+            if event is None:
                 continue
-            data = line[5:].strip()
-            if data == "[DONE]":
+            if event == harness.SSE_DONE:
                 done = True
                 break
-            event = json.loads(data)
             if "error" in event:
-                return "errors", chunks, f"stream error: {data[:200]}"
+                return "errors", chunks, f"stream error: {json.dumps(event)[:200]}"
             chunks += 1
             if cancel_after is not None and chunks >= cancel_after:
                 return "cancelled", chunks, ""

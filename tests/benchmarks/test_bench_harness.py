@@ -90,3 +90,12 @@ def test_late_jit_compiles_are_found_in_a_log(tmp_path):
     )
     assert harness.late_jit_compiles_in(log) == ["_prefix_prefill_kernel"]
     assert harness.late_jit_compiles_in(tmp_path / "missing.log") == []
+
+
+def test_sse_event_reads_one_stream_line():
+    assert harness.sse_event(b'data: {"choices": [{"text": "a"}]}\n') == {
+        "choices": [{"text": "a"}]
+    }
+    assert harness.sse_event(b"data: [DONE]\n") == harness.SSE_DONE
+    assert harness.sse_event(b"\n") is None
+    assert harness.sse_event(b": keep-alive\n") is None
