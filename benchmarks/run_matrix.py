@@ -91,7 +91,9 @@ def engine_args(args, b: harness.Backend) -> list[str]:
 
 
 def prompts(args, w: Workload) -> int:
-    return args.num_prompts or w.num_prompts
+    if args.num_prompts:
+        return args.num_prompts
+    return max(1, round(w.num_prompts * args.scale))
 
 
 def run_e2e(args, installs, backends, workloads, model_dir: Path) -> list[dict]:
@@ -99,7 +101,7 @@ def run_e2e(args, installs, backends, workloads, model_dir: Path) -> list[dict]:
     for run in range(args.runs):
         for wname in workloads:
             w = WORKLOADS[wname]
-            for pass_name in PASSES:
+            for pass_name in args.passes:
                 for b in backends:  # interleaved: A, B, A, B
                     n = prompts(args, w)
                     seed = seed_of(args.seed, run, pass_name)
@@ -141,7 +143,7 @@ def run_serve(args, installs, backends, workloads, model_dir: Path) -> list[dict
             params = {}
             for wname in workloads:
                 w = WORKLOADS[wname]
-                for pass_name in PASSES:
+                for pass_name in args.passes:
                     params[f"{wname}.{pass_name}"] = {
                         "random_input_len": w.input_len,
                         "random_output_len": w.output_len,
@@ -150,7 +152,7 @@ def run_serve(args, installs, backends, workloads, model_dir: Path) -> list[dict
                         "seed": seed_of(args.seed, run, pass_name),
                     }
             out_dir = raw_dir(args) / "sweep"
-            exp = out_dir / f"{b.name}-s{seed_of(args.seed, run, PASSES[0])}"
+            exp = out_dir / f"{b.name}-s{seed_of(args.seed, run, args.passes[0])}"
             params_file = raw_dir(args) / f"{exp.name}.params.json"
             params_file.parent.mkdir(parents=True, exist_ok=True)
             params_file.write_text(json.dumps(params, indent=1))
@@ -318,6 +320,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--num-prompts", type=int, help="override every workload's count")
+    p.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply every workload's prompt count (a smaller or larger matrix)",
+    )
+    p.add_argument(
+        "--passes",
+        default=",".join(PASSES),
+        help="timed passes: first (fresh engine), warm, or both (default)",
+    )
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--max-model-len", type=int, default=12288)
@@ -338,6 +351,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     backends = harness.parse_backends(args.backends)
     workloads = harness.pick("workload", args.workloads, WORKLOADS)
+    picked = harness.pick("pass", args.passes, PASSES)
+    args.passes = [p for p in PASSES if p in picked]
+    if args.kind == "serve" and args.passes == ["warm"]:
+        raise SystemExit(
+            "serve times the warm pass after the first on the same server: "
+            "use --passes first,warm or --passes first"
+        )
+    if args.num_prompts and args.scale != 1.0:
+        raise SystemExit("give --num-prompts or --scale, not both")
+    if args.scale <= 0:
+        raise SystemExit(f"--scale must be positive, got {args.scale}")
     if args.runs < 3 and not args.dry_run:
         raise SystemExit("--runs must be at least 3 (median and spread over runs)")
     if harness.BASELINE not in [b.name for b in backends]:
@@ -367,7 +391,11 @@ def main(argv: list[str] | None = None) -> int:
         "command": shlex.join([sys.executable, *sys.argv]),
         "prompts": "fresh per pass (random dataset seed per run and pass); "
         "prefix caching at vLLM's default",
-        "workloads": {w: asdict(WORKLOADS[w]) for w in workloads},
+        "workloads": {
+            w: asdict(WORKLOADS[w]) | {"num_prompts": prompts(args, WORKLOADS[w])}
+            for w in workloads
+        },
+        "passes": args.passes,
         "records": records,
         "summary": summary,
     }
@@ -381,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.plot:
         plot(summary, args.plot, f"{args.model} {args.kind} ({args.kv_cache_dtype})")
-    expected = args.runs * len(workloads) * len(PASSES) * len(backends)
+    expected = args.runs * len(workloads) * len(args.passes) * len(backends)
     return 0 if len(records) == expected else 1
 
 

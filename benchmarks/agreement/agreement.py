@@ -128,7 +128,7 @@ def run_worker(args) -> None:
         max_model_len=args.max_model_len,
         tensor_parallel_size=args.tp,
         seed=0,
-        gpu_memory_utilization=0.85,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=True,
         kv_cache_dtype=args.kv_cache_dtype,
         speculative_config=speculative,
@@ -223,6 +223,8 @@ def _run_side(args, backend, pythonpath, prompts_file, model_dir, out, speculati
         str(args.tp),
         "--kv-cache-dtype",
         args.kv_cache_dtype,
+        "--gpu-memory-utilization",
+        str(args.gpu_memory_utilization),
     ]
     if speculative:
         cmd += ["--speculative", speculative]
@@ -327,6 +329,13 @@ def main(argv: list[str] | None = None) -> int:
         "--kv-cache-dtype",
         default="auto",
         help="both sides (e.g. fp8: the fork's fp8 cache against FLASH_ATTN's)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.85,
+        help="vLLM's fraction of GPU memory for each side (lower it when other "
+        "processes share the GPU)",
     )
     p.add_argument("--out", type=Path, default=None)
     p.add_argument(

@@ -57,11 +57,15 @@ def _agree(tmp_path, model_dir, fake_site, *extra, env_extra=None):
 
 
 def test_identical_sides_agree_fully(tmp_path, fake_site, model_dir_8b):
-    stdout, body = _agree(tmp_path, model_dir_8b, fake_site, "--kv-cache-dtype", "fp8")
+    stdout, body = _agree(
+        tmp_path, model_dir_8b, fake_site, "--kv-cache-dtype", "fp8",
+        "--gpu-memory-utilization", "0.4",
+    )  # fmt: skip
     assert all(k in body for k in REQUIRED)
     assert body["fraction_equal"] == 1.0 and body["tokens_compared"] == 20 * 8
     assert body["kv_cache_dtype"] == "fp8"
     assert stdout.count("'kv_cache_dtype': 'fp8'") == 2  # both engines got it
+    assert stdout.count("'gpu_memory_utilization': 0.4") == 2
     assert "backend FLASH_ATTN" in stdout and "backend TRITON_ATTN" in stdout
     # what reproduces it and what it ran on
     assert "--kv-cache-dtype fp8" in body["command"]

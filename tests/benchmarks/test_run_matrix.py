@@ -18,7 +18,9 @@ def fake_cli(tmp_path, monkeypatch, site_args):
     log = tmp_path / "calls.jsonl"
     monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
 
-    def run(kind, *extra, runs=3, workloads="sharegpt-like,random-10k-100"):
+    def run(
+        kind, *extra, runs=3, workloads="sharegpt-like,random-10k-100", count=("4",)
+    ):
         out = tmp_path / f"{kind}.json"
         argv = [
             kind,
@@ -26,7 +28,7 @@ def fake_cli(tmp_path, monkeypatch, site_args):
             "--backends", BACKENDS,
             "--workloads", workloads,
             "--runs", str(runs),
-            "--num-prompts", "4",
+            *(["--num-prompts", *count] if count else []),
             *site_args,
             "--work-dir", str(tmp_path / "work"),
             "--out", str(out),
@@ -146,6 +148,39 @@ def test_serve_runs_one_sweep_per_backend_and_run(fake_cli, tmp_path):
     rc, body, calls2 = fake_cli("serve")
     assert rc == 0 and len(calls2) == len(calls) + 1
     assert "--resume" in calls2[-1]["argv"]
+
+
+def test_scale_and_passes_shrink_the_matrix(fake_cli):
+    rc, body, calls = fake_cli("e2e", "--scale", "0.1", "--passes", "first", count=())
+    assert rc == 0
+    counts = {
+        _arg(c["argv"], "--random-input-len"): _arg(c["argv"], "--num-prompts")
+        for c in calls
+    }
+    assert counts == {"215": "100", "10000": "10"}  # 1000 and 100 prompts x 0.1
+    assert {_arg(c["argv"], "--num-warmups") for c in calls} == {"0"}
+    assert len(calls) == len(body["records"]) == 3 * 2 * 1 * 2
+    assert {r["pass"] for r in body["records"]} == {"first"}
+    assert body["passes"] == ["first"]
+    assert body["workloads"]["random-10k-100"]["num_prompts"] == 10
+    rc, body, calls = fake_cli("serve", "--passes", "warm,first", runs=3)
+    params = json.loads(Path(_arg(calls[-1]["argv"], "--bench-params")).read_text())
+    assert list(params)[:2] == ["sharegpt-like.first", "sharegpt-like.warm"]
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--passes", "warm"], "first,warm"),
+        (["--passes", "hot"], "valid: first, warm"),
+        (["--scale", "0.5", "--num-prompts", "3"], "not both"),
+        (["--scale", "0"], "positive"),
+    ],
+)
+def test_pass_and_scale_mistakes_are_refused(tmp_path, extra, message):
+    argv = ["serve", "--model", "llama-3.1-8b", "--out", str(tmp_path / "o.json")]
+    with pytest.raises(SystemExit, match=message):
+        run_matrix.main([*argv, *extra])
 
 
 def test_summarize_median_min_max():
