@@ -225,6 +225,8 @@ def record(args, b, workload, pass_name, run, seed, num_prompts) -> dict:
 
 def step(args, cmd, inst, done: Path | None, what: str) -> None:
     """Run one vLLM command unless its output exists (resume)."""
+    if args.collect:
+        return
     if done is not None and done.exists():
         print(f"[{what}] done already: {done}", flush=True)
         return
@@ -341,9 +343,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="JSON record to write")
     p.add_argument("--plot", type=Path, help="PNG of the summary (needs matplotlib)")
     p.add_argument("--dry-run", action="store_true", help="print the vLLM commands")
+    p.add_argument(
+        "--collect",
+        action="store_true",
+        help="run nothing: write the record from the outputs already in --work-dir "
+        "(an interrupted run, or outputs copied from the GPU host)",
+    )
     p.add_argument("--stop-on-error", action="store_true")
     harness.add_install_args(p)
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
+    command = shlex.join([sys.executable, "benchmarks/run_matrix.py", *argv])
 
     if args.model not in model_names():
         raise SystemExit(
@@ -368,27 +378,43 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--backends must include {harness.BASELINE} (the reference)")
     installs = harness.parse_installs(args.python, args.site)
     used = list(dict.fromkeys(b.install for b in backends))
-    versions = (
-        {} if args.dry_run else {i: harness.require_vllm(i, installs[i]) for i in used}
-    )
 
     args.work_dir = args.work_dir.resolve()
+    provenance_file = raw_dir(args) / "provenance.json"
+    if args.collect:
+        try:
+            provenance = json.loads(provenance_file.read_text())
+        except (OSError, ValueError):
+            provenance = {}  # outputs of a run that wrote none: provenance unknown
+    elif not args.dry_run:
+        env = harness.environment()
+        provenance = {
+            "commit": env["commit"],
+            "gpu": env["gpu"],
+            "driver": env["driver"],
+            "versions": {i: harness.require_vllm(i, installs[i]) for i in used},
+            "date_utc": env["date_utc"],
+            "settings": env["settings"],
+            "command": command,
+        }
+        # Kept with the raw outputs, so --collect can write the record later.
+        harness.write_json(provenance_file, provenance)
     model_dir = make_model_dir(args.model, args.work_dir / "models" / args.model)
     run = run_e2e if args.kind == "e2e" else run_serve
     records = run(args, installs, backends, workloads, model_dir)
     if args.dry_run:
         return 0
     summary = summarize(records)
-    env = harness.environment()
+    expected = args.runs * len(workloads) * len(args.passes) * len(backends)
     body = {
         "kind": args.kind,
-        "commit": env["commit"],
-        "gpu": env["gpu"],
-        "driver": env["driver"],
-        "versions": versions,
-        "date_utc": env["date_utc"],
-        "settings": env["settings"],
-        "command": shlex.join([sys.executable, *sys.argv]),
+        **{
+            k: provenance.get(k, "unknown")
+            for k in ("commit", "gpu", "driver", "versions", "date_utc", "settings")
+        },
+        "command": provenance.get("command", "unknown"),
+        "collected_by": command if args.collect else None,
+        "complete": len(records) == expected,
         "prompts": "fresh per pass (random dataset seed per run and pass); "
         "prefix caching at vLLM's default",
         "workloads": {
@@ -409,8 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.plot:
         plot(summary, args.plot, f"{args.model} {args.kind} ({args.kv_cache_dtype})")
-    expected = args.runs * len(workloads) * len(args.passes) * len(backends)
-    return 0 if len(records) == expected else 1
+    return 0 if body["complete"] else 1
 
 
 if __name__ == "__main__":

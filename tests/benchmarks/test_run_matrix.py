@@ -122,6 +122,38 @@ def test_rerun_resumes_and_a_failed_step_is_rerun(fake_cli, monkeypatch):
     assert len(again) == 3 * 2
 
 
+def test_collect_writes_the_record_from_outputs_without_vllm(
+    fake_cli, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("FAKE_VLLM_FAIL", "TRITON_ATTN")
+    rc, partial, calls = fake_cli("e2e", workloads="decode-1k-1k")
+    assert rc == 1 and partial["complete"] is False
+    (prov,) = (tmp_path / "work").glob("*/provenance.json")
+    assert json.loads(prov.read_text())["versions"] == partial["versions"]
+    # Collect: no vLLM in either install, nothing runs, the same record comes out.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.delenv("FAKE_VLLM_FAIL")
+    argv = [
+        "e2e", "--model", "llama-3.1-8b", "--workloads", "decode-1k-1k",
+        "--backends", BACKENDS, "--num-prompts", "4", "--collect",
+        "--site", f"stock={empty}", "--site", f"fork={empty}",
+        "--work-dir", str(tmp_path / "work"), "--out", str(tmp_path / "c.json"),
+    ]  # fmt: skip
+    assert run_matrix.main(argv) == 1
+    log = tmp_path / "calls.jsonl"
+    assert len(log.read_text().splitlines()) == len(calls)  # nothing ran
+    body = json.loads((tmp_path / "c.json").read_text())
+    assert body["complete"] is False and "--collect" in body["collected_by"]
+    for key in ("records", "versions", "gpu", "commit", "command"):
+        assert body[key] == partial[key]
+    prov.unlink()  # outputs without provenance: said so, not guessed
+    assert run_matrix.main(argv) == 1
+    body = json.loads((tmp_path / "c.json").read_text())
+    assert body["gpu"] == body["versions"] == "unknown"
+    assert len(body["records"]) == len(partial["records"])
+
+
 def test_serve_runs_one_sweep_per_backend_and_run(fake_cli, tmp_path):
     rc, body, calls = fake_cli("serve")
     assert rc == 0
