@@ -1,13 +1,17 @@
-"""Backend x workload matrix through vLLM's own benchmark CLI; writes one JSON record.
+"""Backend x workload matrix through vLLM's own benchmark tools; writes one JSON record.
 
-    python benchmarks/run_matrix.py e2e   --model llama-3.1-8b --out e2e.json
-    python benchmarks/run_matrix.py serve --model llama-3.1-8b --out serve.json
+    python benchmarks/run_matrix.py e2e     --model llama-3.1-8b --out e2e.json
+    python benchmarks/run_matrix.py offline --model llama-3.1-8b --out offline.json
+    python benchmarks/run_matrix.py serve   --model llama-3.1-8b --out serve.json
 
-``e2e`` runs ``vllm bench throughput`` (offline engine), ``serve`` runs
-``vllm bench sweep serve`` (one ``vllm serve`` per backend and run, ``vllm bench
-serve`` for each workload and pass). Every vLLM command is
-``PYTHON -m vllm.entrypoints.cli.main ...`` with the install's Python and site
-(``--python``/``--site``), so stock vLLM and the fork may live in two environments.
+``e2e`` runs ``vllm bench throughput`` (one offline engine per backend, workload,
+pass and run). ``offline`` starts one ``vllm.LLM`` per backend and run
+(``offline_worker.py``) and times every workload's passes in it: the CLI has no way
+to time several workloads in one engine, and engine starts dominate ``e2e``'s time.
+``serve`` runs ``vllm bench sweep serve`` (one ``vllm serve`` per backend and run,
+``vllm bench serve`` for each workload and pass). Every vLLM command runs with the
+install's Python and site (``--python``/``--site``), so stock vLLM and the fork may
+live in two environments.
 
 Measuring rules:
 - Backends are interleaved (run 1: A, B; run 2: A, B; ...), ``--runs`` >= 3; the
@@ -16,9 +20,10 @@ Measuring rules:
 - Each timed pass gets fresh prompts of the same shape: the random dataset's
   ``--seed`` differs per run and pass (all backends of a run and pass get the same
   prompts). Prefix caching stays at vLLM's default; no pass can hit an earlier one.
-- ``first`` is a fresh engine's first pass; ``warm`` is timed after an untimed pass
-  of the same shape (e2e: ``--num-warmups``, whose prompts vLLM draws with seed+1;
-  serve: the ``first`` pass on the same server).
+- ``first`` is a fresh engine's first pass (offline and serve: the workload's first
+  pass in its engine or server; records say ``engine_fresh`` where they can); ``warm``
+  is timed after an untimed pass of the same shape (e2e: ``--num-warmups``, whose
+  prompts vLLM draws with seed+1; offline and serve: the ``first`` pass).
 
 Raw outputs go to ``--work-dir``; rerunning the same command skips finished steps.
 Model directories are config-only (``benchmarks/models``, ``--load-format dummy``).
@@ -42,6 +47,7 @@ from benchmarks import harness  # noqa: E402
 from benchmarks.models import make_model_dir, model_names  # noqa: E402
 
 CLI = ["-m", "vllm.entrypoints.cli.main"]
+KINDS = ("e2e", "offline", "serve")
 PASSES = ("first", "warm")
 
 
@@ -122,6 +128,70 @@ def run_e2e(args, installs, backends, workloads, model_dir: Path) -> list[dict]:
                             record(args, b, wname, pass_name, run, seed, n)
                             | {"total_tok_per_s": out["tokens_per_second"]}
                         )
+    return records
+
+
+WORKER = Path(__file__).resolve().parent / "offline_worker.py"
+
+
+def run_offline(args, installs, backends, workloads, model_dir: Path) -> list[dict]:
+    """One ``vllm.LLM`` per backend and run (offline_worker.py), every workload's
+    first and warm pass in it."""
+    from benchmarks.models.configs import BENCH_TOKENIZER_VOCAB
+
+    records = []
+    for run in range(args.runs):
+        for b in backends:  # interleaved: A, B, A, B
+            spec = {
+                "model": str(model_dir),
+                "vocab": BENCH_TOKENIZER_VOCAB,
+                "engine": {
+                    "load_format": "dummy",
+                    "dtype": "bfloat16",
+                    "attention_config": {"backend": b.attention_backend},
+                    "kv_cache_dtype": args.kv_cache_dtype,
+                    "max_model_len": args.max_model_len,
+                    "tensor_parallel_size": args.tp,
+                    "seed": 0,
+                },
+                "workloads": [
+                    asdict(WORKLOADS[w])
+                    | {
+                        "name": w,
+                        "num_prompts": prompts(args, WORKLOADS[w]),
+                        "passes": [
+                            {"pass": p, "seed": seed_of(args.seed, run, p)}
+                            for p in args.passes
+                        ],
+                    }
+                    for w in workloads
+                ],
+            }
+            name = f"offline-{b.name}-s{seed_of(args.seed, run, args.passes[0])}"
+            spec_file = raw_dir(args) / f"{name}.spec.json"
+            raw = raw_dir(args) / f"{name}.json"
+            if raw.is_file() and json.loads(raw.read_text()).get("spec") != spec:
+                raw.unlink()  # outputs of another matrix (workloads, scale): redo
+            spec_file.parent.mkdir(parents=True, exist_ok=True)
+            spec_file.write_text(json.dumps(spec, indent=1))
+            inst = installs[b.install]
+            # -P: the worker's folder (benchmarks/) is not put on sys.path
+            cmd = [inst.python, "-P", str(WORKER), str(spec_file), str(raw)]
+            step(args, cmd, inst, raw, f"{b.name} offline run {run}")
+            if not raw.is_file():
+                continue
+            out = json.loads(raw.read_text())
+            for r in out["results"]:
+                records.append(
+                    record(args, b, r["workload"], r["pass"], run, r["seed"],
+                           r["num_prompts"])
+                    | {
+                        k: r[k]
+                        for k in ("total_tok_per_s", "output_tok_per_s",
+                                  "elapsed_s", "engine_fresh")
+                    }
+                    | {"engine_startup_s": out["startup_s"]}
+                )  # fmt: skip
     return records
 
 
@@ -316,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("kind", choices=("e2e", "serve"))
+    p.add_argument("kind", choices=KINDS)
     p.add_argument("--model", required=True, help=f"one of: {', '.join(model_names())}")
     p.add_argument("--backends", default="FLASH_ATTN,TRITON_ATTN-fork")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -363,9 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     workloads = harness.pick("workload", args.workloads, WORKLOADS)
     picked = harness.pick("pass", args.passes, PASSES)
     args.passes = [p for p in PASSES if p in picked]
-    if args.kind == "serve" and args.passes == ["warm"]:
+    if args.kind != "e2e" and args.passes == ["warm"]:
         raise SystemExit(
-            "serve times the warm pass after the first on the same server: "
+            f"{args.kind} times the warm pass after the first in the same "
+            f"{'server' if args.kind == 'serve' else 'engine'}: "
             "use --passes first,warm or --passes first"
         )
     if args.num_prompts and args.scale != 1.0:
@@ -400,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         # Kept with the raw outputs, so --collect can write the record later.
         harness.write_json(provenance_file, provenance)
     model_dir = make_model_dir(args.model, args.work_dir / "models" / args.model)
-    run = run_e2e if args.kind == "e2e" else run_serve
+    run = {"e2e": run_e2e, "offline": run_offline, "serve": run_serve}[args.kind]
     records = run(args, installs, backends, workloads, model_dir)
     if args.dry_run:
         return 0

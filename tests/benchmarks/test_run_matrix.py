@@ -35,7 +35,8 @@ def fake_cli(tmp_path, monkeypatch, site_args):
             *extra,
         ]  # fmt: skip
         rc = run_matrix.main(argv)
-        calls = [json.loads(x) for x in log.read_text().splitlines()]
+        lines = log.read_text().splitlines() if log.exists() else []
+        calls = [json.loads(x) for x in lines]
         return rc, json.loads(out.read_text()), calls
 
     return run
@@ -154,6 +155,74 @@ def test_collect_writes_the_record_from_outputs_without_vllm(
     assert len(body["records"]) == len(partial["records"])
 
 
+def _offline_outputs(tmp_path) -> list[dict]:
+    files = (tmp_path / "work").glob("*/offline-*.json")
+    outs = [json.loads(f.read_text()) | {"file": f.name} for f in files]
+    return sorted((o for o in outs if "results" in o), key=lambda o: o["started_at"])
+
+
+def test_offline_one_engine_per_backend_and_run(fake_cli, tmp_path):
+    rc, body, calls = fake_cli("offline")
+    assert rc == 0 and calls == []  # no CLI: vllm.LLM in the worker
+    assert len(body["records"]) == 3 * 2 * 2 * 2 and body["complete"]
+    assert len(body["summary"]) == 2 * 2
+    outs = _offline_outputs(tmp_path)
+    engines = [o["spec"]["engine"]["attention_config"]["backend"] for o in outs]
+    assert engines == ["FLASH_ATTN", "TRITON_ATTN"] * 3  # interleaved
+    for o in outs:
+        assert [(r["workload"], r["pass"]) for r in o["results"]] == [
+            (w, p)
+            for w in ("sharegpt-like", "random-10k-100")
+            for p in ("first", "warm")
+        ]
+        assert [r["engine_fresh"] for r in o["results"]] == [True, False, False, False]
+        assert o["spec"]["engine"]["load_format"] == "dummy"
+        long = [r for r in o["results"] if r["workload"] == "random-10k-100"]
+        assert all(r["prompt_tokens"] == 4 * 10000 for r in long)
+        assert all(r["output_tokens"] == 4 * 100 for r in long)
+    # same prompts for both backends of a run and pass, fresh ones otherwise
+    seeds = {}
+    for r in body["records"]:
+        seeds.setdefault((r["workload"], r["run"], r["pass"]), set()).add(r["seed"])
+    assert all(len(v) == 1 for v in seeds.values())
+    assert len({next(iter(v)) for v in seeds.values()}) == 3 * 2
+    # the worker ran in the install's Python and the engine got the backend
+    logs = list((tmp_path / "work").glob("*/logs/TRITON_ATTN-fork-offline-run-0.log"))
+    assert "fake LLM: backend TRITON_ATTN" in logs[0].read_text()
+
+
+def test_offline_resumes_and_redoes_another_matrix(fake_cli, tmp_path):
+    fake_cli("offline", runs=3, workloads="decode-1k-1k")
+    before = {o["file"]: o["started_at"] for o in _offline_outputs(tmp_path)}
+    lost = sorted(before)[2]
+    next((tmp_path / "work").glob(f"*/{lost}")).unlink()
+    rc, body, _ = fake_cli("offline", runs=3, workloads="decode-1k-1k")
+    assert rc == 0 and len(body["records"]) == 3 * 2 * 2
+    after = {o["file"]: o["started_at"] for o in _offline_outputs(tmp_path)}
+    assert [f for f in after if after[f] != before.get(f)] == [lost]
+    # another prompt count is another matrix: every engine runs again
+    rc, body, _ = fake_cli("offline", runs=3, workloads="decode-1k-1k", count=("5",))
+    assert {r["num_prompts"] for r in body["records"]} == {5}
+    again = {o["file"]: o["started_at"] for o in _offline_outputs(tmp_path)}
+    assert all(again[f] != after[f] for f in after)
+
+
+def test_offline_prompts_have_the_random_datasets_shape():
+    from benchmarks.offline_worker import FIRST_ID, requests
+
+    w = {"input_len": 215, "output_len": 197, "range_ratio": 0.9, "num_prompts": 300}
+    reqs = requests(w, seed=7, vocab=500)
+    assert len(reqs) == 300 and reqs == requests(w, seed=7, vocab=500)
+    ins = [len(ids) for ids, _ in reqs]
+    outs = [n for _, n in reqs]
+    assert 21 <= min(ins) < 60 and 370 < max(ins) <= 409
+    assert min(outs) >= 19 and max(outs) <= 375
+    assert all(FIRST_ID <= t < 500 for ids, _ in reqs for t in ids)
+    assert requests(w, seed=8, vocab=500) != reqs
+    exact = dict(w, range_ratio=0.0, num_prompts=3)
+    assert [(len(i), n) for i, n in requests(exact, 1, 500)] == [(215, 197)] * 3
+
+
 def test_serve_runs_one_sweep_per_backend_and_run(fake_cli, tmp_path):
     rc, body, calls = fake_cli("serve")
     assert rc == 0
@@ -201,16 +270,17 @@ def test_scale_and_passes_shrink_the_matrix(fake_cli):
 
 
 @pytest.mark.parametrize(
-    "extra,message",
+    "kind,extra,message",
     [
-        (["--passes", "warm"], "first,warm"),
-        (["--passes", "hot"], "valid: first, warm"),
-        (["--scale", "0.5", "--num-prompts", "3"], "not both"),
-        (["--scale", "0"], "positive"),
+        ("serve", ["--passes", "warm"], "same server"),
+        ("offline", ["--passes", "warm"], "same engine"),
+        ("e2e", ["--passes", "hot"], "valid: first, warm"),
+        ("e2e", ["--scale", "0.5", "--num-prompts", "3"], "not both"),
+        ("serve", ["--scale", "0"], "positive"),
     ],
 )
-def test_pass_and_scale_mistakes_are_refused(tmp_path, extra, message):
-    argv = ["serve", "--model", "llama-3.1-8b", "--out", str(tmp_path / "o.json")]
+def test_pass_and_scale_mistakes_are_refused(tmp_path, kind, extra, message):
+    argv = [kind, "--model", "llama-3.1-8b", "--out", str(tmp_path / "o.json")]
     with pytest.raises(SystemExit, match=message):
         run_matrix.main([*argv, *extra])
 
