@@ -191,7 +191,7 @@ def check_capabilities():
 
 
 def check_selection_on_cuda_platform():
-    """vLLM's CUDA platform selecting a backend by name (--attention-backend) on an
+    """The CUDA platform of vLLM selecting a backend by name (--attention-backend) on an
     SM 9.0 device: TRITON_ATTN and ROCM_ATTN resolve to our classes, refused
     configurations stop with our reasons. vllm._C_stable_libtorch (the compiled
     extension cuda.py imports) is stubbed: no GPU here."""

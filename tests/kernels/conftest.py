@@ -19,7 +19,9 @@ if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if INTERPRET:
-    from tests.kernels.interpreter_compat import install as _install_interpreter_fix
+    from tests.kernels.interpreter_compat import (
+        install as _install_interpreter_fix,
+    )
 
     _install_interpreter_fix()
 

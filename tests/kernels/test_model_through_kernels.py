@@ -184,7 +184,7 @@ class PagedKernelRunner:
 
 
 def _reference_logits(model, prompts, answers):
-    """transformers' fp32 logits at the positions that predicted each answer token
+    """The fp32 logits of transformers at the positions that predicted each answer token
     (teacher-forced on the kernels' own answers): [new_tokens, num_seqs, vocab]."""
     per_seq = []
     for prompt, answer in zip(prompts, answers):

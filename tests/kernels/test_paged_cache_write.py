@@ -129,7 +129,8 @@ def test_fp8_quantisation(cache_dtype, num_kv_heads, head_size, block_size, inpu
 
 
 def test_token_dim_longer_than_slot_mapping():
-    """vLLM pads key/value's token dim; rows past slot_mapping are not written."""
+    """The token dim of key/value is padded (as vLLM pads it); rows past
+    slot_mapping are not written."""
     key = torch.randn((6, 1, 64)).to(torch.bfloat16).to(DEVICE)
     cache = torch.full((2, 1, 16, 64), SENTINEL, dtype=torch.bfloat16, device=DEVICE)
     slots = torch.tensor([3, 4], dtype=torch.int64, device=DEVICE)

@@ -13,7 +13,6 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -504,7 +503,11 @@ def _decode_launches(*, fp8, num_splits, features, head_size, group, block_size,
 def compile_decode_main() -> None:
     """Subprocess entry of the test below (TRITON_INTERPRET unset): compile every
     launch of every variant for sm90 and gfx942; print one line per kernel."""
-    from tests.kernels.hopper_compile import HOPPER, MI300, compile_for_target
+    from tests.kernels.hopper_compile import (
+        HOPPER,
+        MI300,
+        compile_for_target,
+    )
 
     for target in (HOPPER, MI300):
         hip = target.backend == "hip"
@@ -524,15 +527,15 @@ def compile_decode_main() -> None:
         print("early_convert", early, ptx.count("ldmatrix"), ptx.count("ld.shared"))
 
 
-_COMPILE_MAIN = "import tests.kernels.test_paged_decode as t; t.compile_decode_main()"
-
-
 def test_compiles_for_hopper_and_mi300():
     pytest.importorskip("triton.backends.nvidia")
     pytest.importorskip("triton.backends.amd")
+    from tests.kernels.hopper_compile import importable
+
+    module, root = importable(__file__)
     done = subprocess.run(
-        [sys.executable, "-c", _COMPILE_MAIN],
-        cwd=Path(__file__).resolve().parents[2],
+        [sys.executable, "-c", f"import {module} as t; t.compile_decode_main()"],
+        cwd=root,
         # "0", not unset: conftest would turn the interpreter on for a CPU host.
         env={**os.environ, "TRITON_INTERPRET": "0"},
         capture_output=True, text=True, timeout=600,

@@ -545,11 +545,14 @@ def test_compiles_for_hopper_with_wgmma():
     cp.async pipelining of the paged K/V loads; also the cache write, and one
     MI300 (gfx942, fp8 e4m3fnuz) build that must use MFMA."""
     pytest.importorskip("triton.backends.nvidia")
+    from tests.kernels.hopper_compile import importable
+
+    module, root = importable(Path(__file__).with_name("hopper_compile.py"))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.hopper_compile"],
+        [sys.executable, "-m", module],
         check=False,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=root,
         env=env,
         capture_output=True,
         text=True,
@@ -793,8 +796,9 @@ def test_shipped_prefill_tables_hold_valid_configs_for_their_keys():
 
 
 def test_register_cap_reaches_only_nvidia_launches(monkeypatch):
-    """maxnreg is a Triton launch option on NVIDIA; ROCm and the interpreter do not
-    take it (the sm_90 compile check sees it as .maxnreg in the PTX)."""
+    """The register cap (maxnreg) is a Triton launch option on NVIDIA; ROCm and the
+    interpreter do not take it (the sm_90 compile check sees it as .maxnreg in the
+    PTX)."""
     from vllm.attention.ops.prefix_prefill import compile_options
 
     capped = PrefillConfig(64, 64, 4, 1, use_tma=True, maxnreg=168)

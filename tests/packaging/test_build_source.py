@@ -111,6 +111,74 @@ def test_pr_patch_applies_and_compiles(pr_patch, pristine_tree, target, tmp_path
     assert git_apply(tree, pr_patch, "--check").returncode != 0
 
 
+def _ruff(tree: Path, *args: str) -> subprocess.CompletedProcess:
+    """Ruff in the upstream tree, so upstream's own configuration applies."""
+    found = shutil.which("ruff")
+    if found is None:
+        pytest.fail("ruff is not on PATH; install requirements-test.txt")
+    return subprocess.run(
+        [found, *args, "--no-cache"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _lint_findings(tree: Path, files: list[str]) -> list[str]:
+    proc = _ruff(tree, "check", "--output-format", "concise", *files)
+    assert proc.returncode in (0, 1), proc.stderr
+    return [line for line in proc.stdout.splitlines() if line.startswith(tuple(files))]
+
+
+def test_pr_patch_passes_upstreams_lint(pr_patch, pristine_tree, target, tmp_path):
+    """What a reviewer's pre-commit says: upstream's ruff rules and formatting, with
+    upstream's configuration, on every Python file the patch adds; an edited
+    upstream file may not gain a finding its stock text does not have."""
+    tree = tmp_path / "tree"
+    shutil.copytree(pristine_tree, tree, symlinks=True)
+    assert git_apply(tree, pr_patch).returncode == 0
+    text = pr_patch.read_text()
+    added = sorted(
+        line.removeprefix("+++ b/")
+        for line, prev in zip(text.splitlines()[1:], text.splitlines())
+        if prev == "--- /dev/null" and line.endswith(".py")
+    )
+    edited = [p for p in plan.edited_files(target, source=True) if p.endswith(".py")]
+    assert added and edited
+    assert _lint_findings(tree, added) == []
+    fmt = _ruff(tree, "format", "--check", *added)
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+    for rel in edited:
+        after = _lint_findings(tree, [rel])
+        before = _lint_findings(pristine_tree, [rel])
+        strip = [f.split(": ", 1)[1] for f in before]
+        assert [f for f in after if f.split(": ", 1)[1] not in strip] == [], rel
+        if _ruff(pristine_tree, "format", "--check", rel).returncode == 0:
+            assert _ruff(tree, "format", "--check", rel).returncode == 0, rel
+
+
+def test_pr_kernel_tests_run_in_the_upstream_tree(pr_patch, pristine_tree, tmp_path):
+    """The kernel tests that start subprocesses find their modules from where the
+    patch puts them (not from this repository's layout), and pass there. Upstream's
+    own conftest (it needs all of vLLM's dependencies) is left out by --confcutdir."""
+    tree = tmp_path / "tree"
+    shutil.copytree(pristine_tree, tree, symlinks=True)
+    assert git_apply(tree, pr_patch).returncode == 0
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         f"--confcutdir={source.KERNEL_TESTS}", "-k", "compiles_for_hopper",
+         source.KERNEL_TESTS],
+        cwd=tree,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "\n2 passed" in proc.stdout, proc.stdout[-2000:]
+
+
 def _check_pr_tests(tree: Path) -> None:
     """The fork's kernel and backend tests are in the upstream tree where upstream
     keeps its own, compile, and every `tests.*` module they import is there."""

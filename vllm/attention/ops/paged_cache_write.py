@@ -186,14 +186,18 @@ def write_to_paged_cache(
     """Store ``key``/``value`` rows into their cache slots.
 
     Args:
-        key, value: [num_tokens, num_kv_heads, head_size] bf16/fp16/fp32, last dim
+        key: [num_tokens, num_kv_heads, head_size] bf16/fp16/fp32, last dim
             contiguous. Rows past ``slot_mapping``'s length are ignored (vLLM pads
             the token dim).
-        key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_size],
-            last dim contiguous; bf16/fp16 (same as ``key``) or fp8 e4m3fn/e4m3fnuz.
+        value: as ``key``.
+        key_cache: [num_blocks, num_kv_heads, block_size, head_size], last dim
+            contiguous; bf16/fp16 (same as ``key``) or fp8 e4m3fn/e4m3fnuz.
+        value_cache: as ``key_cache``.
         slot_mapping: [num_tokens] int64 (int32 accepted); negative = skip.
-        k_scale, v_scale: 1-element fp32 tensors, required for an fp8 cache
+        k_scale: 1-element fp32 tensor, required for an fp8 cache
             (stored = clamp(x / scale)).
+        v_scale: as ``k_scale``.
+
     """
     if not (key.dim() == 3 and value.shape == key.shape):
         _fail(

@@ -356,7 +356,8 @@ def _merge_splits_kernel(
     SPLITS_PAD: tl.constexpr,  # next power of two of NUM_SPLITS
     USE_SINKS: tl.constexpr,
 ):
-    """out = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) [+ 2^(sink - M)])."""
+    """Merge the splits: out = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M)
+    [+ 2^(sink - M)])."""
     seq_local = tl.program_id(0)
     q_head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
@@ -567,13 +568,18 @@ def paged_decode_attention(
     ``s``. Writes ``output`` in place.
 
     Args:
-        query, output: ``[num_tokens, num_q_heads, head_size]``, fp16 or bf16.
-        key_cache, value_cache: ``[num_blocks, num_kv_heads, block_size, head_size]``,
-            the query's dtype or fp8 (e4m3fn / e4m3fnuz) with ``k_scale``/``v_scale``.
+        query: ``[num_tokens, num_q_heads, head_size]``, fp16 or bf16.
+        key_cache: ``[num_blocks, num_kv_heads, block_size, head_size]``, the
+            query's dtype or fp8 (e4m3fn / e4m3fnuz) with ``k_scale``/``v_scale``.
+        value_cache: as ``key_cache``.
+        output: as ``query``; written in place.
         block_table: ``[num_seqs_total, max_blocks_per_seq]`` int32.
         seq_lens: ``[num_seqs_total]`` int32, KV length including the new token.
         softmax_scale: multiplies q.k.
-        k_scale, v_scale: ``[1]`` fp32, fp8 only (stored = x / scale).
+        seq_start: the first sequence handled.
+        num_seqs: how many sequences are handled (default: all from ``seq_start``).
+        k_scale: ``[1]`` fp32, fp8 only (stored = x / scale).
+        v_scale: as ``k_scale``.
         sliding_window: key ``j`` is visible iff ``pos - j < sliding_window``.
         alibi_slopes: ``[num_q_heads]`` fp32; adds ``slope * (j - pos)``.
         logits_soft_cap: c > 0 (``c * tanh(s / c)`` after the scale), or None / 0
@@ -587,7 +593,9 @@ def paged_decode_attention(
         config: launch configuration (tile, warps, stages); None picks it from
             the tuning table (tuning/decode_configs.py). For tuning sweeps.
 
-    Raises ValueError for unsupported inputs (nothing is launched then).
+    Raises:
+        ValueError: for unsupported inputs (nothing is launched then).
+
     """
     who = "paged_decode_attention"
     is_fp8 = check_attention_inputs(

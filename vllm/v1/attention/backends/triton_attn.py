@@ -764,9 +764,10 @@ class TritonAttentionBackend(AttentionBackend):
 
     @classmethod
     def validate_configuration(cls, **config) -> list[str]:
-        """vLLM's checks (``AttentionBackend.validate_configuration``, called with
-        the selector's keyword arguments), each reason saying what is supported
-        instead, plus ours: dtype pairing, fp8 capability, stock subclasses."""
+        """The checks of vLLM (``AttentionBackend.validate_configuration``, called
+        with the selector's keyword arguments), each reason saying what is
+        supported instead, plus ours: dtype pairing, fp8 capability, stock
+        subclasses."""
         reasons = super().validate_configuration(**config)
         head_size = config["head_size"]
         dtype = config["dtype"]
