@@ -170,7 +170,9 @@ def run_offline(args, installs, backends, workloads, model_dir: Path) -> list[di
             name = f"offline-{b.name}-s{seed_of(args.seed, run, args.passes[0])}"
             spec_file = raw_dir(args) / f"{name}.spec.json"
             raw = raw_dir(args) / f"{name}.json"
-            if raw.is_file() and json.loads(raw.read_text()).get("spec") != spec:
+            if raw.is_file() and not same_matrix(json.loads(raw.read_text()), spec):
+                if args.collect or args.dry_run:
+                    continue  # outputs of another matrix: not these records
                 raw.unlink()  # outputs of another matrix (workloads, scale): redo
             spec_file.parent.mkdir(parents=True, exist_ok=True)
             spec_file.write_text(json.dumps(spec, indent=1))
@@ -193,6 +195,15 @@ def run_offline(args, installs, backends, workloads, model_dir: Path) -> list[di
                     | {"engine_startup_s": out["startup_s"]}
                 )  # fmt: skip
     return records
+
+
+def same_matrix(out: dict, spec: dict) -> bool:
+    """Whether an offline output was made for ``spec`` (the model directory's path
+    aside: outputs collected on another machine live elsewhere)."""
+    theirs = out.get("spec") or {}
+    return {k: v for k, v in theirs.items() if k != "model"} == {
+        k: v for k, v in spec.items() if k != "model"
+    }
 
 
 def run_serve(args, installs, backends, workloads, model_dir: Path) -> list[dict]:

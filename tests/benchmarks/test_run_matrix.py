@@ -205,6 +205,12 @@ def test_offline_resumes_and_redoes_another_matrix(fake_cli, tmp_path):
     assert {r["num_prompts"] for r in body["records"]} == {5}
     again = {o["file"]: o["started_at"] for o in _offline_outputs(tmp_path)}
     assert all(again[f] != after[f] for f in after)
+    # collecting with other options reads no outputs and deletes none
+    rc, body, _ = fake_cli(
+        "offline", "--collect", runs=3, workloads="decode-1k-1k", count=("6",)
+    )
+    assert rc == 1 and body["records"] == []
+    assert {o["file"]: o["started_at"] for o in _offline_outputs(tmp_path)} == again
 
 
 def test_offline_prompts_have_the_random_datasets_shape():
