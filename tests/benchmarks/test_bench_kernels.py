@@ -17,7 +17,9 @@ from benchmarks.kernels import tune_attention as tune
 from vllm.attention.ops.tuning import decode_configs as dc
 from vllm.attention.ops.tuning import tables
 from vllm.attention.ops.tuning.prefill_configs import (
+    PREFILL_TABLE,
     PrefillConfig,
+    group_class,
     heuristic_prefill_config,
 )
 
@@ -515,10 +517,17 @@ def test_held_out_shapes_are_not_in_the_shipped_table():
     }
     held = tune.HELD_OUT_SHAPES
     assert len(held) >= 8 and len(set(held)) == len(held)
+    table = PREFILL_TABLE.load("NVIDIA H200")
+    by_class = []
     for head, group, block, kv, bucket in held:
-        # no entry for the shape at all, whatever the bucket
+        # no entry was tuned on the shape, whatever the bucket
         assert (head, group, block, "bfloat16", kv) not in shipped
         assert bucket in tune.QUERY_LEN_BUCKETS
+        key = tune.held_out_key(head, group, block, kv, bucket)
+        if key in table:  # held only through its group class
+            assert group_class(group) != group
+            by_class.append((head, group, block, kv))
+    assert by_class == [(128, 7, 64, "bfloat16")]
     assert len({h[0] for h in held}) >= 4 and len({h[1] for h in held}) >= 4
     assert {h[2] for h in held} == {16, 64, 128}
 
@@ -563,7 +572,8 @@ def test_held_out_records_picked_vs_best_and_resumes(monkeypatch, tmp_path):
     heuristic = heuristic_prefill_config(head_size=80, group=3, max_query_len=1024)
     assert first["picked_from"] == "heuristic"
     assert first["picked"] == dataclasses.asdict(heuristic)
-    assert first["key"]["group"] == 3 and first["key"]["block_size"] == 16
+    assert first["shape"]["group"] == 3 and first["shape"]["block_size"] == 16
+    assert first["key"]["group"] == 4  # the table's group class
     assert first["best"] == dataclasses.asdict(swept)
     assert (first["picked_ms"], first["best_ms"]) == (1.0, 0.5)
     assert first["ratio"] == 2.0 and first["within_5pct"] is False

@@ -757,6 +757,109 @@ def test_block_offsets_past_int32():
     )
 
 
+def _launch_of_group(group, config):
+    from vllm.attention.ops import prefix_prefill as pp
+
+    num_kv_heads = 2
+    query = torch.empty((64, num_kv_heads * group, 128), dtype=torch.bfloat16)
+    cache = torch.empty((8, 2, num_kv_heads, 64, 128), dtype=torch.bfloat16)
+    ((_, grid, kwargs),) = pp._launches(
+        query=query,
+        key_cache=cache[:, 0],
+        value_cache=cache[:, 1],
+        output=torch.empty_like(query),
+        block_table=torch.zeros((4, 37), dtype=torch.int32),
+        query_start_loc=torch.zeros(5, dtype=torch.int32),
+        seq_lens=torch.zeros(4, dtype=torch.int32),
+        max_query_len=4096,
+        softmax_scale=0.1,
+        seq_start=0,
+        num_seqs=4,
+        k_scale=None,
+        v_scale=None,
+        config=config,
+        sliding_window=None,
+        alibi_slopes=None,
+        logits_soft_cap=None,
+        sinks=None,
+    )
+    plain = (int, float, bool, str, type(None))
+    return grid, {k: v for k, v in kwargs.items() if isinstance(v, plain)}
+
+
+@pytest.mark.parametrize("group,padded", [(5, 8), (6, 8), (7, 8), (3, 4)])
+def test_a_group_launches_as_its_padded_group(group, padded):
+    """Why the table keys the padded group: the same grid, tiles and loads; only the
+    group size (masks) and the query/output token strides differ. A group-8 entry
+    therefore serves groups 5-7."""
+    from vllm.attention.ops.tuning.prefill_configs import group_class
+
+    assert group_class(group) == padded and group_class(padded) == padded
+    config = PrefillConfig(128, 64, 4, 2, use_tma=True)
+    grid, ours = _launch_of_group(group, config)
+    grid_padded, theirs = _launch_of_group(padded, config)
+    assert grid == grid_padded
+    differ = {k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)}
+    assert differ == {"GROUP_SIZE", "STRIDE_Q_TOKEN", "STRIDE_O_TOKEN"}
+
+
+def test_group_7_takes_group_8s_h200_entry_and_is_correct():
+    """The H200 table's group-8 entries serve group 7 (and the heuristic no
+    longer does); that entry's tiles (TMA, 4 warps) give the reference result for
+    group 7 in the interpreter."""
+    fields = {
+        "head_size": 128,
+        "q_dtype": torch.bfloat16,
+        "kv_dtype": torch.bfloat16,
+        "block_size": 64,
+        "max_query_len": 4096,
+    }
+    table = PREFILL_TABLE.load("NVIDIA H200")
+    for group in (5, 6, 7):
+        key = PREFILL_TABLE.key(group=group, **fields)
+        assert key == PREFILL_TABLE.key(group=8, **fields) and key in table
+        picked = PREFILL_TABLE.lookup(gpu_name="NVIDIA H200", group=group, **fields)
+        assert picked == table[key]
+    assert picked.use_tma and picked.block_m == 128
+    case = _case(
+        "h200-entry-g7",
+        num_q_heads=7,
+        num_kv_heads=1,
+        head_size=128,
+        block_size=64,
+        seqs=[(9, 70), (1, 5), (20, 20)],
+        config=picked,
+    ).values[0]
+    _check_case(case)
+
+
+def test_a_table_with_two_entries_of_one_class_is_refused(tmp_path, monkeypatch):
+    """Entries for groups 7 and 8 would be one key: the loader names both."""
+    import json
+
+    from vllm.attention.ops.tuning import tables
+
+    fields = {
+        "head_size": 128,
+        "q_dtype": "bfloat16",
+        "kv_dtype": "bfloat16",
+        "block_size": 64,
+        "max_query_len": 4096,
+    }
+    config = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
+    entries = [{**fields, "group": g, "config": config} for g in (8, 7)]
+    (tmp_path / "prefix_prefill_Test_GPU.json").write_text(
+        json.dumps({"provenance": {"gpu": "Test GPU"}, "configs": entries})
+    )
+    monkeypatch.setattr(tables, "TUNING_DIR", tmp_path)
+    tables.clear_caches()
+    try:
+        with pytest.raises(ValueError, match="entries 0 and 1 have the same key"):
+            PREFILL_TABLE.load("Test GPU")
+    finally:
+        tables.clear_caches()
+
+
 def test_valid_configs_keep_at_most_128_rows_per_warpgroup():
     """256-row tiles are candidates with two warpgroups (8 warps) only: one
     warpgroup's fp32 accumulator for 256 rows would not fit its registers."""

@@ -158,10 +158,22 @@ def heuristic_prefill_config(
     )
 
 
+def group_class(group: int) -> int:
+    """The group a prefill key holds: the padded group (next power of two). The
+    kernel packs ``block_m // padded group`` tokens of the group's heads per tile
+    and masks the padding rows, so groups 5-7 launch exactly as group 8 does and
+    3 as 4 (grid, tiles, loads): they share its tuned entries."""
+    return next_power_of_2(int(group))
+
+
 PREFILL_TABLE = TuningTable(
     kind="prefix_prefill",
     config_cls=PrefillConfig,
-    key_fields={**COMMON_KEY_FIELDS, "max_query_len": query_len_bucket},
+    key_fields={
+        **COMMON_KEY_FIELDS,
+        "group": group_class,
+        "max_query_len": query_len_bucket,
+    },
     heuristic=heuristic_prefill_config,
     heuristic_fields=("head_size", "group", "max_query_len"),
 )

@@ -174,7 +174,7 @@ def _load(table: TuningTable, gpu_name: str) -> dict:
     path = table.path(gpu_name)
     if not path.is_file():
         return {}
-    parsed = {}
+    parsed, first = {}, {}
     for i, entry in enumerate(json.loads(path.read_text())["configs"]):
         try:
             key = table.key(**{name: entry[name] for name in table.key_fields})
@@ -185,6 +185,12 @@ def _load(table: TuningTable, gpu_name: str) -> dict:
                 f"(fields {list(table.key_fields)} and a config of "
                 f"{table.config_cls.__name__}; see tuning/README.md): {exc!r}"
             ) from exc
+        if key in first:  # e.g. groups 7 and 8: one key (a normaliser's class)
+            raise ValueError(
+                f"{path}: entries {first[key]} and {i} have the same key "
+                f"{dict(zip(table.key_fields, key))}; keep one"
+            )
+        first[key] = i
     return parsed
 
 
