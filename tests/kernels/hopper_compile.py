@@ -201,61 +201,68 @@ def _timed_entries():
     return winners
 
 
+def prefill_launch(
+    head_size,
+    group,
+    block_size,
+    cache_dtype,
+    max_query_len,
+    use_tma=False,
+    config=None,
+    **extra,
+):
+    """``(name, grid, keyword arguments)`` of one prefill launch on CPU tensors (2 KV
+    heads, 4 sequences): the heuristic's config unless one is given."""
+    from vllm.attention.ops import prefix_prefill as pp
+    from vllm.attention.ops.tuning.prefill_configs import heuristic_prefill_config
+
+    num_kv_heads = 2
+    query = torch.empty((64, num_kv_heads * group, head_size), dtype=torch.bfloat16)
+    cache = torch.empty((8, 2, num_kv_heads, block_size, head_size), dtype=cache_dtype)
+    fp8 = cache_dtype != torch.bfloat16
+    scale = torch.ones(1) if fp8 else None
+    config = config or heuristic_prefill_config(
+        head_size=head_size, group=group, max_query_len=max_query_len
+    )
+    config = dataclasses.replace(config, use_tma=use_tma)
+    ((_, grid, kwargs),) = pp._launches(
+        query=query,
+        key_cache=cache[:, 0],
+        value_cache=cache[:, 1],
+        output=torch.empty_like(query),
+        block_table=torch.zeros((4, 37), dtype=torch.int32),
+        query_start_loc=torch.zeros(5, dtype=torch.int32),
+        seq_lens=torch.zeros(4, dtype=torch.int32),
+        max_query_len=max_query_len,
+        softmax_scale=0.1,
+        seq_start=0,
+        num_seqs=4,
+        k_scale=scale,
+        v_scale=scale,
+        config=config,
+        **{
+            "sliding_window": None,
+            "alibi_slopes": None,
+            "logits_soft_cap": None,
+            "sinks": None,
+            **extra,
+        },
+    )
+    name = f"d{head_size}-g{group}-bs{block_size}-{cache_dtype}-{config}"
+    return name, grid, kwargs
+
+
 def _prefix_prefill_cases():
     """Production-like launches of the prefill kernel: the heuristic's configs, the
     features, and every config the H200 table ships."""
-    from vllm.attention.ops import prefix_prefill as pp
     from vllm.attention.ops.tuning.prefill_configs import (
         PREFILL_TABLE,
         PrefillConfig,
-        heuristic_prefill_config,
     )
 
-    def launch(
-        head_size,
-        group,
-        block_size,
-        cache_dtype,
-        max_query_len,
-        use_tma=False,
-        config=None,
-        **extra,
-    ):
-        num_kv_heads = 2
-        query = torch.empty((64, num_kv_heads * group, head_size), dtype=torch.bfloat16)
-        cache = torch.empty(
-            (8, 2, num_kv_heads, block_size, head_size), dtype=cache_dtype
-        )
-        fp8 = cache_dtype != torch.bfloat16
-        scale = torch.ones(1) if fp8 else None
-        config = config or heuristic_prefill_config(
-            head_size=head_size, group=group, max_query_len=max_query_len
-        )
-        config = dataclasses.replace(config, use_tma=use_tma)
-        ((_, _, kwargs),) = pp._launches(
-            query=query,
-            key_cache=cache[:, 0],
-            value_cache=cache[:, 1],
-            output=torch.empty_like(query),
-            block_table=torch.zeros((4, 37), dtype=torch.int32),
-            query_start_loc=torch.zeros(5, dtype=torch.int32),
-            seq_lens=torch.zeros(4, dtype=torch.int32),
-            max_query_len=max_query_len,
-            softmax_scale=0.1,
-            seq_start=0,
-            num_seqs=4,
-            k_scale=scale,
-            v_scale=scale,
-            config=config,
-            **{
-                "sliding_window": None,
-                "alibi_slopes": None,
-                "logits_soft_cap": None,
-                "sinks": None,
-                **extra,
-            },
-        )
-        return f"d{head_size}-g{group}-bs{block_size}-{cache_dtype}-{config}", kwargs
+    def launch(*args, **kwargs):
+        name, _, launch_kwargs = prefill_launch(*args, **kwargs)
+        return name, launch_kwargs
 
     heads = torch.empty(16)
     yield launch(128, 8, 64, torch.bfloat16, 4096)

@@ -758,30 +758,10 @@ def test_block_offsets_past_int32():
 
 
 def _launch_of_group(group, config):
-    from vllm.attention.ops import prefix_prefill as pp
+    from tests.kernels.hopper_compile import prefill_launch
 
-    num_kv_heads = 2
-    query = torch.empty((64, num_kv_heads * group, 128), dtype=torch.bfloat16)
-    cache = torch.empty((8, 2, num_kv_heads, 64, 128), dtype=torch.bfloat16)
-    ((_, grid, kwargs),) = pp._launches(
-        query=query,
-        key_cache=cache[:, 0],
-        value_cache=cache[:, 1],
-        output=torch.empty_like(query),
-        block_table=torch.zeros((4, 37), dtype=torch.int32),
-        query_start_loc=torch.zeros(5, dtype=torch.int32),
-        seq_lens=torch.zeros(4, dtype=torch.int32),
-        max_query_len=4096,
-        softmax_scale=0.1,
-        seq_start=0,
-        num_seqs=4,
-        k_scale=None,
-        v_scale=None,
-        config=config,
-        sliding_window=None,
-        alibi_slopes=None,
-        logits_soft_cap=None,
-        sinks=None,
+    _, grid, kwargs = prefill_launch(
+        128, group, 64, torch.bfloat16, 4096, config.use_tma, config
     )
     plain = (int, float, bool, str, type(None))
     return grid, {k: v for k, v in kwargs.items() if isinstance(v, plain)}
