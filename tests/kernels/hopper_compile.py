@@ -142,34 +142,16 @@ def ptx_summary(compiled) -> dict:
 
 def _amd_prefix_prefill_kwargs():
     """MI300 launch: fp8 e4m3fnuz cache, every feature on, the HIP heuristic."""
-    from vllm.attention.ops import prefix_prefill as pp
     from vllm.attention.ops.tuning.prefill_configs import heuristic_prefill_config
 
-    query = torch.empty((64, 16, 128), dtype=torch.bfloat16)
-    cache = torch.empty((8, 2, 2, 16, 128), dtype=torch.float8_e4m3fnuz)
     heads = torch.empty(16)
-    ((_, _, kwargs),) = pp._launches(
-        query=query,
-        key_cache=cache[:, 0],
-        value_cache=cache[:, 1],
-        output=torch.empty_like(query),
-        block_table=torch.zeros((4, 37), dtype=torch.int32),
-        query_start_loc=torch.zeros(5, dtype=torch.int32),
-        seq_lens=torch.zeros(4, dtype=torch.int32),
-        max_query_len=1024,
-        softmax_scale=0.1,
-        seq_start=0,
-        num_seqs=4,
-        k_scale=torch.ones(1),
-        v_scale=torch.ones(1),
-        sliding_window=64,
-        alibi_slopes=heads,
-        logits_soft_cap=5.0,
-        sinks=heads,
-        config=heuristic_prefill_config(
-            head_size=128, group=8, max_query_len=1024, is_hip=True
-        ),
+    config = heuristic_prefill_config(
+        head_size=128, group=8, max_query_len=1024, is_hip=True
     )
+    _, _, kwargs = prefill_launch(
+        128, 8, 16, torch.float8_e4m3fnuz, 1024, config.use_tma, config,
+        sliding_window=64, alibi_slopes=heads, logits_soft_cap=5.0, sinks=heads,
+    )  # fmt: skip
     return kwargs
 
 
