@@ -1,5 +1,5 @@
 """One offline vLLM engine, every workload of a run: the worker of ``run_matrix.py
-offline``. It runs in the install's Python (``python -m benchmarks.offline_worker
+e2e``. It runs in the install's Python (``python -m benchmarks.offline_worker
 SPEC OUT``) and imports nothing of this repository, only vLLM.
 
 ``vllm bench throughput`` times one workload and one pass per engine start, and an

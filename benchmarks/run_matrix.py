@@ -1,13 +1,12 @@
 """Backend x workload matrix through vLLM's own benchmark tools; writes one JSON record.
 
-    python benchmarks/run_matrix.py e2e     --model llama-3.1-8b --out e2e.json
-    python benchmarks/run_matrix.py offline --model llama-3.1-8b --out offline.json
-    python benchmarks/run_matrix.py serve   --model llama-3.1-8b --out serve.json
+    python benchmarks/run_matrix.py e2e   --model llama-3.1-8b --out e2e.json
+    python benchmarks/run_matrix.py serve --model llama-3.1-8b --out serve.json
 
-``e2e`` runs ``vllm bench throughput`` (one offline engine per backend, workload,
-pass and run). ``offline`` starts one ``vllm.LLM`` per backend and run
-(``offline_worker.py``) and times every workload's passes in it: the CLI has no way
-to time several workloads in one engine, and engine starts dominate ``e2e``'s time.
+``e2e`` starts one offline ``vllm.LLM`` per backend and run (``offline_worker.py``)
+and times every workload's passes in it. It uses the ``LLM`` API rather than
+``vllm bench throughput`` because the CLI has no knob to time more than one workload
+and pass per engine start, and an 8B engine takes one to three minutes to start.
 ``serve`` runs ``vllm bench sweep serve`` (one ``vllm serve`` per backend and run,
 ``vllm bench serve`` for each workload and pass). Every vLLM command runs with the
 install's Python and site (``--python``/``--site``), so stock vLLM and the fork may
@@ -20,10 +19,9 @@ Measuring rules:
 - Each timed pass gets fresh prompts of the same shape: the random dataset's
   ``--seed`` differs per run and pass (all backends of a run and pass get the same
   prompts). Prefix caching stays at vLLM's default; no pass can hit an earlier one.
-- ``first`` is a fresh engine's first pass (offline and serve: the workload's first
-  pass in its engine or server; records say ``engine_fresh`` where they can); ``warm``
-  is timed after an untimed pass of the same shape (e2e: ``--num-warmups``, whose
-  prompts vLLM draws with seed+1; offline and serve: the ``first`` pass).
+- ``first`` is the workload's first pass in its engine or server (e2e records say
+  ``engine_fresh`` for the engine's very first pass); ``warm`` is timed after the
+  ``first`` pass of the same shape.
 
 Raw outputs go to ``--work-dir``; rerunning the same command skips finished steps.
 Model directories are config-only (``benchmarks/models``, ``--load-format dummy``).
@@ -47,7 +45,7 @@ from benchmarks import harness  # noqa: E402
 from benchmarks.models import make_model_dir, model_names  # noqa: E402
 
 CLI = ["-m", "vllm.entrypoints.cli.main"]
-KINDS = ("e2e", "offline", "serve")
+KINDS = ("e2e", "serve")
 PASSES = ("first", "warm")
 
 
@@ -70,19 +68,8 @@ WORKLOADS = {
 
 
 def seed_of(base: int, run: int, pass_name: str) -> int:
-    """Distinct per run and pass; +1 stays free for the e2e warm-up prompts."""
+    """Distinct per run and pass."""
     return base + 4 * run + 2 * PASSES.index(pass_name)
-
-
-def dataset_args(w: Workload, num_prompts: int, seed: int) -> list[str]:
-    return [
-        "--dataset-name", "random",
-        "--random-input-len", str(w.input_len),
-        "--random-output-len", str(w.output_len),
-        "--random-range-ratio", f"{w.range_ratio:g}",
-        "--num-prompts", str(num_prompts),
-        "--seed", str(seed),
-    ]  # fmt: skip
 
 
 def engine_args(args, b: harness.Backend) -> list[str]:
@@ -102,39 +89,10 @@ def prompts(args, w: Workload) -> int:
     return max(1, round(w.num_prompts * args.scale))
 
 
-def run_e2e(args, installs, backends, workloads, model_dir: Path) -> list[dict]:
-    records = []
-    for run in range(args.runs):
-        for wname in workloads:
-            w = WORKLOADS[wname]
-            for pass_name in args.passes:
-                for b in backends:  # interleaved: A, B, A, B
-                    n = prompts(args, w)
-                    seed = seed_of(args.seed, run, pass_name)
-                    raw = raw_dir(args) / f"e2e-{wname}-n{n}-s{seed}-{b.name}.json"
-                    inst = installs[b.install]
-                    cmd = [
-                        inst.python, *CLI, "bench", "throughput",
-                        "--model", str(model_dir),
-                        *engine_args(args, b),
-                        *dataset_args(w, n, seed),
-                        "--num-warmups", str(n if pass_name == "warm" else 0),
-                        "--output-json", str(raw),
-                    ]  # fmt: skip
-                    step(args, cmd, inst, raw, f"{b.name} {wname} {pass_name} {run}")
-                    if raw.is_file():
-                        out = json.loads(raw.read_text())
-                        records.append(
-                            record(args, b, wname, pass_name, run, seed, n)
-                            | {"total_tok_per_s": out["tokens_per_second"]}
-                        )
-    return records
-
-
 WORKER = Path(__file__).resolve().parent / "offline_worker.py"
 
 
-def run_offline(args, installs, backends, workloads, model_dir: Path) -> list[dict]:
+def run_e2e(args, installs, backends, workloads, model_dir: Path) -> list[dict]:
     """One ``vllm.LLM`` per backend and run (offline_worker.py), every workload's
     first and warm pass in it."""
     from benchmarks.models.configs import BENCH_TOKENIZER_VOCAB
@@ -167,7 +125,7 @@ def run_offline(args, installs, backends, workloads, model_dir: Path) -> list[di
                     for w in workloads
                 ],
             }
-            name = f"offline-{b.name}-s{seed_of(args.seed, run, args.passes[0])}"
+            name = f"e2e-{b.name}-s{seed_of(args.seed, run, args.passes[0])}"
             spec_file = raw_dir(args) / f"{name}.spec.json"
             raw = raw_dir(args) / f"{name}.json"
             if raw.is_file() and not same_matrix(json.loads(raw.read_text()), spec):
@@ -179,7 +137,7 @@ def run_offline(args, installs, backends, workloads, model_dir: Path) -> list[di
             inst = installs[b.install]
             # -P: the worker's folder (benchmarks/) is not put on sys.path
             cmd = [inst.python, "-P", str(WORKER), str(spec_file), str(raw)]
-            step(args, cmd, inst, raw, f"{b.name} offline run {run}")
+            step(args, cmd, inst, raw, f"{b.name} e2e run {run}")
             if not raw.is_file():
                 continue
             out = json.loads(raw.read_text())
@@ -198,7 +156,7 @@ def run_offline(args, installs, backends, workloads, model_dir: Path) -> list[di
 
 
 def same_matrix(out: dict, spec: dict) -> bool:
-    """Whether an offline output was made for ``spec`` (the model directory's path
+    """Whether an e2e output was made for ``spec`` (the model directory's path
     aside: outputs collected on another machine live elsewhere)."""
     theirs = out.get("spec") or {}
     return {k: v for k, v in theirs.items() if k != "model"} == {
@@ -444,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     workloads = harness.pick("workload", args.workloads, WORKLOADS)
     picked = harness.pick("pass", args.passes, PASSES)
     args.passes = [p for p in PASSES if p in picked]
-    if args.kind != "e2e" and args.passes == ["warm"]:
+    if args.passes == ["warm"]:
         raise SystemExit(
             f"{args.kind} times the warm pass after the first in the same "
             f"{'server' if args.kind == 'serve' else 'engine'}: "
@@ -482,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         # Kept with the raw outputs, so --collect can write the record later.
         harness.write_json(provenance_file, provenance)
     model_dir = make_model_dir(args.model, args.work_dir / "models" / args.model)
-    run = {"e2e": run_e2e, "offline": run_offline, "serve": run_serve}[args.kind]
+    run = {"e2e": run_e2e, "serve": run_serve}[args.kind]
     records = run(args, installs, backends, workloads, model_dir)
     if args.dry_run:
         return 0

@@ -1,7 +1,7 @@
 """Shared fixtures of the benchmark-script tests (CPU only, fast).
 
 The scripts run against ``fake_site/vllm``, a stand-in whose ``serve`` answers
-/health, whose ``bench throughput`` / ``bench sweep serve`` write result files and whose
+/health, whose ``bench sweep serve`` writes result files and whose
 ``LLM`` generates deterministic tokens, so process handling, resume and result files
 are tested here and only the real measurements need a GPU.
 """

@@ -5,6 +5,7 @@ PYTHONPATH per install, resume, result files) runs on the CPU against it.
 the accuracy task's character prompts it answers correctly, except that with
 ``FAKE_VLLM_WRONG=<backend>`` that attention backend answers every 10th problem wrong
 and changes a token of every 10th other prompt (the harnesses must then notice).
+``FAKE_VLLM_FAIL=<backend>``: the engine of that backend fails to start.
 ``FAKE_VLLM_LATE_BUILDS=<backend>:<n>``: while generating, a child process (as a
 tensor-parallel worker would) logs vLLM's JIT-monitor warning n times.
 """
@@ -78,6 +79,8 @@ class LLM:
             "attention_config", {}
         ).get("backend")
         self.kwargs = kwargs
+        if os.environ.get("FAKE_VLLM_FAIL") == self.attention_backend:
+            raise RuntimeError("fake LLM: simulated engine failure")
         print(
             f"fake LLM: backend {self.attention_backend}, kwargs {kwargs}", flush=True
         )

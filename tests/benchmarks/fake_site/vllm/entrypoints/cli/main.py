@@ -1,4 +1,4 @@
-"""Fake ``vllm serve``, ``vllm bench throughput`` and ``vllm bench sweep serve``.
+"""Fake ``vllm serve`` and ``vllm bench sweep serve``.
 
 The server answers /health, /metrics, /v1/completions (streamed or not; the text is
 a function of the prompt) and /v1/chat/completions (not streamed).
@@ -107,23 +107,6 @@ def _tok_per_s(attention_backend, seed):
     return base * noise
 
 
-def bench_throughput(argv):
-    _log(["bench", "throughput", *argv])
-    if os.environ.get("FAKE_VLLM_FAIL") == _arg(argv, "--attention-backend"):
-        sys.exit("fake bench throughput: simulated failure")
-    n = int(_arg(argv, "--num-prompts"))
-    tps = _tok_per_s(_arg(argv, "--attention-backend"), _arg(argv, "--seed"))
-    result = {
-        "elapsed_time": n / tps,
-        "num_requests": n,
-        "total_num_tokens": n,
-        "requests_per_second": tps / 1000,
-        "tokens_per_second": tps,
-    }
-    with open(_arg(argv, "--output-json"), "w") as fh:
-        json.dump(result, fh)
-
-
 def bench_sweep_serve(argv):
     """The layout of vLLM 0.26's sweep: OUT/EXP/BENCH--<name>/run=<i>.json, each with
     the bench params (``_benchmark_name`` included) merged in."""
@@ -159,8 +142,6 @@ def bench_sweep_serve(argv):
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
         serve(sys.argv[2:])
-    elif sys.argv[1:3] == ["bench", "throughput"]:
-        bench_throughput(sys.argv[3:])
     elif sys.argv[1:4] == ["bench", "sweep", "serve"]:
         bench_sweep_serve(sys.argv[4:])
     else:
