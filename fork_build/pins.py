@@ -71,7 +71,7 @@ SUPPORTED: dict[str, Upstream] = {
 }
 # The default target: the release whose GPU checks (kernel tests, serving, greedy
 # agreement with FLASH_ATTN, throughput) have passed on the tuned GPU.
-DEFAULT_VERSION = "0.26.0"
+DEFAULT_VERSION = "0.33.0"
 
 
 def supported_text() -> str:
