@@ -11,9 +11,9 @@
   process's `sys.path` (kernel tests import `vllm.attention.ops.*` from the
   checkout, where the repository's `vllm/` is a namespace package).
 
-The vLLM releases' Python code runs on the test environment's torch (vLLM 0.26.0's
-2.11.0) for every release: these tests import vLLM's Python modules on the CPU and
-never load its compiled kernels.
+The vLLM releases' Python code runs on the test environment's torch (the default
+release's, 2.14.0) for every release: these tests import vLLM's Python modules on
+the CPU and never load its compiled kernels.
 """
 
 import os

@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Fixes for Triton 3.6's CPU interpreter (TRITON_INTERPRET=1) used by the kernel tests.
+"""Fixes for Triton's CPU interpreter (TRITON_INTERPRET=1) used by the kernel tests.
 
-Four defects of the interpreter in this environment (triton 3.6.0, numpy 2.4) make
-correct kernels give wrong answers or crash on the CPU; ``install()`` patches them:
+Four defects of the interpreter (found in triton 3.6.0 with numpy 2.4) make correct
+kernels give wrong answers or crash on the CPU; ``install()`` patches them. The
+patched hooks are the same in triton 3.8.0, and each fix is exact where the defect
+is already gone:
 
 1. ``range(lo, hi)`` with bounds computed from loaded values crashes: scalars are
    1-element arrays and ``int(array)`` needs ndim 0 in numpy >= 2.4.
