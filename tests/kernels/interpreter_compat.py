@@ -2,9 +2,8 @@
 """Fixes for Triton's CPU interpreter (TRITON_INTERPRET=1) used by the kernel tests.
 
 Four defects of the interpreter (found in triton 3.6.0 with numpy 2.4) make correct
-kernels give wrong answers or crash on the CPU; ``install()`` patches them. The
-patched hooks are the same in triton 3.8.0, and each fix is exact where the defect
-is already gone:
+kernels give wrong answers or crash on the CPU; ``install()`` patches them (the
+kernel tests pass with these patches under triton 3.6.0 and 3.8.0):
 
 1. ``range(lo, hi)`` with bounds computed from loaded values crashes: scalars are
    1-element arrays and ``int(array)`` needs ndim 0 in numpy >= 2.4.
