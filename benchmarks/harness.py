@@ -165,6 +165,11 @@ def require_vllm(name: str, inst: Install) -> dict:
 
 
 def git_commit() -> str:
+    """HEAD of this checkout (``-dirty`` with uncommitted changes), else
+    ``$BENCH_COMMIT`` (a copy of the tree without its git history), else unknown."""
+    if os.environ.get("BENCH_COMMIT") and not (REPO / ".git").exists():
+        return os.environ["BENCH_COMMIT"]
+
     def git(*args: str) -> str:
         return subprocess.run(
             ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10

@@ -52,59 +52,137 @@ class ServerDown(Exception):
     pass
 
 
-@dataclass
-class Ctx:
-    args: argparse.Namespace
-    backend: harness.Backend
-    inst: harness.Install
-    model_dir: Path
-    work: Path
-    servers: list = field(default_factory=list)
-    results: list = field(default_factory=list)
+# Metrics whose change over one use of a server a scenario checks.
+COUNTERS = (PREEMPTIONS, PREFIX_HITS, SPEC_DRAFTS)
 
-    @contextlib.contextmanager
-    def server(self, tag: str, extra: list[str], max_model_len: int):
-        a, port = self.args, harness.free_port()
-        cmd = [
+
+@dataclass
+class Running:
+    key: tuple  # the serve arguments, less the port
+    tag: str
+    port: int
+    proc: object
+    log: Path
+    stack: contextlib.ExitStack
+
+
+class Servers:
+    """One backend's ``vllm serve`` processes, one at a time. A use that asks for the
+    arguments of the server already running reuses it (scenarios share the plain
+    reference server); any other use stops it and starts the one asked for. Each use
+    is recorded on its own: the log lines written during it, the counters' change,
+    GPU memory and health at its start and end."""
+
+    def __init__(self, args, backend, inst, model_dir: Path, work: Path):
+        self.args, self.backend, self.inst = args, backend, inst
+        self.model_dir, self.work = model_dir, work
+        self.current: Running | None = None
+        self.started = 0
+
+    def command(self, extra: list[str], port: int) -> list[str]:
+        a = self.args
+        return [
             self.inst.python, "-m", "vllm.entrypoints.cli.main", "serve",
             str(self.model_dir), "--served-model-name", a.model,
             *(["--load-format", "dummy"] if not a.model_dir else []),
-            "--max-model-len", str(max_model_len),
+            "--max-model-len", str(a.max_model_len),
             "--attention-backend", self.backend.attention_backend,
             "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
             *(["--block-size", str(a.block_size)] if a.block_size else []),
             *a.server_arg, *extra,
         ]  # fmt: skip
-        self.work.mkdir(parents=True, exist_ok=True)
-        log = self.work / f"server-{tag}.log"
-        info = {"tag": tag, "command": shlex.join(cmd), "log": str(log)}
-        self.servers.append(info)
-        print(f"[reliability] {tag}: $ {info['command']}", flush=True)
-        t0 = time.monotonic()
-        with harness.running_server(
-            cmd, self.inst.env(), port, log, a.startup_timeout_s
-        ) as proc:
-            if proc is None:
-                info["log_tail"] = harness.tail(log, 40)
-                raise ServerDown(f"server {tag} did not come up")
-            info["up_s"] = round(time.monotonic() - t0, 1)
-            info["gpu_mib_start"] = run_soak.gpu_memory_mib()
-            live = argparse.Namespace(port=port, base=f"http://127.0.0.1:{port}")
-            try:
-                yield live
-            finally:
-                info["healthy_at_end"] = proc.poll() is None and run_soak.healthy(port)
-                info["gpu_mib_end"] = run_soak.gpu_memory_mib()
-                info["metrics_end"] = client.scrape(port)
-        lines = log.read_text(errors="replace").splitlines()
-        errors = [ln for ln in lines if ERROR_LINE.search(ln)]
-        info.update(error_lines=len(errors), error_examples=errors[:5])
-        info["late_jit_compiles"] = harness.late_jit_compiles(lines)
 
-    def batch(self, live, reqs: list[client.Req]) -> list[client.Result]:
-        res = asyncio.run(client.batch(live.base, self.args.model, reqs))
+    def _start(self, tag: str, extra: list[str], info: dict) -> Running:
+        port = harness.free_port()
+        cmd = self.command(extra, port)
+        self.started += 1
+        self.work.mkdir(parents=True, exist_ok=True)
+        log = self.work / f"server-{self.started}-{tag}.log"
+        info.update(command=shlex.join(cmd), log=str(log), started=True)
+        print(f"[reliability] {tag}: $ {info['command']}", flush=True)
+        t0, stack = time.monotonic(), contextlib.ExitStack()
+        proc = stack.enter_context(harness.running_server(
+            cmd, self.inst.env(), port, log, self.args.startup_timeout_s
+        ))  # fmt: skip
+        if proc is None:
+            info["log_tail"] = harness.tail(log, 40)
+            stack.close()
+            raise ServerDown(f"server {tag} did not come up")
+        info["up_s"] = round(time.monotonic() - t0, 1)
+        return Running(tuple(self.command(extra, 0)), tag, port, proc, log, stack)
+
+    def stop(self) -> None:
+        if self.current is not None:
+            self.current.stack.close()
+            self.current = None
+
+    @contextlib.contextmanager
+    def use(self, tag: str, extra: list[str], uses: list):
+        info: dict = {"tag": tag}
+        uses.append(info)
+        cur = self.current
+        if cur is not None and cur.key == tuple(self.command(extra, 0)):
+            info.update(command=shlex.join(self.command(extra, cur.port)),
+                        log=str(cur.log), started=False, reused=cur.tag)  # fmt: skip
+        else:
+            self.stop()
+            self.current = cur = self._start(tag, extra, info)
+        offset = cur.log.stat().st_size if cur.log.exists() else 0
+        before = client.scrape(cur.port)
+        info["gpu_mib_start"] = run_soak.gpu_memory_mib()
+        live = argparse.Namespace(port=cur.port, base=f"http://127.0.0.1:{cur.port}",
+                                  info=info)  # fmt: skip
+        try:
+            yield live
+        finally:
+            healthy = cur.proc.poll() is None and run_soak.healthy(cur.port)
+            after = client.scrape(cur.port) if healthy else {}
+            info.update(healthy_at_end=healthy, gpu_mib_end=run_soak.gpu_memory_mib(),
+                        metrics_end=after)  # fmt: skip
+            info["counters"] = {k: after.get(k, 0.0) - before.get(k, 0.0)
+                                for k in COUNTERS}  # fmt: skip
+            with open(cur.log, errors="replace") as f:
+                f.seek(offset)
+                lines = f.read().splitlines()
+            errors = [ln for ln in lines if ERROR_LINE.search(ln)]
+            info.update(error_lines=len(errors), error_examples=errors[:5])
+            info["late_jit_compiles"] = harness.late_jit_compiles(lines)
+            if not healthy:
+                info["log_tail"] = harness.tail(cur.log, 40)
+                self.stop()
+
+
+@dataclass
+class Ctx:
+    """One scenario on one backend: its server uses and its requests' results."""
+
+    args: argparse.Namespace
+    backend: harness.Backend
+    pool: Servers
+    servers: list = field(default_factory=list)  # one record per server use
+    results: list = field(default_factory=list)
+
+    def server(self, tag: str, extra: list[str]):
+        return self.pool.use(tag, extra, self.servers)
+
+    def batch(self, live, reqs: list[client.Req], concurrency: int = 0):
+        res = asyncio.run(
+            client.batch(live.base, self.args.model, reqs, concurrency=concurrency)
+        )
         self.results += res
         return res
+
+
+def plain(a) -> list[str]:
+    """The reference server: vLLM's defaults, with a token budget that holds a whole
+    prompt of ``--max-model-len`` (prefixes are cached, as by default)."""
+    return ["--max-num-batched-tokens", str(a.max_model_len)]
+
+
+def pressure(a) -> list[str]:
+    """A KV cache of ``--pressure-kv-tokens`` only: preemptions and evictions."""
+    return [*plain(a), "--num-gpu-blocks-override",
+            str(a.pressure_kv_tokens // (a.block_size or 16))]  # fmt: skip
 
 
 def ids(rng: random.Random, n: int) -> list[int]:
@@ -178,7 +256,7 @@ def open_loop(ctx: Ctx, live, rate: float, cancel_frac: float):
 
 def abort_storm(ctx: Ctx) -> tuple[dict, dict, list]:
     reasons: list[str] = []
-    with ctx.server("main", [], ctx.args.max_model_len) as live:
+    with ctx.server("plain", plain(ctx.args)) as live:
         res, samples = open_loop(ctx, live, 2 * ctx.args.rate, ctx.args.cancel_frac)
     all_complete(res, reasons)
     mem = memory_flat(samples, ctx.args, reasons)
@@ -189,22 +267,22 @@ def abort_storm(ctx: Ctx) -> tuple[dict, dict, list]:
 def preemption(ctx: Ctx) -> tuple[dict, dict, list]:
     a, reasons = ctx.args, []
     rng = random.Random(a.seed)
-    reqs = [client.Req(f"p{i}", ids(rng, rng.randint(256, 1024)), a.max_tokens)
-            for i in range(a.num_requests)]  # fmt: skip
-    blocks = a.pressure_kv_tokens // (a.block_size or 16)
+    top = min(1024, a.max_model_len - a.max_tokens)
+    reqs = [client.Req(f"p{i}", ids(rng, rng.randint(min(256, top), top)),
+                       a.max_tokens) for i in range(a.num_requests)]  # fmt: skip
     out = {}
-    for tag, extra in (("pressure", ["--num-gpu-blocks-override", str(blocks)]),
-                       ("no-pressure", [])):  # fmt: skip
-        with ctx.server(tag, extra, 2048) as live:
+    for tag, extra in (("plain", plain(a)), ("pressure", pressure(a))):
+        with ctx.server(tag, extra) as live:
             res = ctx.batch(live, reqs)
         all_complete(res, reasons)
         out[tag] = outputs(res)
-    pre = ctx.servers[-2].get("metrics_end", {}).get(PREEMPTIONS, 0.0)
+    pre = live.info["counters"][PREEMPTIONS]
     if pre <= 0:
         reasons.append(f"no preemptions ({PREEMPTIONS} = {pre}) under KV pressure")
-    agree = agreement(out["pressure"], out["no-pressure"])
+    agree = agreement(out["pressure"], out["plain"])
     check_agreement("pressure vs none", agree, a.min_agreement, reasons)
-    nums = {"gpu_blocks_override": blocks, "preemptions": pre, "agreement": agree}
+    nums = {"pressure_kv_tokens": a.pressure_kv_tokens, "preemptions": pre,
+            "agreement": agree}  # fmt: skip
     return nums, out["pressure"], reasons
 
 
@@ -225,15 +303,18 @@ def length_limits(ctx: Ctx) -> tuple[dict, dict, list]:
     cases = {}
     long_reqs = [client.Req(f"long{i}", ids(rng, L - m), m) for i in range(4)]
     out = {}
-    for tag, budget in (("no-chunking", max(L, 8192)), ("chunk-512", 512),
-                        ("chunk-2048", 2048)):  # fmt: skip
-        extra = ["--max-num-batched-tokens", str(budget)]
-        with ctx.server(tag, extra, L) as live:
-            if tag == "no-chunking":
+    # The chunked servers take the four long prompts at once; the reference one at
+    # a time, so that each fits the token budget of one step: no chunking.
+    for tag, extra, concurrency in (
+        ("chunk-512", ["--max-num-batched-tokens", "512"], 0),
+        ("chunk-2048", ["--max-num-batched-tokens", "2048"], 0),
+        ("plain", plain(a), 1),
+    ):
+        with ctx.server(tag, extra) as live:
+            if tag == "plain":
                 for name, n, mt, want in LENGTH_CASES:
-                    r = ctx.batch(live, [client.Req(name, ids(rng, n(L, m)), mt or m)])[
-                        0
-                    ]
+                    req = client.Req(name, ids(rng, n(L, m)), mt or m)
+                    r = ctx.batch(live, [req])[0]
                     cases[name] = {"prompt_tokens": n(L, m), "status": r.status,
                                    "expected": want}  # fmt: skip
                     if r.status != want:
@@ -242,14 +323,14 @@ def length_limits(ctx: Ctx) -> tuple[dict, dict, list]:
                         )
                 if not run_soak.healthy(live.port):
                     reasons.append("server unhealthy after the over-length prompts")
-            res = ctx.batch(live, long_reqs)
+            res = ctx.batch(live, long_reqs, concurrency=concurrency)
         all_complete(res, reasons)
         out[tag] = outputs(res)
     nums = {"cases": cases}
     for tag in ("chunk-512", "chunk-2048"):
-        nums[f"agreement_{tag}"] = agree = agreement(out[tag], out["no-chunking"])
+        nums[f"agreement_{tag}"] = agree = agreement(out[tag], out["plain"])
         check_agreement(f"{tag} vs no chunking", agree, a.min_agreement, reasons)
-    return nums, out["no-chunking"], reasons
+    return nums, out["plain"], reasons
 
 
 def prefix_caching(ctx: Ctx) -> tuple[dict, dict, list]:
@@ -267,26 +348,26 @@ def prefix_caching(ctx: Ctx) -> tuple[dict, dict, list]:
                 )
     # Two rounds of the same requests: the second hits (or misses, once evicted) the
     # cache the first filled; the small cache forces evictions.
-    blocks = ["--num-gpu-blocks-override", str(a.prefix_kv_tokens // bs)]
     out = {}
     for tag, extra in (
-        ("prefix-caching", blocks),
-        ("no-prefix-caching", [*blocks, "--no-enable-prefix-caching"]),
+        ("pressure", pressure(a)),
+        ("pressure-no-prefix-caching", [*pressure(a), "--no-enable-prefix-caching"]),
     ):
-        with ctx.server(tag, extra, 1024) as live:
+        with ctx.server(tag, extra) as live:
             res = ctx.batch(live, reqs)
             res2 = ctx.batch(live, [client.Req("2:" + r.key, r.prompt, r.max_tokens)
                                     for r in reqs])  # fmt: skip
         all_complete(res + res2, reasons)
         out[tag] = outputs(res + res2)
-    hits = ctx.servers[-2].get("metrics_end", {}).get(PREFIX_HITS, 0.0)
+        if tag == "pressure":
+            hits = live.info["counters"][PREFIX_HITS]
     if hits <= 0:
         reasons.append(f"no prefix-cache hits ({PREFIX_HITS} = {hits})")
-    agree = agreement(out["prefix-caching"], out["no-prefix-caching"])
+    agree = agreement(out["pressure"], out["pressure-no-prefix-caching"])
     check_agreement("prefix caching vs none", agree, a.min_agreement, reasons)
     nums = {"block_size": bs, "prefix_lengths": lengths, "prefix_hits": hits,
             "agreement": agree}  # fmt: skip
-    return nums, out["prefix-caching"], reasons
+    return nums, out["pressure"], reasons
 
 
 def spec_decode(ctx: Ctx) -> tuple[dict, dict, list]:
@@ -298,18 +379,17 @@ def spec_decode(ctx: Ctx) -> tuple[dict, dict, list]:
             seg = ids(rng, rng.randint(20, 200))
             reqs.append(client.Req(f"len{n}-{j}", (seg * (n // len(seg) + 1))[:n],
                                    a.max_tokens))  # fmt: skip
-    L = max(a.spec_prompt_lens) + a.max_tokens + 16
     out = {}
-    for tag, extra in (("ngram", ["--speculative-config", json.dumps(NGRAM)]),
-                       ("no-spec", [])):  # fmt: skip
-        with ctx.server(tag, extra, L) as live:
+    spec = ["--speculative-config", json.dumps(NGRAM)]
+    for tag, extra in (("plain", plain(a)), ("ngram", [*plain(a), *spec])):
+        with ctx.server(tag, extra) as live:
             res = ctx.batch(live, reqs)
         all_complete(res, reasons)
         out[tag] = outputs(res)
-    drafts = ctx.servers[-2].get("metrics_end", {}).get(SPEC_DRAFTS, 0.0)
+    drafts = live.info["counters"][SPEC_DRAFTS]
     if drafts <= 0:
         reasons.append(f"no speculative drafts ({SPEC_DRAFTS} = {drafts})")
-    agree = agreement(out["ngram"], out["no-spec"])
+    agree = agreement(out["ngram"], out["plain"])
     check_agreement("ngram vs no speculation", agree, a.min_agreement, reasons)
     nums = {"speculative_config": NGRAM, "drafts": drafts, "agreement": agree}
     return nums, out["ngram"], reasons
@@ -332,13 +412,13 @@ def throughput_windows(results, duration_s: float, window_s: float) -> dict:
 
 def soak(ctx: Ctx) -> tuple[dict, dict, list]:
     a, reasons = ctx.args, []
-    with ctx.server("main", [], a.max_model_len) as live:
+    with ctx.server("plain", plain(a)) as live:
         res, samples = open_loop(ctx, live, 0.8 * a.rate, a.soak_cancel_frac)
     all_complete(res, reasons)
     tput = throughput_windows(res, a.duration_s, a.window_s)
     if tput["change"] is None or abs(tput["change"]) > a.max_throughput_change:
         reasons.append(f"throughput of the last window vs the first: {tput}")
-    late = ctx.servers[-1].get("late_jit_compiles", [])
+    late = live.info.get("late_jit_compiles", [])
     if late:
         reasons.append(f"Triton compiled while serving: {', '.join(late[:5])}")
     nums = {"rate": 0.8 * a.rate, "throughput": tput,
@@ -346,13 +426,15 @@ def soak(ctx: Ctx) -> tuple[dict, dict, list]:
     return nums, outputs(res), reasons
 
 
+# In the order of ``--scenario all``, which lets consecutive uses of one server
+# configuration share a process: 7 server starts per backend, not 11.
 SCENARIOS = {
-    "abort-storm": abort_storm,
-    "preemption": preemption,
     "length-limits": length_limits,
-    "prefix-caching": prefix_caching,
-    "spec-decode": spec_decode,
+    "abort-storm": abort_storm,
     "soak": soak,
+    "spec-decode": spec_decode,
+    "preemption": preemption,
+    "prefix-caching": prefix_caching,
 }
 
 
@@ -379,7 +461,7 @@ def run_one(name: str, ctx: Ctx, env: dict) -> dict:
     if ctx.backend.name != harness.BASELINE and ref.exists():
         vs_ref = agreement(outs, harness.read_json(ref))
         vs_ref = {**vs_ref, "reference": harness.BASELINE}
-    pre = [s.get("metrics_end", {}).get(PREEMPTIONS) for s in ctx.servers]
+    pre = [s.get("counters", {}).get(PREEMPTIONS) for s in ctx.servers]
     return {
         "kind": "reliability", "scenario": name, "backend": ctx.backend.as_dict(),
         "model": a.model, "commit": env.get("commit"), "gpu": env.get("gpu"),
@@ -414,13 +496,13 @@ def parse_args(argv):
     add("--soak-cancel-frac", type=float, default=0.05)
     add("--window-s", type=float, default=300.0)
     add("--max-throughput-change", type=float, default=0.05)
-    add("--max-model-len", type=int, default=4096)
+    add("--max-model-len", type=int, default=10240, help="of every server")
     add("--max-tokens", type=int, default=64)
     add("--num-requests", type=int, default=128)
-    add("--pressure-kv-tokens", type=int, default=4096)
+    add("--pressure-kv-tokens", type=int, default=12288,
+        help="KV cache of the pressure servers (>= --max-model-len)")  # fmt: skip
     add("--block-size", type=int, help="KV block size (default 16, not passed)")
     add("--prefix-groups", type=int, default=4)
-    add("--prefix-kv-tokens", type=int, default=2048)
     add("--spec-prompt-lens", type=lambda s: [int(x) for x in s.split(",")],
         default=[128, 1024, 4096, 10000])  # fmt: skip
     add(
@@ -436,16 +518,37 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
+def check_lengths(a) -> None:
+    """Every server has ``--max-model-len``; refuse what it cannot hold before any
+    server starts."""
+    L = a.max_model_len
+    need = {
+        "--spec-prompt-lens (longest) + --max-tokens": max(a.spec_prompt_lens)
+        + a.max_tokens,
+        "--max-tokens + 256": a.max_tokens + 256,
+    }
+    for what, n in need.items():
+        if n > L:
+            raise SystemExit(f"{what} = {n} exceeds --max-model-len {L}: raise "
+                             f"--max-model-len or shorten the prompts")  # fmt: skip
+    if a.pressure_kv_tokens < L:
+        raise SystemExit(
+            f"--pressure-kv-tokens {a.pressure_kv_tokens} is below --max-model-len "
+            f"{L}: vLLM refuses a KV cache that cannot hold one full request"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     names = harness.pick("scenario", a.scenario, [*SCENARIOS, "all"])
-    names = list(SCENARIOS) if "all" in names else names
+    names = [n for n in SCENARIOS if n in names or "all" in names]  # reuse order
     backends = harness.parse_backends(a.backend)
     backends.sort(key=lambda b: b.name != harness.BASELINE)  # reference first
     if a.model not in model_names() and not a.model_dir:
         raise SystemExit(
             f"unknown model {a.model!r}; valid: {', '.join(model_names())}"
         )
+    check_lengths(a)
     installs = harness.parse_installs(a.python, a.site)
     for b in backends:
         harness.require_vllm(b.install, installs[b.install])
@@ -457,16 +560,22 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for b in backends:
         env = harness.environment(installs[b.install])
+        work = a.out_dir / "work" / b.name
+        pool = Servers(a, b, installs[b.install], model_dir.resolve(), work)
         for name in names:
-            work = a.out_dir / "work" / f"{name}-{b.name}"
-            ctx = Ctx(a, b, installs[b.install], model_dir.resolve(), work)
-            rec = run_one(name, ctx, env)
+            try:
+                rec = run_one(name, Ctx(a, b, pool), env)
+            except BaseException:
+                pool.stop()
+                raise
             path = a.out_dir / f"{name}-{b.name}.json"
             harness.write_json(path, rec)
             ok &= rec["pass"]
             print(f"[reliability] {name} {b.name}: {'PASS' if rec['pass'] else 'FAIL'}"
                   f" {rec['requests']} {'; '.join(rec['reasons'])} -> {path}",
                   flush=True)  # fmt: skip
+        pool.stop()
+        print(f"[reliability] {b.name}: {pool.started} server starts", flush=True)
     return 0 if ok else 1
 
 

@@ -69,14 +69,41 @@ def test_all_scenarios_pass_on_a_healthy_server(tmp_path):
     assert storm["numbers"]["samples"] and storm["numbers"]["memory"]
     pre = recs["preemption-TRITON_ATTN-fork"]
     assert pre["numbers"]["preemptions"] > 0
-    assert "--num-gpu-blocks-override" in pre["servers"][0]["command"]
+    assert [s["tag"] for s in pre["servers"]] == ["plain", "pressure"]
+    assert "--num-gpu-blocks-override" in pre["servers"][1]["command"]
     cases = recs["length-limits-TRITON_ATTN-fork"]["numbers"]["cases"]
     assert [c["status"] for c in cases.values()] == [200, 200, 400, 400]
     prefix = recs["prefix-caching-TRITON_ATTN-fork"]
     assert prefix["numbers"]["prefix_lengths"] == [1, 15, 17, 53]
     assert "--no-enable-prefix-caching" in prefix["servers"][1]["command"]
     spec = recs["spec-decode-TRITON_ATTN-fork"]
-    assert '"method": "ngram"' in spec["servers"][0]["command"]
+    assert '"method": "ngram"' in spec["servers"][1]["command"]
+    assert "7 server starts" in r.stdout
+
+
+def test_consecutive_uses_of_one_configuration_share_a_server(tmp_path):
+    r, recs = _run(tmp_path, "all")
+    uses = [
+        (name, s["tag"], s["started"], s["log"])
+        for name in run_reliability.SCENARIOS
+        for s in recs[f"{name}-TRITON_ATTN-fork"]["servers"]
+    ]
+    started = [tag for _, tag, new, _ in uses if new]
+    assert started == [
+        "chunk-512", "chunk-2048", "plain", "ngram", "plain", "pressure",
+        "pressure-no-prefix-caching",
+    ]  # fmt: skip
+    # abort-storm, soak and spec-decode's reference run on length-limits' server
+    logs = {name: log for name, tag, _, log in uses if tag == "plain"}
+    assert logs["abort-storm"] == logs["soak"] == logs["length-limits"]
+    assert logs["spec-decode"] == logs["length-limits"]
+    # counters are per use: the prefix-caching use of the pressure server counts
+    # none of preemption's preemptions
+    pre = recs["preemption-TRITON_ATTN-fork"]["servers"][1]
+    prefix = recs["prefix-caching-TRITON_ATTN-fork"]["servers"][0]
+    assert prefix["log"] == pre["log"] and not prefix["started"]
+    assert pre["counters"][run_reliability.PREEMPTIONS] == 12  # one per request
+    assert prefix["counters"][run_reliability.PREEMPTIONS] == 2 * 4 * 8
 
 
 @pytest.mark.parametrize(
@@ -124,14 +151,14 @@ def test_agreement_with_the_reference_backend(tmp_path, env, fraction):
 def test_server_that_does_not_come_up_is_reported(tmp_path):
     r, recs = _run(tmp_path, "soak", env={"FAKE_REL_SERVE_FAIL": "1"})
     rec = recs["soak-TRITON_ATTN-fork"]
-    assert r.returncode == 1 and rec["reasons"] == ["server main did not come up"]
+    assert r.returncode == 1 and rec["reasons"] == ["server plain did not come up"]
     assert "simulated startup crash" in rec["servers"][0]["log_tail"]
 
 
 @pytest.mark.parametrize(
     "flag, value, what",
     [
-        ("--scenario", "abort", "unknown scenario 'abort'; valid: abort-storm"),
+        ("--scenario", "abort", "unknown scenario 'abort'; valid: length-limits"),
         ("--backend", "FLASH", "unknown backend 'FLASH'; valid: FLASH_ATTN"),
         ("--model", "llama-9b", "unknown model 'llama-9b'; valid: "),
     ],
@@ -184,3 +211,15 @@ def test_agreement_and_metrics_parsing():
     agree = run_reliability.agreement({"a": [1, 2], "b": [3]}, {"a": [1, 2], "b": [4]})
     assert agree["fraction"] == 0.5 and agree["differing_keys"] == ["b"]
     assert run_reliability.agreement({}, {"a": [1]})["fraction"] is None
+
+
+@pytest.mark.parametrize(
+    "extra, what",
+    [
+        (["--spec-prompt-lens", "600"], "exceeds --max-model-len 512"),
+        (["--pressure-kv-tokens", "256"], "is below --max-model-len 512"),
+    ],
+)
+def test_lengths_no_server_can_hold_are_refused_before_any_start(tmp_path, extra, what):
+    r, recs = _run(tmp_path, "all", extra=extra)
+    assert r.returncode != 0 and what in r.stderr and not recs
