@@ -165,9 +165,10 @@ def require_vllm(name: str, inst: Install) -> dict:
 
 
 def git_commit() -> str:
-    """HEAD of this checkout (``-dirty`` with uncommitted changes), else
-    ``$BENCH_COMMIT`` (a copy of the tree without its git history), else unknown."""
-    if os.environ.get("BENCH_COMMIT") and not (REPO / ".git").exists():
+    """``$BENCH_COMMIT`` when set (the commit of a copied tree, whose own git
+    metadata may be missing or stale), else HEAD of this checkout (``-dirty`` with
+    uncommitted changes), else unknown."""
+    if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
 
     def git(*args: str) -> str:

@@ -23,6 +23,7 @@ import random
 import re
 import resource
 import shlex
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -54,6 +55,13 @@ class ServerDown(Exception):
 
 # Metrics whose change over one use of a server a scenario checks.
 COUNTERS = (PREEMPTIONS, PREFIX_HITS, SPEC_DRAFTS)
+
+
+def last_error(log: Path) -> str:
+    """The last ERROR or exception line of a server log, else its last line."""
+    lines = [ln.strip() for ln in harness.tail(log, 200).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ERROR_LINE.search(ln) or "Error:" in ln]
+    return (errors or lines or ["(empty log)"])[-1][-400:]
 
 
 @dataclass
@@ -107,7 +115,7 @@ class Servers:
         if proc is None:
             info["log_tail"] = harness.tail(log, 40)
             stack.close()
-            raise ServerDown(f"server {tag} did not come up")
+            raise ServerDown(f"server {tag} did not come up: {last_error(log)}")
         info["up_s"] = round(time.monotonic() - t0, 1)
         return Running(tuple(self.command(extra, 0)), tag, port, proc, log, stack)
 
@@ -557,6 +565,9 @@ def main(argv: list[str] | None = None) -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    # `timeout` and job schedulers stop with SIGTERM: leave through the finally
+    # blocks, which stop the server (its GPU memory would block every later start).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     ok = True
     for b in backends:
         env = harness.environment(installs[b.install])

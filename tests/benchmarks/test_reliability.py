@@ -5,8 +5,10 @@ the fake breaks it."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -151,8 +153,51 @@ def test_agreement_with_the_reference_backend(tmp_path, env, fraction):
 def test_server_that_does_not_come_up_is_reported(tmp_path):
     r, recs = _run(tmp_path, "soak", env={"FAKE_REL_SERVE_FAIL": "1"})
     rec = recs["soak-TRITON_ATTN-fork"]
-    assert r.returncode == 1 and rec["reasons"] == ["server plain did not come up"]
+    assert r.returncode == 1 and rec["reasons"] == [
+        "server plain did not come up: fake serve: simulated startup crash"
+    ]
     assert "simulated startup crash" in rec["servers"][0]["log_tail"]
+
+
+def test_sigterm_stops_the_running_server(tmp_path):
+    # `timeout` stops the suite with SIGTERM mid-scenario; a server left running
+    # would hold the GPU memory every later server start needs.
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_REL_")}
+    env.pop("PYTHONPATH", None)
+    env["FAKE_REL_PID_DIR"] = str(pids)
+    cmd = [
+        sys.executable, str(REPO / "benchmarks/reliability/run_reliability.py"),
+        "--scenario", "soak", "--backend", "TRITON_ATTN-fork",
+        "--out-dir", str(tmp_path / "out"), "--site", f"fork={SITE}",
+        *SMALL, "--duration-s", "600",
+    ]  # fmt: skip
+    suite = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(pids.glob("*.pid")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (pid_file,) = pids.glob("*.pid")
+    server = int(pid_file.read_text())
+    time.sleep(1.0)  # the soak's requests are flowing
+    suite.terminate()
+    try:
+        assert suite.wait(timeout=60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 30
+        while _alive(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(server), "the server outlived the suite"
+    finally:
+        if _alive(server):
+            os.kill(server, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize(

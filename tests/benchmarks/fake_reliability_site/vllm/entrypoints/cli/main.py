@@ -12,6 +12,7 @@ changes one token of every output.
 ``FAKE_REL_NO_PREEMPT=1``: no preemptions even with --num-gpu-blocks-override.
 ``FAKE_REL_NO_LENGTH_CHECK=1``: accept prompts of any length.
 ``FAKE_REL_TOKEN_S``: seconds per streamed token (default 0.001).
+``FAKE_REL_PID_DIR``: write this server's pid to a file there at startup.
 """
 
 import json
@@ -128,6 +129,10 @@ def serve(argv):
         print("fake serve: simulated startup crash", flush=True)
         sys.exit(3)
     print(f"fake serve: {argv}", flush=True)
+    if os.environ.get("FAKE_REL_PID_DIR"):
+        pid_dir = os.environ["FAKE_REL_PID_DIR"]
+        with open(os.path.join(pid_dir, f"{os.getpid()}.pid"), "w") as f:
+            f.write(str(os.getpid()))
     server = Server(("127.0.0.1", int(_arg(argv, "--port"))), Handler)
     server.argv = argv
     server.serve_forever()
