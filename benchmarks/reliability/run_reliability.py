@@ -1,13 +1,16 @@
 """Reliability suite: one backend's ``vllm serve`` (on 127.0.0.1) under six scenarios.
 
     python -m benchmarks.reliability.run_reliability --scenario all \
-        --backend FLASH_ATTN,TRITON_ATTN-fork --model llama-3.1-8b --rate 20 \
+        --backend FLASH_ATTN,TRITON_ATTN-fork --model llama-3.1-8b --rate 50 \
         --python stock=/envs/stock/bin/python --python fork=/envs/fork/bin/python \
         --out-dir reliability
 
-Scenarios (docs/reliability.md has the pass rules): abort-storm, preemption,
-length-limits, prefix-caching, spec-decode, soak. Every scenario also fails on an HTTP
-5xx, an ERROR line in a server log, or a server that does not come up. Writes
+Scenarios (docs/reliability.md has the pass rules), in the order they run:
+length-limits, abort-storm, soak, spec-decode, preemption, prefix-caching. Every
+server has --max-model-len; each scenario compares servers that differ in one
+setting (mostly against the plain reference server), and a server is kept running
+while the next use asks for the same arguments. Every scenario also fails on an
+HTTP 5xx, an ERROR line in a server log, or a server that does not come up. Writes
 ``<out-dir>/<scenario>-<backend>.json`` per scenario and backend, and the greedy
 outputs under ``<out-dir>/outputs/`` (the reference backend's are compared with the
 others': run FLASH_ATTN first or in the same call).
