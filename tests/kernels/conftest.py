@@ -31,7 +31,8 @@ GPU_FULL = os.environ.get("GPU_FULL") == "1"
 # Parameter lists (why these values):
 # head sizes of real models; 80/96/112/192 are not powers of two (padded + masked).
 HEAD_SIZES = (64, 80, 96, 112, 128, 192, 256)
-# q heads per KV head: MHA, common GQA ratios, 7 (non power of two: padded group).
+# q heads per KV head: MHA, common GQA ratios, 7 (not a power of two: tiles split
+# tokens).
 GQA_GROUPS = (1, 2, 4, 7, 8, 16)
 # page sizes the backend offers (64 preferred).
 BLOCK_SIZES = (16, 32, 64, 128)

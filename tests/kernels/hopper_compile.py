@@ -285,8 +285,8 @@ def _prefix_prefill_cases():
         yield name, {**kwargs, "FAST_EXP": True}
     # What the H200 table ships, each distinct
     # (head size, group, page, cache dtype, config) once: these run in production,
-    # for every group of its class (3-4 for 4, 5-8 for 8: the table keys the padded
-    # group). An entry that a committed GPU sweep's record chose by timing is
+    # for every group of its class (3-4 for 4, 5-8 for 8: the table keys the
+    # group's class). An entry that a committed GPU sweep's record chose by timing is
     # marked TIMED.
     timed = _timed_entries()
     shipped = {}

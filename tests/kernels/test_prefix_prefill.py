@@ -101,7 +101,7 @@ CASES = [
         num_kv_heads=1,
         block_size=64,
     ),
-    # GQA 7 pads the group to 8 rows (masked padding head).
+    # GQA 7: 32-row tiles start and end inside tokens (no padding rows).
     _case(
         "d96-g7-bs128",
         head_size=96,
@@ -213,6 +213,42 @@ CASES = [
         config=PrefillConfig(32, 32, 4, 1, use_tma=True),
     ),
     _case("tma-requested-d80", head_size=80, config=PrefillConfig(16, 16, 4, 1, True)),
+    # Groups that are not powers of two, packed without padding: tiles of 16 or
+    # 64 rows hold a fraction of a token's heads at both ends; with a cached
+    # prefix, a window narrower than a tile's token span, TMA and sinks.
+    _case(
+        "g3-tiles-split-tokens-window-prefix",
+        num_q_heads=6,
+        num_kv_heads=2,
+        sliding_window=6,
+        sinks=True,
+        seqs=[(23, 40), (1, 9), (11, 11)],
+        config=PrefillConfig(16, 16, 4, 1),
+    ),
+    _case(
+        "g5-tma-chunked-prefill",
+        num_q_heads=10,
+        num_kv_heads=2,
+        block_size=32,
+        seqs=[(29, 75), (2, 2), (13, 13)],
+        config=PrefillConfig(64, 16, 4, 1, use_tma=True),
+    ),
+    _case(
+        "g6-alibi-softcap",
+        num_q_heads=6,
+        num_kv_heads=1,
+        alibi=True,
+        soft_cap=2.0,
+        seqs=[(17, 30), (9, 9)],
+        config=PrefillConfig(16, 32, 4, 1),
+    ),
+    _case(
+        "g12-tile-smaller-than-a-token",
+        num_q_heads=24,
+        num_kv_heads=2,
+        seqs=[(5, 21), (1, 1), (7, 7)],
+        config=PrefillConfig(16, 16, 4, 1),
+    ),
     # 256 rows over two warpgroups (8 warps): 64 tokens x group 4 per program, the
     # diagonal inside a program's rows, short and long sequences, a prefix.
     _case(
@@ -768,17 +804,19 @@ def _launch_of_group(group, config):
 
 
 @pytest.mark.parametrize("group,padded", [(5, 8), (6, 8), (7, 8), (3, 4)])
-def test_a_group_launches_as_its_padded_group(group, padded):
-    """Why the table keys the padded group: the same grid, tiles and loads; only the
-    group size (masks) and the query/output token strides differ. A group-8 entry
-    therefore serves groups 5-7."""
+def test_a_group_launches_its_padded_groups_tiles_without_padding_rows(group, padded):
+    """Why the table keys the padded group: a program of group 5-7 does group 8's
+    work (the same tiles, loads and compile-time shape; only the group size and
+    the query/output token strides differ), and the grid holds exactly the group's
+    rows: 7 heads take 7/8 of group 8's row tiles, none of them padding."""
     from vllm.attention.ops.tuning.prefill_configs import group_class
 
     assert group_class(group) == padded and group_class(padded) == padded
     config = PrefillConfig(128, 64, 4, 2, use_tma=True)
     grid, ours = _launch_of_group(group, config)
     grid_padded, theirs = _launch_of_group(padded, config)
-    assert grid == grid_padded
+    assert grid[0] == -(-4096 * group // 128) and grid_padded[0] == 4096 * padded // 128
+    assert grid[1:] == grid_padded[1:]
     differ = {k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)}
     assert differ == {"GROUP_SIZE", "STRIDE_Q_TOKEN", "STRIDE_O_TOKEN"}
 

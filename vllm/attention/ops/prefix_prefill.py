@@ -22,14 +22,16 @@ Algorithm. FlashAttention-2's online softmax (Dao, arXiv 2307.08691) with the
 "Q-block" GQA packing of the Triton attention paper (Ringlein et al., "The Anatomy
 of a Triton Attention Kernel", arXiv 2511.11581):
 
-* One program handles ``BLOCK_Q`` query tokens x all query heads of one KV head,
-  flattened into a ``[BLOCK_M = BLOCK_Q * GROUP_PAD, HEAD_PAD]`` tile (row ``r`` is
-  token ``r // GROUP_PAD``, head ``r % GROUP_PAD`` of the group). Each K/V tile is
-  loaded once for the whole group, and ``BLOCK_M`` is a multiple of 64 so that the
-  two ``tl.dot`` per tile lower to Hopper wgmma.
-* Grid ``(q_blocks, num_seqs, num_kv_heads)``; programs past the end of a shorter
-  sequence's query exit at once. The q-block index runs backwards so that the
-  longest programs (last query blocks, most keys) start first.
+* The query rows of one KV head, token-major with the group's heads inside
+  (row ``r``: token ``r // GROUP_SIZE``, head ``r % GROUP_SIZE`` of the group), are
+  cut into tiles of ``BLOCK_M`` rows; one program handles one ``[BLOCK_M,
+  HEAD_PAD]`` tile, so each K/V tile is loaded once for the whole group. No row is
+  padding whatever the group (7 heads fill 7 rows per token, not 8); a tile may
+  start and end inside a token. ``BLOCK_M`` is a multiple of 64 so that the two
+  ``tl.dot`` per tile lower to Hopper wgmma.
+* Grid ``(row_tiles, num_seqs, num_kv_heads)``; programs past the end of a shorter
+  sequence's query exit at once. The tile index runs backwards so that the
+  longest programs (last query rows, most keys) start first.
 * KV tiles of ``BLOCK_N`` keys are addressed through the block table: key by key
   (``paged_row_offsets``) when a tile may span pages, once per tile
   (``page_tile_offset``, constexpr ``TILE_IN_PAGE``) when ``BLOCK_N`` divides the
@@ -234,9 +236,7 @@ def _prefix_prefill_kernel(
     STRIDE_KV_BLOCK: tl.constexpr,  # same for K and V (two views of one tensor)
     STRIDE_KV_HEAD: tl.constexpr,
     GROUP_SIZE: tl.constexpr,  # query heads per KV head
-    GROUP_PAD: tl.constexpr,  # next power of two >= GROUP_SIZE
-    BLOCK_Q: tl.constexpr,  # query tokens per program
-    BLOCK_M: tl.constexpr,  # BLOCK_Q * GROUP_PAD
+    BLOCK_M: tl.constexpr,  # query rows (token x head of the group) per program
     BLOCK_N: tl.constexpr,  # keys per KV tile
     BLOCK_SIZE: tl.constexpr,  # keys per page
     HEAD_SIZE: tl.constexpr,
@@ -253,24 +253,25 @@ def _prefix_prefill_kernel(
     USE_WINDOW: tl.constexpr,
     USE_SINKS: tl.constexpr,
 ):
-    q_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    row_tile = tl.num_programs(0) - 1 - tl.program_id(0)
     seq = seq_start + tl.program_id(1)
     kv_head = tl.program_id(2)
 
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    first_token = q_block * BLOCK_Q
-    if first_token >= q_len:
+    first_row = row_tile * BLOCK_M
+    if first_row >= q_len * GROUP_SIZE:
         return
     kv_len = tl.load(seq_lens_ptr + seq)
     context_len = kv_len - q_len
 
     # Rows of the packed tile: token-major, the group's heads inside.
-    rows = tl.arange(0, BLOCK_M)
-    token = first_token + rows // GROUP_PAD
-    head_in_group = rows % GROUP_PAD
-    q_head = kv_head * GROUP_SIZE + head_in_group
-    row_valid = (token < q_len) & (head_in_group < GROUP_SIZE)
+    rows = first_row + tl.arange(0, BLOCK_M)
+    token = rows // GROUP_SIZE
+    q_head = kv_head * GROUP_SIZE + rows % GROUP_SIZE
+    row_valid = token < q_len
+    first_token = first_row // GROUP_SIZE
+    last_token = tl.minimum((first_row + BLOCK_M - 1) // GROUP_SIZE, q_len - 1)
     q_pos = context_len + token
     dims = tl.arange(0, HEAD_PAD)
     dim_ok = dims < HEAD_SIZE
@@ -308,7 +309,7 @@ def _prefix_prefill_kernel(
 
     # Key range of this program: rows sit at positions [pos_lo, pos_hi].
     pos_lo = context_len + first_token
-    pos_hi = context_len + tl.minimum(first_token + BLOCK_Q, q_len) - 1
+    pos_hi = context_len + last_token
     kv_stop = pos_hi + 1
     # Tiles left of diag_start hold only keys <= pos_lo: causally visible to all.
     diag_start = ((pos_lo + 1) // BLOCK_N) * BLOCK_N
@@ -499,9 +500,6 @@ def _launches(
     num_q_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
     group_size = num_q_heads // num_kv_heads
-    group_pad = next_power_of_2(group_size)
-    block_q = max(1, config.block_m // group_pad)
-    block_m = block_q * group_pad
     head_pad = max(16, next_power_of_2(head_size))
     is_fp8 = key_cache.dtype in FP8_DTYPES
     tile_in_page = block_size % config.block_n == 0
@@ -513,7 +511,8 @@ def _launches(
         and key_cache.stride(1) % head_size == 0
         and tma_supported(query.device)
     )
-    grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
+    grid = (triton.cdiv(max_query_len * group_size, config.block_m), num_seqs,
+            num_kv_heads)  # fmt: skip
     kwargs = dict(
         query_ptr=query,
         key_cache_ptr=key_cache,
@@ -540,9 +539,7 @@ def _launches(
         STRIDE_KV_BLOCK=key_cache.stride(0),
         STRIDE_KV_HEAD=key_cache.stride(1),
         GROUP_SIZE=group_size,
-        GROUP_PAD=group_pad,
-        BLOCK_Q=block_q,
-        BLOCK_M=block_m,
+        BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_SIZE=block_size,
         HEAD_SIZE=head_size,

@@ -59,8 +59,8 @@ PREFILL_CONFIG_SPACE = {
 class PrefillConfig:
     """Tiles and launch knobs of one prefix-prefill launch.
 
-    block_m: rows of the packed query tile (query tokens x padded GQA group);
-        rounded up to the padded group when the group is larger.
+    block_m: rows of the packed query tile: (token, head) pairs of one KV head's
+        group, token-major, no padding rows (a tile may split a token's heads).
     block_n: keys per KV tile (independent of the page size; when it divides the
         page size, a tile reads one block-table entry instead of one per key).
     use_tma: load K/V tiles through TMA descriptors. Honoured only where it can
@@ -159,10 +159,10 @@ def heuristic_prefill_config(
 
 
 def group_class(group: int) -> int:
-    """The group a prefill key holds: the padded group (next power of two). The
-    kernel packs ``block_m // padded group`` tokens of the group's heads per tile
-    and masks the padding rows, so groups 5-7 launch exactly as group 8 does and
-    3 as 4 (grid, tiles, loads): they share its tuned entries."""
+    """The group a prefill key holds: the next power of two. A program of groups
+    5-7 does group 8's work (the same ``block_m``-row tiles, K/V loads and
+    compiled shape; only the number of row tiles differs, the rows are packed
+    without padding) and 3 does 4's: they share its tuned entries."""
     return next_power_of_2(int(group))
 
 
