@@ -150,7 +150,9 @@ class Servers:
             after = client.scrape(cur.port) if healthy else {}
             info.update(healthy_at_end=healthy, gpu_mib_end=run_soak.gpu_memory_mib(),
                         metrics_end=after)  # fmt: skip
-            info["counters"] = {k: after.get(k, 0.0) - before.get(k, 0.0)
+            # a server that died has no metrics: its counters read 0, and the
+            # use fails as unhealthy
+            info["counters"] = {k: max(0.0, after.get(k, 0.0) - before.get(k, 0.0))
                                 for k in COUNTERS}  # fmt: skip
             with open(cur.log, errors="replace") as f:
                 f.seek(offset)
