@@ -69,7 +69,8 @@ def last_error(log: Path) -> str:
 
 @dataclass
 class Running:
-    key: tuple  # the serve arguments, less the port
+    extra: tuple  # the arguments it was started with beyond the pool's common ones
+    command: str
     tag: str
     port: int
     proc: object
@@ -120,7 +121,7 @@ class Servers:
             stack.close()
             raise ServerDown(f"server {tag} did not come up: {last_error(log)}")
         info["up_s"] = round(time.monotonic() - t0, 1)
-        return Running(tuple(self.command(extra, 0)), tag, port, proc, log, stack)
+        return Running(tuple(extra), info["command"], tag, port, proc, log, stack)
 
     def stop(self) -> None:
         if self.current is not None:
@@ -132,9 +133,9 @@ class Servers:
         info: dict = {"tag": tag}
         uses.append(info)
         cur = self.current
-        if cur is not None and cur.key == tuple(self.command(extra, 0)):
-            info.update(command=shlex.join(self.command(extra, cur.port)),
-                        log=str(cur.log), started=False, reused=cur.tag)  # fmt: skip
+        if cur is not None and cur.extra == tuple(extra):
+            info.update(command=cur.command, log=str(cur.log), started=False,
+                        reused=cur.tag)  # fmt: skip
         else:
             self.stop()
             self.current = cur = self._start(tag, extra, info)
@@ -280,9 +281,9 @@ def abort_storm(ctx: Ctx) -> tuple[dict, dict, list]:
 def preemption(ctx: Ctx) -> tuple[dict, dict, list]:
     a, reasons = ctx.args, []
     rng = random.Random(a.seed)
-    top = min(1024, a.max_model_len - a.max_tokens)
-    reqs = [client.Req(f"p{i}", ids(rng, rng.randint(min(256, top), top)),
-                       a.max_tokens) for i in range(a.num_requests)]  # fmt: skip
+    top = min(1024, a.max_model_len - a.max_tokens)  # >= 256 (check_lengths)
+    reqs = [client.Req(f"p{i}", ids(rng, rng.randint(256, top)), a.max_tokens)
+            for i in range(a.num_requests)]  # fmt: skip
     out = {}
     for tag, extra in (("plain", plain(a)), ("pressure", pressure(a))):
         with ctx.server(tag, extra) as live:
