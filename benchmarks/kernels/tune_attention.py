@@ -38,10 +38,12 @@ import datetime
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -205,6 +207,13 @@ def add_prefill_arguments(parser: argparse.ArgumentParser) -> None:
         help="max_query_len buckets to tune (the table's keys)",
     )
     parser.add_argument("--budget-minutes", type=float, default=8.0)
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="compile each key's candidates in this many processes before timing "
+        "them (one CUDA context each; the host's CPU cores, say)",
+    )
     for name in SPACE_FIELDS:
         parser.add_argument(
             "--" + name.replace("_", "-"),
@@ -275,11 +284,15 @@ def tune_prefill(args: argparse.Namespace) -> None:
             key = PREFILL_TABLE.key(max_query_len=bucket, **shape)
             if args.untuned:
                 best = heuristic_prefill_config(
-                    head_size=head_size, group=group, max_query_len=bucket
+                    head_size=head_size,
+                    group=group,
+                    max_query_len=bucket,
                 )
             else:
                 previous = entries.get(key, {}).get("config")
-                best, record = _tune_one(shape, bucket, gen, space, previous)
+                best, record = _tune_one(
+                    shape, bucket, gen, space, previous, jobs=args.jobs
+                )
                 records.append({"key": dict(zip(KEY_FIELDS, key)), **record})
                 tuned += 1
             entries[key] = PREFILL_TABLE.entry(key, best)
@@ -369,7 +382,9 @@ def run_held_out(args, shapes=HELD_OUT_SHAPES) -> dict:
             **shape,
         )
         try:
-            best, tuned = _tune_one(shape, bucket, gen, _space(args), asdict(picked))
+            best, tuned = _tune_one(
+                shape, bucket, gen, _space(args), asdict(picked), jobs=args.jobs
+            )
         except RuntimeError as exc:  # no candidate ran: recorded, not retried
             best, tuned = None, {"best_timing": None, "previous_timing": None}
             tuned.update(batch=None, candidates=[], error=str(exc))
@@ -476,23 +491,66 @@ def _git_commit() -> str:
     return _run_text(["git", "-C", here, "rev-parse", "--short", "HEAD"]) or "unknown"
 
 
-def _tune_one(shape, bucket, gen, space, previous=None):
-    """Fastest correct candidate for one key, and a record of every timing.
-
-    The heuristic's config and the ``previous`` table entry are always candidates,
-    whatever the sweep, so a new entry is never slower (in this run) than the
-    config it replaces for the key."""
+def _tune_batches(shape, bucket, gen):
+    """``(seqs, timed batch, small checked batch)`` of one key's tune."""
     num_seqs, context = BATCH_FOR_BUCKET[bucket]
     seqs = [(bucket, context + bucket)] * num_seqs
     batch = _make_batch(seqs=seqs, gen=gen, **shape)
     small = _make_batch(seqs=[(min(bucket, 100), 300), (1, 77)], gen=gen, **shape)
+    return seqs, batch, small
+
+
+def job_shares(candidates: list, jobs: int) -> list[list]:
+    """``candidates`` dealt round-robin into at most ``jobs`` non-empty shares."""
+    return [s for s in (candidates[i::jobs] for i in range(jobs)) if s]
+
+
+def _compile_share(shape, bucket, configs) -> None:
+    """Run each config once on batches of the tune's shapes (the same compiled
+    specialisations) so that Triton's cache holds its kernels; failures are left to
+    the timing loop, which meets them again and reports them."""
+    _, batch, small = _tune_batches(shape, bucket, torch.Generator().manual_seed(0))
+    for config in configs:
+        for inputs in (small, batch):
+            try:
+                _run(inputs, config, shape["head_size"])
+            except Exception:  # noqa: BLE001 - reported by the timing loop
+                break
+    torch.cuda.synchronize()
+
+
+def precompile(shape, bucket, candidates, jobs: int) -> None:
+    """Compile the candidates in ``jobs`` processes (spawned, one CUDA context each)
+    before the timing loop, which then loads them from Triton's cache: compiling,
+    not timing, is most of a sweep's time, and it runs on the host's CPU cores."""
+    spawn = multiprocessing.get_context("spawn")
+    shares = job_shares(candidates, jobs)
+    with ProcessPoolExecutor(max_workers=len(shares), mp_context=spawn) as pool:
+        for done in [pool.submit(_compile_share, shape, bucket, s) for s in shares]:
+            try:
+                done.result()
+            except Exception as exc:  # noqa: BLE001 - a worker lost its context
+                print("  precompile worker failed:", type(exc).__name__, exc)
+
+
+def _tune_one(shape, bucket, gen, space, previous=None, jobs=1):
+    """Fastest correct candidate for one key, and a record of every timing.
+
+    The heuristic's config and the ``previous`` table entry are always candidates,
+    whatever the sweep, so a new entry is never slower (in this run) than the
+    config it replaces for the key. ``jobs > 1`` compiles the candidates in that
+    many processes first (``precompile``)."""
+    num_seqs, context = BATCH_FOR_BUCKET[bucket]
+    seqs, batch, small = _tune_batches(shape, bucket, gen)
     # Causal attention FLOPs: q.k and p.v, 2 * head_size each, per visible pair.
     visible_pairs = sum(sum(range(kv - q + 1, kv + 1)) for q, kv in seqs)
     num_q_heads = NUM_KV_HEADS * shape["group"]
     flops = 4 * shape["head_size"] * num_q_heads * visible_pairs
     best, best_ms, timings = None, math.inf, {}
     fallback = heuristic_prefill_config(
-        head_size=shape["head_size"], group=shape["group"], max_query_len=bucket
+        head_size=shape["head_size"],
+        group=shape["group"],
+        max_query_len=bucket,
     )
     previous = PrefillConfig(**previous) if previous else None
     candidates = list(
@@ -508,6 +566,8 @@ def _tune_one(shape, bucket, gen, space, previous=None):
     candidates = list(
         dict.fromkeys(candidates + [c for c in (fallback, previous) if c])
     )
+    if jobs > 1:
+        precompile(shape, bucket, candidates, jobs)
     for config in candidates:
         try:
             if not _is_correct(config, small, shape["head_size"]):

@@ -552,7 +552,7 @@ def test_held_out_records_picked_vs_best_and_resumes(monkeypatch, tmp_path):
     current = [None]
     monkeypatch.setattr(tune.triton.testing, "do_bench", do_bench)
     args = SimpleNamespace(
-        record=str(tmp_path / "held.json"), budget_minutes=10.0, commit="abc"
+        record=str(tmp_path / "held.json"), budget_minutes=10.0, commit="abc", jobs=1
     )
     for name in tune.SPACE_FIELDS:
         setattr(args, name, [int(getattr(swept, name))])
@@ -584,3 +584,41 @@ def test_held_out_records_picked_vs_best_and_resumes(monkeypatch, tmp_path):
     # Rerun: the finished shapes are skipped.
     body = run(shapes)
     assert timed == [] and len(body["records"]) == 2
+
+
+def test_precompile_deals_every_candidate_to_exactly_one_job(monkeypatch):
+    """--jobs N: each candidate of a key is compiled by exactly one of at most N
+    processes, before the timing loop times them all."""
+    candidates = [PrefillConfig(64, n, 4, 2) for n in (16, 32, 64, 128)]
+    for jobs in (1, 3, 4, 16):
+        shares = tune.job_shares(candidates, jobs)
+        assert len(shares) == min(jobs, len(candidates)) and all(shares)
+        assert sorted(sum(shares, []), key=str) == sorted(candidates, key=str)
+    order = []
+    monkeypatch.setattr(tune, "_make_batch", lambda **kw: None)
+    monkeypatch.setattr(tune, "_is_correct", lambda config, small, head_size: True)
+    monkeypatch.setattr(tune, "_run", lambda batch, config, head_size: config)
+    monkeypatch.setattr(
+        tune.triton.testing,
+        "do_bench",
+        lambda fn, **kw: order.append(("time", fn())) or 1.0,
+    )
+    monkeypatch.setattr(
+        tune,
+        "precompile",
+        lambda shape, bucket, configs, jobs: order.append(("compile", set(configs))),
+    )
+    shape = {
+        "head_size": 128,
+        "group": 4,
+        "block_size": 64,
+        "q_dtype": torch.bfloat16,
+        "kv_dtype": torch.bfloat16,
+    }
+    space = {name: (getattr(candidates[2], name),) for name in tune.SPACE_FIELDS}
+    tune._tune_one(shape, 4096, None, space, None, jobs=4)
+    (first, compiled), *timed = order
+    assert first == "compile" and compiled == {config for _, config in timed}
+    order.clear()
+    tune._tune_one(shape, 4096, None, space, None, jobs=1)
+    assert all(kind == "time" for kind, _ in order)

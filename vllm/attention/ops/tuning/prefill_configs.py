@@ -135,26 +135,27 @@ def heuristic_prefill_config(
 ) -> PrefillConfig:
     """Fallback when the table has no entry.
 
-    NVIDIA (Hopper): block_m a multiple of 64 and num_warps a multiple of 4, so
-    ``tl.dot`` lowers to wgmma; 128 rows when the query is long enough to fill
-    them, 64 otherwise; 64 keys per tile (32 for head size 256 to stay within
-    registers/shared memory); 3 pipeline stages (2 for head size 256).
+    NVIDIA: the tile the timed sweeps of the H200 table chose for most of its
+    keys (head sizes 128 and 256, groups 2-8, bf16 and fp8 caches, buckets up to
+    16k): 128 query rows per program when the bucket's rows (query length x the
+    group's class) fill them, else 64; 64 keys per tile; one warpgroup (4 warps)
+    up to head size 128, two beyond (a warpgroup holds at most a 128 x 128 fp32
+    accumulator); 2 pipeline stages; K/V by TMA where the launch allows it. Never
+    ``fp8_qk``: it rounds the query to fp8, a trade only a tuned entry makes.
+    ``block_m`` is a multiple of 64 and ``num_warps`` of 4, so both ``tl.dot``
+    lower to wgmma on Hopper.
     AMD: 64x32 tiles, 4 warps, 1 stage (the stream pipeliner's best default).
     """
     head_pad = next_power_of_2(head_size)
-    group_pad = next_power_of_2(group)
-    rows = query_len_bucket(max_query_len) * group_pad
+    rows = query_len_bucket(max_query_len) * next_power_of_2(group)
     if is_hip:
-        return PrefillConfig(
-            block_m=max(64, group_pad), block_n=32, num_warps=4, num_stages=1
-        )
-    block_m = 128 if (rows >= 256 and head_pad <= 128) else 64
-    block_m = max(block_m, group_pad)
-    block_n = 64 if head_pad <= 128 else 32
-    num_warps = 8 if block_m >= 128 else 4
-    num_stages = 3 if head_pad <= 128 else 2
+        return PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=1)
     return PrefillConfig(
-        block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages
+        block_m=128 if rows >= 128 else 64,
+        block_n=64,
+        num_warps=4 if head_pad <= 128 else 8,
+        num_stages=2,
+        use_tma=True,
     )
 
 
