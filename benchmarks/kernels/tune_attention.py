@@ -286,6 +286,7 @@ def tune_prefill(args: argparse.Namespace) -> None:
                 best = heuristic_prefill_config(
                     head_size=head_size,
                     group=group,
+                    block_size=block_size,
                     max_query_len=bucket,
                 )
             else:
@@ -550,6 +551,7 @@ def _tune_one(shape, bucket, gen, space, previous=None, jobs=1):
     fallback = heuristic_prefill_config(
         head_size=shape["head_size"],
         group=shape["group"],
+        block_size=shape["block_size"],
         max_query_len=bucket,
     )
     previous = PrefillConfig(**previous) if previous else None

@@ -206,7 +206,9 @@ def test_tuning_always_times_the_heuristic_and_the_previous_entry(monkeypatch):
         "q_dtype": torch.bfloat16,
         "kv_dtype": torch.float8_e4m3fn,
     }
-    heuristic = heuristic_prefill_config(head_size=128, group=4, max_query_len=4096)
+    heuristic = heuristic_prefill_config(
+        head_size=128, group=4, block_size=64, max_query_len=4096
+    )
     previous = PrefillConfig(64, 32, 4, 2)
     swept = PrefillConfig(64, 64, 4, 2, use_tma=True, fp8_qk=True)
     fake_ms = {swept: 3.0, heuristic: 2.0, previous: 1.0}
@@ -569,7 +571,9 @@ def test_held_out_records_picked_vs_best_and_resumes(monkeypatch, tmp_path):
     body = run(shapes)
     assert body["commit"] == "abc" and len(body["records"]) == 2
     first, second = body["records"]
-    heuristic = heuristic_prefill_config(head_size=80, group=3, max_query_len=1024)
+    heuristic = heuristic_prefill_config(
+        head_size=80, group=3, block_size=16, max_query_len=1024
+    )
     assert first["picked_from"] == "heuristic"
     assert first["picked"] == dataclasses.asdict(heuristic)
     assert first["shape"]["group"] == 3 and first["shape"]["block_size"] == 16

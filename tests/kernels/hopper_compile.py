@@ -146,7 +146,7 @@ def _amd_prefix_prefill_kwargs():
 
     heads = torch.empty(16)
     config = heuristic_prefill_config(
-        head_size=128, group=8, max_query_len=1024, is_hip=True
+        head_size=128, group=8, block_size=16, max_query_len=1024, is_hip=True
     )
     _, _, kwargs = prefill_launch(
         128, 8, 16, torch.float8_e4m3fnuz, 1024, config.use_tma, config,
@@ -219,7 +219,10 @@ def prefill_launch(
     fp8 = cache_dtype != torch.bfloat16
     scale = torch.ones(1) if fp8 else None
     config = config or heuristic_prefill_config(
-        head_size=head_size, group=group, max_query_len=max_query_len
+        head_size=head_size,
+        group=group,
+        block_size=block_size,
+        max_query_len=max_query_len,
     )
     config = dataclasses.replace(config, use_tma=use_tma)
     ((_, grid, kwargs),) = pp._launches(

@@ -33,7 +33,10 @@ from tests.kernels.conftest import (
     make_paged_batch,
 )
 from vllm.attention.ops.paged_cache_write import write_to_paged_cache
-from vllm.attention.ops.prefix_prefill import prefix_prefill_attention
+from vllm.attention.ops.prefix_prefill import (
+    longest_first_program,
+    prefix_prefill_attention,
+)
 from vllm.attention.ops.reference import ref_paged_attention
 from vllm.attention.ops.triton_attention_common import FP8_DTYPES, paged_row_offsets
 from vllm.attention.ops.tuning.prefill_configs import PREFILL_TABLE, PrefillConfig
@@ -815,8 +818,9 @@ def test_a_group_launches_its_padded_groups_tiles_without_padding_rows(group, pa
     config = PrefillConfig(128, 64, 4, 2, use_tma=True)
     grid, ours = _launch_of_group(group, config)
     grid_padded, theirs = _launch_of_group(padded, config)
-    assert grid[0] == -(-4096 * group // 128) and grid_padded[0] == 4096 * padded // 128
-    assert grid[1:] == grid_padded[1:]
+    # prefill_launch: 4 sequences, 2 KV heads (one program per row tile of each)
+    assert grid == (-(-4096 * group // 128) * 4 * 2,)
+    assert grid_padded == (4096 * padded // 128 * 4 * 2,)
     differ = {k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)}
     assert differ == {"GROUP_SIZE", "STRIDE_Q_TOKEN", "STRIDE_O_TOKEN"}
 
@@ -1017,3 +1021,38 @@ def test_lazy_rescale_on_designed_score_schedules(steps):
     dtype, atol, rtol = TOLERANCES[torch.bfloat16]
     for out in outputs:
         assert_close(out, expected, dtype=dtype, atol=atol, rtol=rtol)
+
+
+@triton.jit
+def _program_coords_kernel(out_ptr, num_seqs, NUM_KV_HEADS: tl.constexpr):
+    row_tile, seq, kv_head = longest_first_program(num_seqs, NUM_KV_HEADS=NUM_KV_HEADS)
+    pid = tl.program_id(0)
+    tl.store(out_ptr + 3 * pid, row_tile)
+    tl.store(out_ptr + 3 * pid + 1, seq)
+    tl.store(out_ptr + 3 * pid + 2, kv_head)
+
+
+@pytest.mark.parametrize("row_tiles,num_seqs,num_kv_heads", [(5, 3, 2), (4, 1, 8)])
+def test_programs_start_longest_first_across_heads_and_sequences(
+    row_tiles, num_seqs, num_kv_heads
+):
+    """GPUs start programs in grid order: every (row tile, sequence, KV head) gets
+    exactly one program, and the row tile (its work grows with its index) never
+    grows along the grid, so the last row tiles of all heads and sequences start
+    before any shorter one (a head-major order leaves one head's long tiles for
+    the last wave)."""
+    programs = row_tiles * num_seqs * num_kv_heads
+    out = torch.full((programs, 3), -1, dtype=torch.int32, device=DEVICE)
+    _program_coords_kernel[(programs,)](out, num_seqs, NUM_KV_HEADS=num_kv_heads)
+    coords = [tuple(row) for row in out.cpu().tolist()]
+    assert sorted(coords) == [
+        (t, s, h)
+        for t in range(row_tiles)
+        for s in range(num_seqs)
+        for h in range(num_kv_heads)
+    ]
+    tiles = [t for t, _, _ in coords]
+    assert tiles == sorted(tiles, reverse=True)
+    # The first num_seqs * num_kv_heads programs are the last row tile of each.
+    first = coords[: num_seqs * num_kv_heads]
+    assert {t for t, _, _ in first} == {row_tiles - 1}

@@ -29,9 +29,12 @@ of a Triton Attention Kernel", arXiv 2511.11581):
   padding whatever the group (7 heads fill 7 rows per token, not 8); a tile may
   start and end inside a token. ``BLOCK_M`` is a multiple of 64 so that the two
   ``tl.dot`` per tile lower to Hopper wgmma.
-* Grid ``(row_tiles, num_seqs, num_kv_heads)``; programs past the end of a shorter
-  sequence's query exit at once. The tile index runs backwards so that the
-  longest programs (last query rows, most keys) start first.
+* A 1D grid of ``row_tiles * num_seqs * num_kv_heads`` programs in
+  longest-first order (``longest_first_program``): the KV head varies fastest,
+  then the sequence, and the row tile, counted from the last (its rows see the
+  most keys), slowest, so a GPU, which starts programs in grid order, starts the
+  longest work of every head and sequence first and the last wave is short.
+  Programs past the end of a shorter sequence's query exit at once.
 * KV tiles of ``BLOCK_N`` keys are addressed through the block table: key by key
   (``paged_row_offsets``) when a tile may span pages, once per tile
   (``page_tile_offset``, constexpr ``TILE_IN_PAGE``) when ``BLOCK_N`` divides the
@@ -85,8 +88,25 @@ from vllm.attention.ops.triton_attention_common import (
 from vllm.attention.ops.tuning.prefill_configs import PREFILL_TABLE, PrefillConfig
 from vllm.attention.ops.tuning.tables import device_gpu_name, next_power_of_2
 
-# Triton's limit on the 2nd and 3rd grid dimensions.
-_MAX_GRID_YZ = 65535
+# Triton's limit on the 1st grid dimension.
+_MAX_GRID_X = 2**31 - 1
+
+
+@triton.jit
+def longest_first_program(num_seqs, NUM_KV_HEADS: tl.constexpr):
+    """``(row_tile, seq, kv_head)`` of this program; ``seq`` counts from the launch's
+    first sequence. The grid holds ``row_tiles * num_seqs * NUM_KV_HEADS``
+    programs; the KV head varies fastest, then the sequence, then the row tile,
+    from the last one down. A row tile's work grows with its index (its rows sit
+    later and see more keys), so programs start longest first across every head
+    and sequence (LPT order); with the head or the sequence slowest instead, a
+    small grid (few heads, group 1-2) ends on a long tail of one head's tiles."""
+    pid = tl.program_id(0)
+    kv_head = pid % NUM_KV_HEADS
+    rest = pid // NUM_KV_HEADS
+    seq = rest % num_seqs
+    row_tiles = tl.num_programs(0) // (NUM_KV_HEADS * num_seqs)
+    return row_tiles - 1 - rest // num_seqs, seq, kv_head
 
 
 @triton.jit
@@ -206,10 +226,10 @@ def _attend_kv_range(
     return acc, m_i, l_i
 
 
-# seq_start changes from step to step (it is the number of decodes): without
-# do_not_specialize, Triton would compile extra variants mid-serving when it
+# seq_start (the number of decodes) and num_seqs change from step to step: without
+# do_not_specialize, Triton would compile extra variants mid-serving when one
 # happens to be 1 or a multiple of 16.
-@triton.jit(do_not_specialize=["seq_start"])
+@triton.jit(do_not_specialize=["seq_start", "num_seqs"])
 def _prefix_prefill_kernel(
     query_ptr,  # [num_tokens, num_q_heads, head_size]
     key_cache_ptr,  # [num_blocks, num_kv_heads, block_size, head_size]
@@ -229,12 +249,14 @@ def _prefix_prefill_kernel(
     sliding_window,  # int32 (USE_WINDOW)
     block_table_stride,  # int: row stride of block_table (see STRIDES in the docs)
     seq_start,  # first sequence of this launch
+    num_seqs,  # sequences of this launch
     STRIDE_Q_TOKEN: tl.constexpr,
     STRIDE_Q_HEAD: tl.constexpr,
     STRIDE_O_TOKEN: tl.constexpr,
     STRIDE_O_HEAD: tl.constexpr,
     STRIDE_KV_BLOCK: tl.constexpr,  # same for K and V (two views of one tensor)
     STRIDE_KV_HEAD: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
     GROUP_SIZE: tl.constexpr,  # query heads per KV head
     BLOCK_M: tl.constexpr,  # query rows (token x head of the group) per program
     BLOCK_N: tl.constexpr,  # keys per KV tile
@@ -253,9 +275,8 @@ def _prefix_prefill_kernel(
     USE_WINDOW: tl.constexpr,
     USE_SINKS: tl.constexpr,
 ):
-    row_tile = tl.num_programs(0) - 1 - tl.program_id(0)
-    seq = seq_start + tl.program_id(1)
-    kv_head = tl.program_id(2)
+    row_tile, seq, kv_head = longest_first_program(num_seqs, NUM_KV_HEADS=NUM_KV_HEADS)
+    seq += seq_start
 
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
@@ -511,8 +532,8 @@ def _launches(
         and key_cache.stride(1) % head_size == 0
         and tma_supported(query.device)
     )
-    grid = (triton.cdiv(max_query_len * group_size, config.block_m), num_seqs,
-            num_kv_heads)  # fmt: skip
+    row_tiles = triton.cdiv(max_query_len * group_size, config.block_m)
+    grid = (row_tiles * num_seqs * num_kv_heads,)  # see longest_first_program
     kwargs = dict(
         query_ptr=query,
         key_cache_ptr=key_cache,
@@ -532,12 +553,14 @@ def _launches(
         sliding_window=int(sliding_window or 0),
         block_table_stride=block_table.stride(0),
         seq_start=seq_start,
+        num_seqs=num_seqs,
         STRIDE_Q_TOKEN=query.stride(0),
         STRIDE_Q_HEAD=query.stride(1),
         STRIDE_O_TOKEN=output.stride(0),
         STRIDE_O_HEAD=output.stride(1),
         STRIDE_KV_BLOCK=key_cache.stride(0),
         STRIDE_KV_HEAD=key_cache.stride(1),
+        NUM_KV_HEADS=num_kv_heads,
         GROUP_SIZE=group_size,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
@@ -638,11 +661,6 @@ def prefix_prefill_attention(
             f"{who}: sequence range [{seq_start}, {seq_start + num_seqs}) is outside "
             f"the {num_seqs_total} sequences of seq_lens; pass a range inside it."
         )
-    if num_seqs > _MAX_GRID_YZ or num_kv_heads > _MAX_GRID_YZ:
-        raise ValueError(
-            f"{who}: at most {_MAX_GRID_YZ} sequences and KV heads per launch, got "
-            f"{num_seqs} and {num_kv_heads}; split the batch."
-        )
     if num_seqs == 0 or max_query_len <= 0 or num_tokens == 0:
         return
     if config is None:
@@ -664,6 +682,15 @@ def prefix_prefill_attention(
     ):
         raise ValueError(
             f"{who}: config tiles must be powers of two >= 16, got {config}."
+        )
+    group = num_q_heads // num_kv_heads
+    programs = triton.cdiv(max_query_len * group, config.block_m) * num_seqs
+    if programs * num_kv_heads > _MAX_GRID_X:
+        raise ValueError(
+            f"{who}: {programs * num_kv_heads} programs (max_query_len "
+            f"{max_query_len} x {num_q_heads} query heads in tiles of "
+            f"{config.block_m} rows, {num_seqs} sequences) exceed the grid limit "
+            f"{_MAX_GRID_X}; split the batch."
         )
     launches = _launches(
         query=query,

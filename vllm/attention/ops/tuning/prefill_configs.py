@@ -131,17 +131,28 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
 
 
 def heuristic_prefill_config(
-    *, head_size: int, group: int, max_query_len: int, is_hip: bool = False
+    *,
+    head_size: int,
+    group: int,
+    block_size: int,
+    max_query_len: int,
+    is_hip: bool = False,
 ) -> PrefillConfig:
-    """Fallback when the table has no entry.
+    """Fallback when the table has no entry: the tiles that timed sweeps on an H200
+    chose, by head size and by how K/V tiles are loaded (the tuning records of the
+    table and of the held-out shapes, ``benchmarks/results/tuning/``).
 
-    NVIDIA: the tile the timed sweeps of the H200 table chose for most of its
-    keys (head sizes 128 and 256, groups 2-8, bf16 and fp8 caches, buckets up to
-    16k): 128 query rows per program when the bucket's rows (query length x the
-    group's class) fill them, else 64; 64 keys per tile; one warpgroup (4 warps)
-    up to head size 128, two beyond (a warpgroup holds at most a 128 x 128 fp32
-    accumulator); 2 pipeline stages; K/V by TMA where the launch allows it. Never
-    ``fp8_qk``: it rounds the query to fp8, a trade only a tuned entry makes.
+    NVIDIA: 128 query rows per program when the bucket's rows (query length x the
+    group's class) fill them, else 64; then
+      * head size up to 64: 128 keys per tile, 4 warps, 2 stages, pointer loads;
+      * head size up to 128 whose 64-key tiles cannot be TMA page slices (pages
+        smaller than 64, a head size that is not a power of two), when the rows
+        fill them: 256 x 64 tiles, 8 warps (two warpgroups of 128 rows share each
+        K/V tile), 3 stages;
+      * otherwise 64 keys per tile with TMA where the launch allows it, one
+        warpgroup (4 warps) up to head size 128 and two beyond (a warpgroup holds
+        at most a 128 x 128 fp32 accumulator), 2 stages.
+    Never ``fp8_qk``: it rounds the query to fp8, a trade only a tuned entry makes.
     ``block_m`` is a multiple of 64 and ``num_warps`` of 4, so both ``tl.dot``
     lower to wgmma on Hopper.
     AMD: 64x32 tiles, 4 warps, 1 stage (the stream pipeliner's best default).
@@ -150,8 +161,14 @@ def heuristic_prefill_config(
     rows = query_len_bucket(max_query_len) * next_power_of_2(group)
     if is_hip:
         return PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=1)
+    block_m = 128 if rows >= 128 else 64
+    if head_pad <= 64:
+        return PrefillConfig(block_m=block_m, block_n=128, num_warps=4, num_stages=2)
+    tma_slices = block_size % 64 == 0 and head_pad == head_size
+    if head_pad <= 128 and not tma_slices and rows >= 256:
+        return PrefillConfig(block_m=256, block_n=64, num_warps=8, num_stages=3)
     return PrefillConfig(
-        block_m=128 if rows >= 128 else 64,
+        block_m=block_m,
         block_n=64,
         num_warps=4 if head_pad <= 128 else 8,
         num_stages=2,
@@ -176,5 +193,5 @@ PREFILL_TABLE = TuningTable(
         "max_query_len": query_len_bucket,
     },
     heuristic=heuristic_prefill_config,
-    heuristic_fields=("head_size", "group", "max_query_len"),
+    heuristic_fields=("head_size", "group", "block_size", "max_query_len"),
 )
