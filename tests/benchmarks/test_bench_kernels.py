@@ -180,6 +180,7 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         "fp8_qk": (False, True),
         "lazy_rescale": (False,),
         "fast_exp": (False,),
+        "longest_first": (True,),
     }
     got = list(tune._candidates(128, torch.bfloat16, 4, 64, space))
     assert got == [

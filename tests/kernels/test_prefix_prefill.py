@@ -34,8 +34,8 @@ from tests.kernels.conftest import (
 )
 from vllm.attention.ops.paged_cache_write import write_to_paged_cache
 from vllm.attention.ops.prefix_prefill import (
-    longest_first_program,
     prefix_prefill_attention,
+    program_coords,
 )
 from vllm.attention.ops.reference import ref_paged_attention
 from vllm.attention.ops.triton_attention_common import FP8_DTYPES, paged_row_offsets
@@ -1024,26 +1024,32 @@ def test_lazy_rescale_on_designed_score_schedules(steps):
 
 
 @triton.jit
-def _program_coords_kernel(out_ptr, num_seqs, NUM_KV_HEADS: tl.constexpr):
-    row_tile, seq, kv_head = longest_first_program(num_seqs, NUM_KV_HEADS=NUM_KV_HEADS)
+def _program_coords_kernel(
+    out_ptr, num_seqs, NUM_KV_HEADS: tl.constexpr, LONGEST_FIRST: tl.constexpr
+):
+    row_tile, seq, kv_head = program_coords(
+        num_seqs, NUM_KV_HEADS=NUM_KV_HEADS, LONGEST_FIRST=LONGEST_FIRST
+    )
     pid = tl.program_id(0)
     tl.store(out_ptr + 3 * pid, row_tile)
     tl.store(out_ptr + 3 * pid + 1, seq)
     tl.store(out_ptr + 3 * pid + 2, kv_head)
 
 
+@pytest.mark.parametrize("longest_first", [True, False])
 @pytest.mark.parametrize("row_tiles,num_seqs,num_kv_heads", [(5, 3, 2), (4, 1, 8)])
-def test_programs_start_longest_first_across_heads_and_sequences(
-    row_tiles, num_seqs, num_kv_heads
-):
-    """GPUs start programs in grid order: every (row tile, sequence, KV head) gets
-    exactly one program, and the row tile (its work grows with its index) never
-    grows along the grid, so the last row tiles of all heads and sequences start
-    before any shorter one (a head-major order leaves one head's long tiles for
-    the last wave)."""
+def test_program_order(row_tiles, num_seqs, num_kv_heads, longest_first):
+    """GPUs start programs in grid order. Every (row tile, sequence, KV head) gets
+    exactly one program, and each config order holds: longest first (the row
+    tile, whose work grows with its index, never grows along the grid, so the last
+    row tiles of all heads and sequences start before any shorter one), or
+    head-major (one head's programs together, each sequence's longest tile
+    first)."""
     programs = row_tiles * num_seqs * num_kv_heads
     out = torch.full((programs, 3), -1, dtype=torch.int32, device=DEVICE)
-    _program_coords_kernel[(programs,)](out, num_seqs, NUM_KV_HEADS=num_kv_heads)
+    _program_coords_kernel[(programs,)](
+        out, num_seqs, NUM_KV_HEADS=num_kv_heads, LONGEST_FIRST=longest_first
+    )
     coords = [tuple(row) for row in out.cpu().tolist()]
     assert sorted(coords) == [
         (t, s, h)
@@ -1051,8 +1057,10 @@ def test_programs_start_longest_first_across_heads_and_sequences(
         for s in range(num_seqs)
         for h in range(num_kv_heads)
     ]
-    tiles = [t for t, _, _ in coords]
-    assert tiles == sorted(tiles, reverse=True)
-    # The first num_seqs * num_kv_heads programs are the last row tile of each.
-    first = coords[: num_seqs * num_kv_heads]
-    assert {t for t, _, _ in first} == {row_tiles - 1}
+    if longest_first:
+        tiles = [t for t, _, _ in coords]
+        assert tiles == sorted(tiles, reverse=True)
+        first = coords[: num_seqs * num_kv_heads]
+        assert {t for t, _, _ in first} == {row_tiles - 1}
+    else:
+        assert coords == sorted(coords, key=lambda c: (c[2], c[1], -c[0]))

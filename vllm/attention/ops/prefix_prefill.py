@@ -29,12 +29,10 @@ of a Triton Attention Kernel", arXiv 2511.11581):
   padding whatever the group (7 heads fill 7 rows per token, not 8); a tile may
   start and end inside a token. ``BLOCK_M`` is a multiple of 64 so that the two
   ``tl.dot`` per tile lower to Hopper wgmma.
-* A 1D grid of ``row_tiles * num_seqs * num_kv_heads`` programs in
-  longest-first order (``longest_first_program``): the KV head varies fastest,
-  then the sequence, and the row tile, counted from the last (its rows see the
-  most keys), slowest, so a GPU, which starts programs in grid order, starts the
-  longest work of every head and sequence first and the last wave is short.
-  Programs past the end of a shorter sequence's query exit at once.
+* A 1D grid of ``row_tiles * num_seqs * num_kv_heads`` programs, in the order
+  the config's ``longest_first`` picks (``program_coords``): longest work first
+  across every head and sequence, or head-major with each head's longest tiles
+  first. Programs past the end of a shorter sequence's query exit at once.
 * KV tiles of ``BLOCK_N`` keys are addressed through the block table: key by key
   (``paged_row_offsets``) when a tile may span pages, once per tile
   (``page_tile_offset``, constexpr ``TILE_IN_PAGE``) when ``BLOCK_N`` divides the
@@ -93,20 +91,32 @@ _MAX_GRID_X = 2**31 - 1
 
 
 @triton.jit
-def longest_first_program(num_seqs, NUM_KV_HEADS: tl.constexpr):
+def program_coords(num_seqs, NUM_KV_HEADS: tl.constexpr, LONGEST_FIRST: tl.constexpr):
     """``(row_tile, seq, kv_head)`` of this program; ``seq`` counts from the launch's
-    first sequence. The grid holds ``row_tiles * num_seqs * NUM_KV_HEADS``
-    programs; the KV head varies fastest, then the sequence, then the row tile,
-    from the last one down. A row tile's work grows with its index (its rows sit
-    later and see more keys), so programs start longest first across every head
-    and sequence (LPT order); with the head or the sequence slowest instead, a
-    small grid (few heads, group 1-2) ends on a long tail of one head's tiles."""
+    first sequence. The 1D grid holds ``row_tiles * num_seqs * NUM_KV_HEADS``
+    programs, row tiles counted from the last (its rows sit latest and see the most
+    keys), and GPUs start programs in grid order.
+
+    LONGEST_FIRST: the KV head varies fastest, then the sequence, then the row
+    tile: programs start longest first across every head and sequence (LPT
+    order), so the last wave is short. Otherwise head-major: the row tile varies
+    fastest, then the sequence, then the head, so the programs running at once
+    share one head's K/V; with few row tiles per head (groups 1-2) that order ends
+    on a long tail of one head's tiles."""
     pid = tl.program_id(0)
-    kv_head = pid % NUM_KV_HEADS
-    rest = pid // NUM_KV_HEADS
-    seq = rest % num_seqs
-    row_tiles = tl.num_programs(0) // (NUM_KV_HEADS * num_seqs)
-    return row_tiles - 1 - rest // num_seqs, seq, kv_head
+    if LONGEST_FIRST:
+        kv_head = pid % NUM_KV_HEADS
+        rest = pid // NUM_KV_HEADS
+        seq = rest % num_seqs
+        row_tiles = tl.num_programs(0) // (NUM_KV_HEADS * num_seqs)
+        row_tile = row_tiles - 1 - rest // num_seqs
+    else:
+        row_tiles = tl.num_programs(0) // (NUM_KV_HEADS * num_seqs)
+        row_tile = row_tiles - 1 - pid % row_tiles
+        rest = pid // row_tiles
+        seq = rest % num_seqs
+        kv_head = rest // num_seqs
+    return row_tile, seq, kv_head
 
 
 @triton.jit
@@ -270,12 +280,15 @@ def _prefix_prefill_kernel(
     FP8_MAX: tl.constexpr,  # largest finite value of the cache's fp8 format
     LAZY_RESCALE: tl.constexpr,  # the config's lazy_rescale
     FAST_EXP: tl.constexpr,  # the config's fast_exp, where it applies (NVIDIA)
+    LONGEST_FIRST: tl.constexpr,  # the config's program order (program_coords)
     USE_SOFTCAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_SINKS: tl.constexpr,
 ):
-    row_tile, seq, kv_head = longest_first_program(num_seqs, NUM_KV_HEADS=NUM_KV_HEADS)
+    row_tile, seq, kv_head = program_coords(
+        num_seqs, NUM_KV_HEADS=NUM_KV_HEADS, LONGEST_FIRST=LONGEST_FIRST
+    )
     seq += seq_start
 
     q_start = tl.load(query_start_loc_ptr + seq)
@@ -533,7 +546,7 @@ def _launches(
         and tma_supported(query.device)
     )
     row_tiles = triton.cdiv(max_query_len * group_size, config.block_m)
-    grid = (row_tiles * num_seqs * num_kv_heads,)  # see longest_first_program
+    grid = (row_tiles * num_seqs * num_kv_heads,)  # see program_coords
     kwargs = dict(
         query_ptr=query,
         key_cache_ptr=key_cache,
@@ -574,6 +587,7 @@ def _launches(
         FP8_MAX=fp8_max(key_cache.dtype),
         LAZY_RESCALE=config.lazy_rescale,
         FAST_EXP=config.fast_exp and nvidia_gpu(query.device),  # inline PTX
+        LONGEST_FIRST=config.longest_first,
         USE_SOFTCAP=softcap_enabled(logits_soft_cap),
         USE_ALIBI=alibi_slopes is not None,
         USE_WINDOW=sliding_window is not None,
