@@ -1064,3 +1064,46 @@ def test_program_order(row_tiles, num_seqs, num_kv_heads, longest_first):
         assert {t for t, _, _ in first} == {row_tiles - 1}
     else:
         assert coords == sorted(coords, key=lambda c: (c[2], c[1], -c[0]))
+
+
+def test_picked_configs_fit_the_gpus_shared_memory():
+    """Hopper keeps every heuristic config and every H200 table entry unchanged; a
+    GPU with less shared memory per program (A100: 163 KiB, Ada: 99 KiB) gets a
+    config within its limit that still has wgmma-sized tiles (rows a multiple of
+    64, whole warpgroups of at most 128 rows)."""
+    from vllm.attention.ops.hardware import HOPPER_SMEM_BYTES_PER_PROGRAM
+    from vllm.attention.ops.tuning.prefill_configs import (
+        QUERY_LEN_BUCKETS,
+        fit_shared_memory,
+        heuristic_prefill_config,
+        shared_memory_estimate,
+    )
+
+    picked = []
+    for head_size in HEAD_SIZES:
+        for group in (1, 4, 8, 16):
+            for block_size in (16, 64, 128):
+                for bucket in QUERY_LEN_BUCKETS:
+                    config = heuristic_prefill_config(
+                        head_size=head_size,
+                        group=group,
+                        block_size=block_size,
+                        max_query_len=bucket,
+                    )
+                    for kv in (torch.bfloat16, torch.float8_e4m3fn):
+                        picked.append((config, head_size, kv))
+    for key, config in PREFILL_TABLE.load("NVIDIA H200").items():
+        fields = dict(zip(PREFILL_TABLE.key_fields, key))
+        picked.append((config, fields["head_size"], fields["kv_dtype"]))
+    shrunk = 0
+    for config, head_size, kv in picked:
+        fit = {"head_size": head_size, "kv_dtype": kv}
+        limit = HOPPER_SMEM_BYTES_PER_PROGRAM
+        assert fit_shared_memory(config, **fit, limit=limit) == config
+        for limit in (163 * 1024, 99 * 1024):
+            small = fit_shared_memory(config, **fit, limit=limit)
+            assert shared_memory_estimate(small, **fit) <= limit, (config, limit)
+            assert small.block_m % 64 == 0 and small.num_warps % 4 == 0
+            assert small.block_m // (small.num_warps // 4) <= 128
+            shrunk += small != config
+    assert shrunk > 0  # some Hopper tiles do not fit the smaller GPUs as they are

@@ -55,3 +55,17 @@ def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return H200_NUM_SMS
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def shared_memory_per_program(device: torch.device) -> int:
+    """Bytes of shared memory one program may use on ``device`` (CUDA's opt-in
+    limit per block; 64 KiB of LDS per workgroup on ROCm); off the GPU, a Hopper
+    program's (``HOPPER_SMEM_BYTES_PER_PROGRAM``), so that interpreter runs pick
+    the configs an H200 would."""
+    if device.type != "cuda":
+        return HOPPER_SMEM_BYTES_PER_PROGRAM
+    if torch.version.hip is not None:
+        return 64 * 1024
+    props = torch.cuda.get_device_properties(device)
+    return props.shared_memory_per_block_optin

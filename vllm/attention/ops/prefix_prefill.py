@@ -66,7 +66,11 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from vllm.attention.ops.hardware import nvidia_gpu, tma_supported
+from vllm.attention.ops.hardware import (
+    nvidia_gpu,
+    shared_memory_per_program,
+    tma_supported,
+)
 from vllm.attention.ops.triton_attention_common import (
     FP8_DTYPES,
     check_attention_inputs,
@@ -83,7 +87,11 @@ from vllm.attention.ops.triton_attention_common import (
     softcap_enabled,
     to_dot_dtype,
 )
-from vllm.attention.ops.tuning.prefill_configs import PREFILL_TABLE, PrefillConfig
+from vllm.attention.ops.tuning.prefill_configs import (
+    PREFILL_TABLE,
+    PrefillConfig,
+    fit_shared_memory,
+)
 from vllm.attention.ops.tuning.tables import device_gpu_name, next_power_of_2
 
 # Triton's limit on the 1st grid dimension.
@@ -687,6 +695,12 @@ def prefix_prefill_attention(
             block_size=block_size,
             max_query_len=max_query_len,
             is_hip=torch.version.hip is not None,
+        )
+        config = fit_shared_memory(
+            config,
+            head_size=head_size,
+            kv_dtype=key_cache.dtype,
+            limit=shared_memory_per_program(query.device),
         )
     if not (
         config.block_m >= 16

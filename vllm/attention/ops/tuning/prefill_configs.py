@@ -20,7 +20,8 @@ lookup-else-heuristic are the shared loader's (``PREFILL_TABLE.lookup``, tables.
 Nothing is read at import time: the first lookup for a GPU loads its file once.
 """
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 
 from vllm.attention.ops.hardware import HOPPER_SMEM_BYTES_PER_PROGRAM
 from vllm.attention.ops.tuning.tables import (
@@ -116,14 +117,19 @@ def query_len_bucket(max_query_len: int) -> int:
     return QUERY_LEN_BUCKETS[-1]
 
 
-def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
-    """Cheap filter for a sweep: wgmma-friendly shapes that fit shared memory."""
+def shared_memory_estimate(config: PrefillConfig, *, head_size: int, kv_dtype) -> int:
+    """Bytes of shared memory a program of ``config`` takes: the q tile and a K and
+    a V tile per pipeline stage (upcast copies not counted)."""
     head_pad = next_power_of_2(head_size)
     kv_bytes = 1 if dtype_name(kv_dtype) == "fp8" else 2
-    # q tile + (K tile + V tile) per pipeline stage (upcast copies not counted).
-    smem = config.block_m * head_pad * 2 + config.num_stages * (
+    return config.block_m * head_pad * 2 + config.num_stages * (
         2 * config.block_n * head_pad * kv_bytes
     )
+
+
+def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
+    """Cheap filter for a sweep: wgmma-friendly shapes that fit shared memory."""
+    smem = shared_memory_estimate(config, head_size=head_size, kv_dtype=kv_dtype)
     return (
         config.block_m % 64 == 0
         and config.num_warps % 4 == 0
@@ -134,7 +140,7 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         and smem <= HOPPER_SMEM_BYTES_PER_PROGRAM
         and not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 64)
         and (config.maxnreg == 0 or 64 <= config.maxnreg <= 255)
-        and not (config.fp8_qk and kv_bytes != 1)
+        and not (config.fp8_qk and dtype_name(kv_dtype) != "fp8")
     )
 
 
@@ -182,6 +188,34 @@ def heuristic_prefill_config(
         num_stages=2,
         use_tma=True,
     )
+
+
+@functools.lru_cache(maxsize=256)
+def fit_shared_memory(
+    config: PrefillConfig, *, head_size: int, kv_dtype, limit: int
+) -> PrefillConfig:
+    """``config``, made to fit a GPU with ``limit`` bytes of shared memory per
+    program (an Ampere or Ada GPU has less than the Hopper the tiles were chosen
+    on), by ``shared_memory_estimate``: fewer pipeline stages first, then fewer
+    keys per tile, then fewer rows (and, up to head size 128, half the warps, at
+    least 4). Unchanged when it fits, as every heuristic and H200 config does on
+    Hopper."""
+    head_pad = next_power_of_2(head_size)
+    while (
+        shared_memory_estimate(config, head_size=head_size, kv_dtype=kv_dtype) > limit
+    ):
+        if config.num_stages > 1:
+            config = replace(config, num_stages=config.num_stages - 1)
+        elif config.block_n > 16:
+            config = replace(config, block_n=config.block_n // 2)
+        elif config.block_m > 64:
+            warps = (
+                config.num_warps if head_pad > 128 else max(4, config.num_warps // 2)
+            )
+            config = replace(config, block_m=config.block_m // 2, num_warps=warps)
+        else:
+            break  # the smallest tiles: left to the compiler to report
+    return config
 
 
 def group_class(group: int) -> int:
