@@ -505,6 +505,22 @@ def _cache_descriptor(cache: torch.Tensor, block_n: int) -> TensorDescriptor:
     )
 
 
+def picked_config(device: torch.device, **key) -> PrefillConfig:
+    """The launch config of a problem key on ``device`` (``config=None``): the
+    device's tuning-table entry, else the heuristic, fitted to its shared memory per
+    program. Both steps are memoised (the lookup on its arguments, the fit on the
+    config), so a call costs two cache hits."""
+    config = PREFILL_TABLE.lookup(
+        gpu_name=device_gpu_name(device), is_hip=torch.version.hip is not None, **key
+    )
+    return fit_shared_memory(
+        config,
+        head_size=key["head_size"],
+        kv_dtype=key["kv_dtype"],
+        limit=shared_memory_per_program(device),
+    )
+
+
 def compile_options(config: PrefillConfig, device: torch.device) -> dict:
     """Triton's launch options of ``config`` on ``device``: warps and stages, and
     the register cap where it applies (NVIDIA; not ROCm, not the interpreter)."""
@@ -686,21 +702,14 @@ def prefix_prefill_attention(
     if num_seqs == 0 or max_query_len <= 0 or num_tokens == 0:
         return
     if config is None:
-        config = PREFILL_TABLE.lookup(
-            gpu_name=device_gpu_name(query.device),
+        config = picked_config(
+            query.device,
             head_size=head_size,
             q_dtype=query.dtype,
             kv_dtype=key_cache.dtype,
             group=num_q_heads // num_kv_heads,
             block_size=block_size,
             max_query_len=max_query_len,
-            is_hip=torch.version.hip is not None,
-        )
-        config = fit_shared_memory(
-            config,
-            head_size=head_size,
-            kv_dtype=key_cache.dtype,
-            limit=shared_memory_per_program(query.device),
         )
     if not (
         config.block_m >= 16
@@ -710,15 +719,6 @@ def prefix_prefill_attention(
     ):
         raise ValueError(
             f"{who}: config tiles must be powers of two >= 16, got {config}."
-        )
-    group = num_q_heads // num_kv_heads
-    programs = triton.cdiv(max_query_len * group, config.block_m) * num_seqs
-    if programs * num_kv_heads > _MAX_GRID_X:
-        raise ValueError(
-            f"{who}: {programs * num_kv_heads} programs (max_query_len "
-            f"{max_query_len} x {num_q_heads} query heads in tiles of "
-            f"{config.block_m} rows, {num_seqs} sequences) exceed the grid limit "
-            f"{_MAX_GRID_X}; split the batch."
         )
     launches = _launches(
         query=query,
@@ -740,5 +740,12 @@ def prefix_prefill_attention(
         sinks=sinks,
         config=config,
     )
-    for kernel, grid, kwargs in launches:
-        kernel[grid](**kwargs)
+    ((kernel, grid, kwargs),) = launches
+    if grid[0] > _MAX_GRID_X:
+        raise ValueError(
+            f"{who}: {grid[0]} programs (max_query_len {max_query_len} x "
+            f"{num_q_heads} query heads in tiles of {config.block_m} rows, "
+            f"{num_seqs} sequences) exceed the grid limit {_MAX_GRID_X}; split the "
+            "batch."
+        )
+    kernel[grid](**kwargs)
