@@ -88,6 +88,64 @@ def softcap_enabled(logits_soft_cap: float | None) -> bool:
     return bool(logits_soft_cap)
 
 
+def shared_kernel_args(
+    *,
+    query,
+    key_cache,
+    value_cache,
+    output,
+    block_table,
+    seq_lens,
+    seq_start,
+    softmax_scale,
+    k_scale,
+    v_scale,
+    sliding_window,
+    alibi_slopes,
+    logits_soft_cap,
+    sinks,
+) -> dict:
+    """The keyword arguments the prefill and the decode kernel both take, in the
+    family's names (docs/kernels.md, "One family"): tensors, the runtime scalars,
+    the model-fixed strides and shapes as constexprs, and the feature flags. A
+    launcher adds its own (tiles, grid-shaped arguments) to these. Scales are
+    passed only for an fp8 cache, which ``IS_FP8`` follows."""
+    num_q_heads, head_size = query.shape[1], query.shape[2]
+    is_fp8 = key_cache.dtype in FP8_DTYPES
+    return dict(
+        query_ptr=query,
+        key_cache_ptr=key_cache,
+        value_cache_ptr=value_cache,
+        output_ptr=output,
+        block_table_ptr=block_table,
+        seq_lens_ptr=seq_lens,
+        k_scale_ptr=k_scale if is_fp8 else None,
+        v_scale_ptr=v_scale if is_fp8 else None,
+        alibi_slopes_ptr=alibi_slopes,
+        sinks_ptr=sinks,
+        softmax_scale=float(softmax_scale),
+        softcap=float(logits_soft_cap or 0.0),
+        sliding_window=int(sliding_window or 0),
+        block_table_stride=block_table.stride(0),
+        seq_start=seq_start,
+        STRIDE_Q_TOKEN=query.stride(0),
+        STRIDE_Q_HEAD=query.stride(1),
+        STRIDE_O_TOKEN=output.stride(0),
+        STRIDE_O_HEAD=output.stride(1),
+        STRIDE_KV_BLOCK=key_cache.stride(0),
+        STRIDE_KV_HEAD=key_cache.stride(1),
+        GROUP_SIZE=num_q_heads // key_cache.shape[1],
+        BLOCK_SIZE=key_cache.shape[2],
+        HEAD_SIZE=head_size,
+        HEAD_PAD=max(16, triton.next_power_of_2(head_size)),
+        IS_FP8=is_fp8,
+        USE_SOFTCAP=softcap_enabled(logits_soft_cap),
+        USE_ALIBI=alibi_slopes is not None,
+        USE_WINDOW=sliding_window is not None,
+        USE_SINKS=sinks is not None,
+    )
+
+
 def check_kv_cache(
     who: str,
     *,

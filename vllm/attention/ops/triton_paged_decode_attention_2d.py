@@ -77,7 +77,7 @@ from vllm.attention.ops.triton_attention_common import (
     paged_row_offsets,
     query_for_cache,
     scores_and_scale,
-    softcap_enabled,
+    shared_kernel_args,
     to_dot_dtype,
 )
 from vllm.attention.ops.tuning.decode_configs import DECODE_TABLE, DecodeConfig
@@ -475,46 +475,32 @@ def _launches(
     decode kernel, then the merge when split); no checks. Separate from the launch
     so the offline compile test builds exactly what a launch would."""
     num_q_heads, head_size = query.shape[1], query.shape[2]
-    num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
+    num_kv_heads = key_cache.shape[1]
     group_size = num_q_heads // num_kv_heads
     head_pad = triton.next_power_of_2(head_size)
     use_sinks = sinks is not None
     decode = dict(
-        output_ptr=output,
+        **shared_kernel_args(
+            query=query,
+            key_cache=key_cache,
+            value_cache=value_cache,
+            output=output,
+            block_table=block_table,
+            seq_lens=seq_lens,
+            seq_start=seq_start,
+            softmax_scale=softmax_scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            sliding_window=sliding_window,
+            alibi_slopes=alibi_slopes,
+            logits_soft_cap=logits_soft_cap,
+            sinks=sinks,
+        ),
         workspace_ptr=workspace,
-        query_ptr=query,
-        key_cache_ptr=key_cache,
-        value_cache_ptr=value_cache,
-        block_table_ptr=block_table,
-        seq_lens_ptr=seq_lens,
-        alibi_slopes_ptr=alibi_slopes,
-        sinks_ptr=sinks,
-        k_scale_ptr=k_scale,
-        v_scale_ptr=v_scale,
-        softmax_scale=float(softmax_scale),
-        softcap=float(logits_soft_cap or 0.0),
-        sliding_window=int(sliding_window or 0),
-        block_table_stride=block_table.stride(0),
-        seq_start=seq_start,
-        STRIDE_Q_TOKEN=query.stride(0),
-        STRIDE_Q_HEAD=query.stride(1),
-        STRIDE_O_TOKEN=output.stride(0),
-        STRIDE_O_HEAD=output.stride(1),
-        STRIDE_KV_BLOCK=key_cache.stride(0),
-        STRIDE_KV_HEAD=key_cache.stride(1),
         NUM_Q_HEADS=num_q_heads,
-        GROUP_SIZE=group_size,
         BLOCK_M=max(16, triton.next_power_of_2(group_size)),
-        HEAD_SIZE=head_size,
-        HEAD_PAD=head_pad,
-        BLOCK_SIZE=block_size,
         BLOCK_N=config.block_n,
         NUM_SPLITS=num_splits,
-        IS_FP8=k_scale is not None,
-        USE_WINDOW=sliding_window is not None,
-        USE_ALIBI=alibi_slopes is not None,
-        USE_SOFTCAP=softcap_enabled(logits_soft_cap),
-        USE_SINKS=use_sinks,
         EARLY_CONVERT=config.early_convert and early_convert_applies(key_cache),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
