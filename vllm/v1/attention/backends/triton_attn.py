@@ -59,6 +59,7 @@ speculative verification), stock subclasses built on stock internals
 layout with another backend (TRITON_FLASH_ATTN, TRITON_FLASHINFER).
 """
 
+import functools
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
@@ -190,6 +191,36 @@ class TritonAttentionMetadata:
     def num_prefills(self) -> int:
         """Requests handled by prefix_prefill (query length > 1)."""
         return self.num_reqs - self.num_decodes
+
+    @functools.cached_property
+    def dispatch_args(self) -> dict:
+        """The batch's arguments of ``paged_attention`` (its fields of the same
+        names), made once per batch for every layer's launch."""
+        return {name: getattr(self, name) for name in _DISPATCH_FIELDS}
+
+
+# Metadata fields that paged_attention takes under the same name.
+_DISPATCH_FIELDS = (
+    "block_table",
+    "query_start_loc",
+    "seq_lens",
+    "max_query_len",
+    "num_decodes",
+    "num_decode_tokens",
+    "decode_num_splits",
+    "decode_workspace",
+)
+# The metadata fields a batch's CommonAttentionMetadata gives: {ours: vLLM's}.
+_FROM_COMMON = {
+    "num_actual_tokens": "num_actual_tokens",
+    "num_reqs": "num_reqs",
+    "max_query_len": "max_query_len",
+    "max_seq_len": "max_seq_len",
+    "query_start_loc": "query_start_loc",
+    "seq_lens": "seq_lens",
+    "block_table": "block_table_tensor",
+    "slot_mapping": "slot_mapping",
+}
 
 
 def split_decodes(
@@ -515,11 +546,8 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         block_table = torch.ones(
             (num_reqs, block_table_stride), dtype=torch.int32, device=device
         )
-        num_decodes, num_decode_tokens = split_decodes(
-            query_start_loc_cpu, num_reqs, max(batch.query_lens)
-        )
-        num_splits, workspace = self.decode_plan(num_decodes)
-        md = TritonAttentionMetadata(
+        md = self._metadata(
+            query_start_loc_cpu,
             num_actual_tokens=num_tokens,
             num_reqs=num_reqs,
             max_query_len=batch.max_query_len or max(batch.query_lens),
@@ -528,10 +556,6 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             seq_lens=torch.tensor(batch.query_lens, dtype=torch.int32, device=device),
             block_table=block_table,
             slot_mapping=slot_mapping,
-            num_decodes=num_decodes,
-            num_decode_tokens=num_decode_tokens,
-            decode_num_splits=num_splits,
-            decode_workspace=workspace,
         )
         impl.forward(layer, query, key, value, kv_cache, md, output)
 
@@ -557,19 +581,22 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
                 "non-causal attention (e.g. DFlash drafting). Use "
                 "--attention-backend FLASH_ATTN or FLEX_ATTENTION."
             )
+        return self._metadata(
+            cm.query_start_loc_cpu,
+            **{ours: getattr(cm, theirs) for ours, theirs in _FROM_COMMON.items()},
+        )
+
+    def _metadata(
+        self, query_start_loc_cpu: torch.Tensor, **batch
+    ) -> TritonAttentionMetadata:
+        """The metadata of a batch from its common fields (``_FROM_COMMON``'s
+        names): the decode/prefill split and the decode launch plan added."""
         num_decodes, num_decode_tokens = split_decodes(
-            cm.query_start_loc_cpu, cm.num_reqs, cm.max_query_len
+            query_start_loc_cpu, batch["num_reqs"], batch["max_query_len"]
         )
         num_splits, workspace = self.decode_plan(num_decodes)
         return TritonAttentionMetadata(
-            num_actual_tokens=cm.num_actual_tokens,
-            num_reqs=cm.num_reqs,
-            max_query_len=cm.max_query_len,
-            max_seq_len=cm.max_seq_len,
-            query_start_loc=cm.query_start_loc,
-            seq_lens=cm.seq_lens,
-            block_table=cm.block_table_tensor,
-            slot_mapping=cm.slot_mapping,
+            **batch,
             num_decodes=num_decodes,
             num_decode_tokens=num_decode_tokens,
             decode_num_splits=num_splits,
@@ -1024,18 +1051,11 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
                 "process_weights_after_loading() after loading, call it first."
             )
         key_cache, value_cache = self._cache_views(kv_cache)
-        md = attn_metadata
         paged_attention(
             query=query,
             key_cache=key_cache,
             value_cache=value_cache,
             output=output,
-            block_table=md.block_table,
-            query_start_loc=md.query_start_loc,
-            seq_lens=md.seq_lens,
-            num_decodes=md.num_decodes,
-            num_decode_tokens=md.num_decode_tokens,
-            max_query_len=md.max_query_len,
             softmax_scale=self.scale,
             k_scale=layer._k_scale if self.is_fp8_cache else None,
             v_scale=layer._v_scale if self.is_fp8_cache else None,
@@ -1043,8 +1063,7 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
             alibi_slopes=self.alibi_slopes,
             logits_soft_cap=self.logits_soft_cap,
             sinks=self._kernel_sinks,
-            decode_num_splits=md.decode_num_splits,
-            decode_workspace=md.decode_workspace,
+            **attn_metadata.dispatch_args,
         )
         return output
 
