@@ -14,6 +14,11 @@ HTTP 5xx, an ERROR line in a server log, or a server that does not come up. Writ
 ``<out-dir>/<scenario>-<backend>.json`` per scenario and backend, and the greedy
 outputs under ``<out-dir>/outputs/`` (the reference backend's are compared with the
 others': run FLASH_ATTN first or in the same call).
+
+Backends run one after the other, each with the whole GPU; with ``--together`` they
+run side by side on one GPU, scenario by scenario: each server gets an equal share
+of the GPU memory and of ``--rate``, and the open-loop scenarios start their load
+on every backend at once, after all servers are up.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import resource
 import shlex
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +84,33 @@ class Running:
     stack: contextlib.ExitStack
 
 
+class Lockstep:
+    """Backends side by side (``--together``): their open-loop scenarios start the
+    load together, once every backend's server is up. A backend that leaves the
+    scenario early (its server did not come up) releases the others."""
+
+    def __init__(self, n: int, timeout_s: float):
+        self.barrier = threading.Barrier(n, timeout=timeout_s) if n > 1 else None
+
+    def wait(self) -> bool | None:
+        """True when all started together, False when one left, None when alone."""
+        if self.barrier is None:
+            return None
+        try:
+            self.barrier.wait()
+            return True
+        except threading.BrokenBarrierError:
+            return False
+
+    def leave(self) -> None:
+        if self.barrier is not None:
+            self.barrier.abort()
+
+    def reset(self) -> None:
+        if self.barrier is not None:
+            self.barrier.reset()
+
+
 class Servers:
     """One backend's ``vllm serve`` processes, one at a time. A use that asks for the
     arguments of the server already running reuses it (scenarios share the plain
@@ -85,9 +118,12 @@ class Servers:
     is recorded on its own: the log lines written during it, the counters' change,
     GPU memory and health at its start and end."""
 
-    def __init__(self, args, backend, inst, model_dir: Path, work: Path):
+    def __init__(self, args, backend, inst, model_dir: Path, work: Path,
+                 together: tuple[str, ...] = ()):  # fmt: skip
         self.args, self.backend, self.inst = args, backend, inst
         self.model_dir, self.work = model_dir, work
+        self.together = together  # the backends sharing the GPU, if any
+        self.share = len(together) or 1
         self.current: Running | None = None
         self.started = 0
 
@@ -101,6 +137,8 @@ class Servers:
             "--attention-backend", self.backend.attention_backend,
             "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
             *(["--block-size", str(a.block_size)] if a.block_size else []),
+            *([f"--gpu-memory-utilization={0.9 / self.share:.2f}"]
+              if self.share > 1 else []),
             *a.server_arg, *extra,
         ]  # fmt: skip
 
@@ -173,6 +211,7 @@ class Ctx:
     args: argparse.Namespace
     backend: harness.Backend
     pool: Servers
+    lockstep: Lockstep
     servers: list = field(default_factory=list)  # one record per server use
     results: list = field(default_factory=list)
 
@@ -246,6 +285,11 @@ def all_complete(results, reasons) -> None:
                        f"{bad[0].key}: {bad[0].note}")  # fmt: skip
 
 
+def rate(ctx: Ctx) -> float:
+    """This server's share of the saturating rate ``--rate`` of the GPU."""
+    return ctx.args.rate / ctx.pool.share
+
+
 def open_loop(ctx: Ctx, live, rate: float, cancel_frac: float):
     a = ctx.args
 
@@ -260,6 +304,10 @@ def open_loop(ctx: Ctx, live, rate: float, cancel_frac: float):
                 req.cancel, req.cancel_at = "mid_decode", rng.randint(1, max(1, mt - 1))
         return req
 
+    together = ctx.lockstep.wait()
+    if together is not None:
+        live.info["load_started_together"] = together
+    live.info["load_start_unix"] = round(time.time(), 3)
     res, samples = asyncio.run(client.open_loop(
         live.base, live.port, a.model, make, rate=rate, duration_s=a.duration_s,
         drain_s=a.drain_s, sample_s=a.sample_s, seed=a.seed,
@@ -271,10 +319,10 @@ def open_loop(ctx: Ctx, live, rate: float, cancel_frac: float):
 def abort_storm(ctx: Ctx) -> tuple[dict, dict, list]:
     reasons: list[str] = []
     with ctx.server("plain", plain(ctx.args)) as live:
-        res, samples = open_loop(ctx, live, 2 * ctx.args.rate, ctx.args.cancel_frac)
+        res, samples = open_loop(ctx, live, 2 * rate(ctx), ctx.args.cancel_frac)
     all_complete(res, reasons)
     mem = memory_flat(samples, ctx.args, reasons)
-    nums = {"rate": 2 * ctx.args.rate, "memory": mem, "samples": samples}
+    nums = {"rate": 2 * rate(ctx), "memory": mem, "samples": samples}
     return nums, outputs(res), reasons
 
 
@@ -427,7 +475,7 @@ def throughput_windows(results, duration_s: float, window_s: float) -> dict:
 def soak(ctx: Ctx) -> tuple[dict, dict, list]:
     a, reasons = ctx.args, []
     with ctx.server("plain", plain(a)) as live:
-        res, samples = open_loop(ctx, live, 0.8 * a.rate, a.soak_cancel_frac)
+        res, samples = open_loop(ctx, live, 0.8 * rate(ctx), a.soak_cancel_frac)
     all_complete(res, reasons)
     tput = throughput_windows(res, a.duration_s, a.window_s)
     if tput["change"] is None or abs(tput["change"]) > a.max_throughput_change:
@@ -435,7 +483,7 @@ def soak(ctx: Ctx) -> tuple[dict, dict, list]:
     late = live.info.get("late_jit_compiles", [])
     if late:
         reasons.append(f"Triton compiled while serving: {', '.join(late[:5])}")
-    nums = {"rate": 0.8 * a.rate, "throughput": tput,
+    nums = {"rate": 0.8 * rate(ctx), "throughput": tput,
             "memory": memory_flat(samples, a, reasons), "samples": samples}  # fmt: skip
     return nums, outputs(res), reasons
 
@@ -460,6 +508,8 @@ def run_one(name: str, ctx: Ctx, env: dict) -> dict:
         nums, outs, reasons = SCENARIOS[name](ctx)
     except ServerDown as e:
         nums, outs, reasons = {}, {}, [str(e)]
+    finally:
+        ctx.lockstep.leave()
     reqs = client.tally(ctx.results)
     for s in ctx.servers:
         if s.get("error_lines"):
@@ -468,15 +518,8 @@ def run_one(name: str, ctx: Ctx, env: dict) -> dict:
             reasons.append(f"server {s['tag']} not healthy at the end")
     if reqs["http_5xx"]:
         reasons.append(f"{reqs['http_5xx']} HTTP 5xx answers")
-    out_dir = a.out_dir / "outputs"
-    harness.write_json(out_dir / f"{name}-{ctx.backend.name}.json", outs)
-    ref = out_dir / f"{name}-{harness.BASELINE}.json"
-    vs_ref = None
-    if ctx.backend.name != harness.BASELINE and ref.exists():
-        vs_ref = agreement(outs, harness.read_json(ref))
-        vs_ref = {**vs_ref, "reference": harness.BASELINE}
     pre = [s.get("counters", {}).get(PREEMPTIONS) for s in ctx.servers]
-    return {
+    rec = {
         "kind": "reliability", "scenario": name, "backend": ctx.backend.as_dict(),
         "model": a.model, "commit": env.get("commit"), "gpu": env.get("gpu"),
         "driver": env.get("driver"), "environment": env,
@@ -484,9 +527,28 @@ def run_one(name: str, ctx: Ctx, env: dict) -> dict:
         "parameters": {k: (str(v) if isinstance(v, Path) else v)
                        for k, v in vars(a).items()},
         "requests": reqs, "servers": ctx.servers, "preemptions": pre,
-        "agreement_with_reference": vs_ref, "numbers": nums,
+        "together": list(ctx.pool.together) or None,
+        "agreement_with_reference": None, "numbers": nums,
         "pass": not reasons, "reasons": reasons,
     }  # fmt: skip
+    return rec, outs
+
+
+def record(name: str, backend: harness.Backend, rec: dict, outs: dict, a) -> bool:
+    """Write a scenario's outputs and record (with its agreement with the reference
+    backend's outputs of the same scenario, when those exist) and print the verdict."""
+    out_dir = a.out_dir / "outputs"
+    harness.write_json(out_dir / f"{name}-{backend.name}.json", outs)
+    ref = out_dir / f"{name}-{harness.BASELINE}.json"
+    if backend.name != harness.BASELINE and ref.exists():
+        vs_ref = agreement(outs, harness.read_json(ref))
+        rec["agreement_with_reference"] = {**vs_ref, "reference": harness.BASELINE}
+    path = a.out_dir / f"{name}-{backend.name}.json"
+    harness.write_json(path, rec)
+    print(f"[reliability] {name} {backend.name}: {'PASS' if rec['pass'] else 'FAIL'}"
+          f" {rec['requests']} {'; '.join(rec['reasons'])} -> {path}",
+          flush=True)  # fmt: skip
+    return rec["pass"]
 
 
 def parse_args(argv):
@@ -528,6 +590,9 @@ def parse_args(argv):
     add("--seed", type=int, default=0)
     add("--startup-timeout-s", type=float, default=900.0)
     add("--server-arg", action="append", default=[], help="extra `vllm serve` arg")
+    add("--together", action="store_true",
+        help="run the backends side by side on one GPU, each with an equal share "
+             "of its memory and of --rate")  # fmt: skip
     harness.add_install_args(p)
     return p.parse_args(argv)
 
@@ -563,6 +628,9 @@ def main(argv: list[str] | None = None) -> int:
             f"unknown model {a.model!r}; valid: {', '.join(model_names())}"
         )
     check_lengths(a)
+    if a.together and len(backends) < 2:
+        raise SystemExit("--together runs several backends side by side: give two or "
+                         "more in --backend")  # fmt: skip
     installs = harness.parse_installs(a.python, a.site)
     for b in backends:
         harness.require_vllm(b.install, installs[b.install])
@@ -574,26 +642,59 @@ def main(argv: list[str] | None = None) -> int:
     # `timeout` and job schedulers stop with SIGTERM: leave through the finally
     # blocks, which stop the server (its GPU memory would block every later start).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    together = tuple(b.name for b in backends) if a.together else ()
+    pools = {
+        b.name: Servers(a, b, installs[b.install], model_dir.resolve(),
+                        a.out_dir / "work" / b.name, together)
+        for b in backends
+    }  # fmt: skip
+    envs = {b.name: harness.environment(installs[b.install]) for b in backends}
+    lockstep = Lockstep(len(together) or 1, a.startup_timeout_s + 60)
     ok = True
+    try:
+        if a.together:
+            for name in names:
+                ok &= run_side_by_side(name, backends, pools, envs, lockstep, a)
+        else:
+            for b in backends:
+                for name in names:
+                    ctx = Ctx(a, b, pools[b.name], lockstep)
+                    ok &= record(name, b, *run_one(name, ctx, envs[b.name]), a)
+                pools[b.name].stop()
+    finally:
+        for pool in pools.values():
+            pool.stop()
     for b in backends:
-        env = harness.environment(installs[b.install])
-        work = a.out_dir / "work" / b.name
-        pool = Servers(a, b, installs[b.install], model_dir.resolve(), work)
-        for name in names:
-            try:
-                rec = run_one(name, Ctx(a, b, pool), env)
-            except BaseException:
-                pool.stop()
-                raise
-            path = a.out_dir / f"{name}-{b.name}.json"
-            harness.write_json(path, rec)
-            ok &= rec["pass"]
-            print(f"[reliability] {name} {b.name}: {'PASS' if rec['pass'] else 'FAIL'}"
-                  f" {rec['requests']} {'; '.join(rec['reasons'])} -> {path}",
-                  flush=True)  # fmt: skip
-        pool.stop()
-        print(f"[reliability] {b.name}: {pool.started} server starts", flush=True)
+        print(f"[reliability] {b.name}: {pools[b.name].started} server starts",
+              flush=True)  # fmt: skip
     return 0 if ok else 1
+
+
+def run_side_by_side(name, backends, pools, envs, lockstep, a) -> bool:
+    """One scenario on every backend at once, each in its own thread (daemon
+    threads: SIGTERM leaves through main's ``finally``, which stops the servers)."""
+    done: dict = {}
+
+    def one(b):
+        try:
+            done[b.name] = run_one(name, Ctx(a, b, pools[b.name], lockstep),
+                                   envs[b.name])  # fmt: skip
+        except BaseException as e:  # re-raised below, in the main thread
+            done[b.name] = e
+
+    threads = [threading.Thread(target=one, args=(b,), daemon=True) for b in backends]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(1.0)
+    lockstep.reset()
+    ok = True
+    for b in backends:  # the reference first: the others compare with its outputs
+        if isinstance(done[b.name], BaseException):
+            raise done[b.name]
+        ok &= record(name, b, *done[b.name], a)
+    return ok
 
 
 if __name__ == "__main__":

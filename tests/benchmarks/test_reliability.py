@@ -150,6 +150,53 @@ def test_agreement_with_the_reference_backend(tmp_path, env, fraction):
     assert recs["spec-decode-FLASH_ATTN"]["agreement_with_reference"] is None
 
 
+@pytest.mark.parametrize(
+    "env, fraction", [({}, 1.0), ({"FAKE_REL_WRONG": "TRITON_ATTN"}, 0.0)]
+)
+def test_backends_side_by_side(tmp_path, env, fraction):
+    # --together: both backends' servers at once, each with half the GPU memory and
+    # half the rate; the open-loop load starts on both at the same moment, also when
+    # one server takes longer to come up
+    env = {**env, "FAKE_REL_SLOW_START": "FLASH_ATTN"}
+    r, recs = _run(
+        tmp_path, "abort-storm,spec-decode", "TRITON_ATTN-fork,FLASH_ATTN", env,
+        extra=["--together"],
+    )  # fmt: skip
+    assert len(recs) == 4, r.stdout[-3000:] + r.stderr[-3000:]
+    for rec in recs.values():
+        assert rec["together"] == ["FLASH_ATTN", "TRITON_ATTN-fork"]
+        assert all("--gpu-memory-utilization=0.45" in s["command"]
+                   for s in rec["servers"])  # fmt: skip
+    storms = [recs[f"abort-storm-{b}"] for b in ("FLASH_ATTN", "TRITON_ATTN-fork")]
+    assert [s["numbers"]["rate"] for s in storms] == [20.0, 20.0]  # 2 x 20 / 2
+    starts = [s["servers"][0]["load_start_unix"] for s in storms]
+    assert all(s["servers"][0]["load_started_together"] for s in storms)
+    assert abs(starts[0] - starts[1]) < 0.5
+    vs = recs["spec-decode-TRITON_ATTN-fork"]["agreement_with_reference"]
+    assert vs["reference"] == "FLASH_ATTN" and vs["fraction"] == fraction
+    assert recs["abort-storm-TRITON_ATTN-fork"]["agreement_with_reference"]
+    assert r.returncode == 0, r.stdout[-2000:]
+
+
+def test_side_by_side_backend_whose_server_fails_releases_the_other(tmp_path):
+    r, recs = _run(
+        tmp_path, "abort-storm", "TRITON_ATTN-fork,FLASH_ATTN",
+        {"FAKE_REL_SERVE_FAIL": "TRITON_ATTN"}, extra=["--together"],
+    )  # fmt: skip
+    fork, ref = recs["abort-storm-TRITON_ATTN-fork"], recs["abort-storm-FLASH_ATTN"]
+    assert r.returncode == 1 and "did not come up" in fork["reasons"][0]
+    assert ref["pass"], ref["reasons"]
+    assert ref["servers"][0]["load_started_together"] is False
+
+
+def test_side_by_side_needs_two_backends(tmp_path):
+    args = ["--out-dir", str(tmp_path), "--model", "llama-3.1-8b", "--together"]
+    args += ["--backend", "TRITON_ATTN-fork", "--site", f"fork={SITE}"]
+    with pytest.raises(SystemExit) as e:
+        run_reliability.main(args)
+    assert "two or more in --backend" in str(e.value)
+
+
 def test_server_that_does_not_come_up_is_reported(tmp_path):
     r, recs = _run(tmp_path, "soak", env={"FAKE_REL_SERVE_FAIL": "1"})
     rec = recs["soak-TRITON_ATTN-fork"]

@@ -3,7 +3,8 @@
 (400 when prompt + max_tokens > --max-model-len or prompt >= --max-model-len).
 
 Faults, from the environment:
-``FAKE_REL_SERVE_FAIL=1``: crash at startup.
+``FAKE_REL_SERVE_FAIL=1``: crash at startup (``=ARG``: only a server with ARG in
+its arguments).
 ``FAKE_REL_5XX=n``: the n-th completion request gets HTTP 500 (once).
 ``FAKE_REL_ERROR_LINE=1``: log one vLLM-style ERROR line at the first completion.
 ``FAKE_REL_LATE_JIT=1``: log vLLM's JIT-monitor warning at the first completion.
@@ -12,6 +13,7 @@ changes one token of every output.
 ``FAKE_REL_NO_PREEMPT=1``: no preemptions even with --num-gpu-blocks-override.
 ``FAKE_REL_NO_LENGTH_CHECK=1``: accept prompts of any length.
 ``FAKE_REL_TOKEN_S``: seconds per streamed token (default 0.001).
+``FAKE_REL_SLOW_START=ARG``: a server with ARG in its arguments takes 2 s to start.
 ``FAKE_REL_PID_DIR``: write this server's pid to a file there at startup.
 """
 
@@ -125,10 +127,13 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def serve(argv):
-    if os.environ.get("FAKE_REL_SERVE_FAIL"):
+    fail = os.environ.get("FAKE_REL_SERVE_FAIL", "")
+    if fail == "1" or (fail and fail in argv):
         print("fake serve: simulated startup crash", flush=True)
         sys.exit(3)
     print(f"fake serve: {argv}", flush=True)
+    if os.environ.get("FAKE_REL_SLOW_START", "\0") in argv:
+        time.sleep(2.0)
     if os.environ.get("FAKE_REL_PID_DIR"):
         pid_dir = os.environ["FAKE_REL_PID_DIR"]
         with open(os.path.join(pid_dir, f"{os.getpid()}.pid"), "w") as f:
