@@ -119,11 +119,15 @@ class Servers:
     GPU memory and health at its start and end."""
 
     def __init__(self, args, backend, inst, model_dir: Path, work: Path,
-                 together: tuple[str, ...] = ()):  # fmt: skip
+                 together: tuple[str, ...] = (), switch_lock=None):  # fmt: skip
         self.args, self.backend, self.inst = args, backend, inst
         self.model_dir, self.work = model_dir, work
         self.together = together  # the backends sharing the GPU, if any
         self.share = len(together) or 1
+        # Side by side, one server at a time starts or stops: vLLM sizes its KV
+        # cache from the GPU memory that changed while it started, so another
+        # server's allocations or frees in that window would count as its own.
+        self.switch_lock = switch_lock or threading.RLock()
         self.current: Running | None = None
         self.started = 0
 
@@ -148,7 +152,8 @@ class Servers:
         self.started += 1
         self.work.mkdir(parents=True, exist_ok=True)
         log = self.work / f"server-{self.started}-{tag}.log"
-        info.update(command=shlex.join(cmd), log=str(log), started=True)
+        info.update(command=shlex.join(cmd), log=str(log), started=True,
+                    start_unix=round(time.time(), 3))  # fmt: skip
         print(f"[reliability] {tag}: $ {info['command']}", flush=True)
         t0, stack = time.monotonic(), contextlib.ExitStack()
         proc = stack.enter_context(harness.running_server(
@@ -159,12 +164,14 @@ class Servers:
             stack.close()
             raise ServerDown(f"server {tag} did not come up: {last_error(log)}")
         info["up_s"] = round(time.monotonic() - t0, 1)
+        info["up_unix"] = round(time.time(), 3)
         return Running(tuple(extra), info["command"], tag, port, proc, log, stack)
 
     def stop(self) -> None:
-        if self.current is not None:
-            self.current.stack.close()
-            self.current = None
+        with self.switch_lock:
+            if self.current is not None:
+                self.current.stack.close()
+                self.current = None
 
     @contextlib.contextmanager
     def use(self, tag: str, extra: list[str], uses: list):
@@ -175,8 +182,9 @@ class Servers:
             info.update(command=cur.command, log=str(cur.log), started=False,
                         reused=cur.tag)  # fmt: skip
         else:
-            self.stop()
-            self.current = cur = self._start(tag, extra, info)
+            with self.switch_lock:
+                self.stop()
+                self.current = cur = self._start(tag, extra, info)
         offset = cur.log.stat().st_size if cur.log.exists() else 0
         before = client.scrape(cur.port)
         info["gpu_mib_start"] = run_soak.gpu_memory_mib()
@@ -643,13 +651,16 @@ def main(argv: list[str] | None = None) -> int:
     # blocks, which stop the server (its GPU memory would block every later start).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     together = tuple(b.name for b in backends) if a.together else ()
+    switch_lock = threading.RLock()
     pools = {
         b.name: Servers(a, b, installs[b.install], model_dir.resolve(),
-                        a.out_dir / "work" / b.name, together)
+                        a.out_dir / "work" / b.name, together, switch_lock)
         for b in backends
     }  # fmt: skip
     envs = {b.name: harness.environment(installs[b.install]) for b in backends}
-    lockstep = Lockstep(len(together) or 1, a.startup_timeout_s + 60)
+    # a backend may wait for every other server's start before its own
+    lockstep = Lockstep(len(together) or 1,
+                        (a.startup_timeout_s + 60) * len(backends))  # fmt: skip
     ok = True
     try:
         if a.together:

@@ -172,6 +172,11 @@ def test_backends_side_by_side(tmp_path, env, fraction):
     starts = [s["servers"][0]["load_start_unix"] for s in storms]
     assert all(s["servers"][0]["load_started_together"] for s in storms)
     assert abs(starts[0] - starts[1]) < 0.5
+    # servers start one at a time: no two starts overlap
+    spans = sorted((s["start_unix"], s["up_unix"]) for rec in recs.values()
+                   for s in rec["servers"] if s["started"])  # fmt: skip
+    assert len(spans) == 4
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
     vs = recs["spec-decode-TRITON_ATTN-fork"]["agreement_with_reference"]
     assert vs["reference"] == "FLASH_ATTN" and vs["fraction"] == fraction
     assert recs["abort-storm-TRITON_ATTN-fork"]["agreement_with_reference"]
