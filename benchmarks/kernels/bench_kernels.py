@@ -435,10 +435,17 @@ class Skip(Exception):
 
 
 def caller_ours(
-    s: Shape, inp: Inputs, *, decode_config=None, decode_max_splits=None
+    s: Shape,
+    inp: Inputs,
+    *,
+    decode_config=None,
+    decode_max_splits=None,
+    prefill_num_splits=None,
 ) -> Runner:
     """Our kernels; ``decode_config`` overrides the decode tuning table (the decode
-    tuner's candidates), ``decode_max_splits`` the split cap."""
+    tuner's candidates), ``decode_max_splits`` the split cap. Prefill gets the
+    sequences' KV length as ``max_seq_len``, as in the backend, so it splits its keys
+    where ``choose_num_splits`` says; ``prefill_num_splits`` forces a count."""
     out = torch.empty_like(inp.query)
     key_cache, value_cache = inp.kv_cache[:, 0], inp.kv_cache[:, 1]
     if s.kernel == "decode":
@@ -494,9 +501,11 @@ def caller_ours(
             v_scale=inp.v_scale,
             sliding_window=s.window,
             logits_soft_cap=s.softcap,
+            max_seq_len=s.context,
+            num_splits=prefill_num_splits,
         )
 
-    return Runner(run, out)
+    return Runner(run, out, note=f"prefill_splits={prefill_num_splits or 'auto'}")
 
 
 def stock_window(s: Shape) -> tuple[int, int]:
@@ -686,7 +695,12 @@ def measure_point(s: Shape, args) -> dict:
             if name not in args.callers:
                 raise Skip("not in --callers")
             if name == "ours":
-                runner = caller(s, inp, decode_max_splits=args.decode_max_splits)
+                runner = caller(
+                    s,
+                    inp,
+                    decode_max_splits=args.decode_max_splits,
+                    prefill_num_splits=args.prefill_num_splits,
+                )
             else:
                 runner = caller(s, inp)
             runner.run(0)
@@ -1123,6 +1137,13 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a ~2 minute subset")
     p.add_argument("--tiny", action="store_true", help="tiny shapes (smoke run)")
     p.add_argument(
+        "--prefill-num-splits",
+        type=int,
+        default=None,
+        help="KV splits of our prefill launches (default: chosen per launch; 1: "
+        "never split), to measure split-KV against FA3 in the same run",
+    )
+    p.add_argument(
         "--decode-max-splits",
         type=int,
         default=None,
@@ -1247,6 +1268,8 @@ def main() -> None:
         suffix += "-" + "-".join(sorted(set(args.kv_dtypes)))
     if args.decode_max_splits is not None:
         suffix += f"-splits{args.decode_max_splits}"
+    if args.prefill_num_splits is not None:
+        suffix += f"-prefill-splits{args.prefill_num_splits}"
     path = out_dir / f"{stamp}-{result['commit']}{suffix}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print()

@@ -688,11 +688,12 @@ def check_warm_up():
     split_counts = {builder.decode_plan(len(b.query_lens))[0] for b in decodes}
     assert split_counts == set(builder._splits_for_batch[1:]), split_counts
     assert len(decodes) == len(split_counts) > 1, decodes
-    prefills = [b for b in plan if b.max_query_len is not None]
+    prefills = [b for b in plan if b.max_query_len is not None and not b.max_seq_len]
     # max_num_batched_tokens 256 -> buckets 16, 64, 256; seq_start 0, 1, 3 each.
     assert sorted({b.max_query_len for b in prefills}) == [16, 64, 256], prefills
     assert sorted({b.query_lens.count(1) for b in prefills}) == [0, 1, 3]
     assert len(prefills) == 9
+    (split,) = [b for b in plan if b.max_seq_len]  # the split-KV prefill's merge
 
     impl = TritonAttentionImpl(
         num_heads=NUM_Q_HEADS, head_size=64, scale=0.125, num_kv_heads=NUM_KV_HEADS
@@ -703,6 +704,25 @@ def check_warm_up():
     for batch in (decodes[0], prefills[2]):  # 1 decode; 3 decodes + a prefill
         for layout in ("qkv_view", "contiguous"):
             builder._run_warm_up_batch(layer, batch, 64, layout)
+    from vllm.attention.ops import prefix_prefill
+    from vllm.attention.ops.triton_attention_common import merge_splits_kernel
+
+    kernels, real = [], prefix_prefill._launches
+
+    def spy(**kw):
+        launches = real(**kw)
+        kernels.extend(k for k, _, _ in launches)
+        return launches
+
+    prefix_prefill._launches = spy
+    try:
+        builder._run_warm_up_batch(layer, split, 64, "contiguous")
+    finally:
+        prefix_prefill._launches = real
+    assert kernels == [
+        prefix_prefill._prefix_prefill_kernel,
+        merge_splits_kernel,
+    ], kernels
 
     # warm_up() over a group of three layers with two kernel variants (plain,
     # sliding window): each variant once, and never twice per process.

@@ -413,7 +413,9 @@ def test_matrix_run_writes_each_point_and_resumes(monkeypatch, tmp_path):
     path = tmp_path / "matrix.json"
     header = {"commit": "abc", "gpu": "Fake GPU", "driver": "1", "versions": {},
               "command": "bench_kernels.py --matrix full"}  # fmt: skip
-    args = SimpleNamespace(callers=list(bk.CALLERS), decode_max_splits=None)
+    args = SimpleNamespace(
+        callers=list(bk.CALLERS), decode_max_splits=None, prefill_num_splits=None
+    )
 
     def run(max_points):
         args.max_points = max_points

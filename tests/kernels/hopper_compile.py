@@ -255,6 +255,35 @@ def prefill_launch(
     return name, grid, kwargs
 
 
+def prefill_merge_launch(head_size=128, group=4, num_splits=4, sinks=True):
+    """``(name, keyword arguments)`` of the merge launch of a split prefill call on
+    CPU tensors (2 KV heads, 4 sequences)."""
+    from vllm.attention.ops import prefix_prefill as pp
+
+    num_kv_heads, num_seqs, max_query_len = 2, 4, 16
+    query = torch.empty((64, num_kv_heads * group, head_size), dtype=torch.bfloat16)
+    cache = torch.empty((8, 2, num_kv_heads, 64, head_size), dtype=torch.bfloat16)
+    shape = pp.split_workspace_shape(
+        num_seqs=num_seqs, max_query_len=max_query_len, num_tokens=query.shape[0],
+        num_q_heads=query.shape[1], head_size=head_size, num_splits=num_splits,
+    )  # fmt: skip
+    launches = pp._launches(
+        query=query, key_cache=cache[:, 0], value_cache=cache[:, 1],
+        output=torch.empty_like(query),
+        block_table=torch.zeros((num_seqs, 37), dtype=torch.int32),
+        query_start_loc=torch.zeros(num_seqs + 1, dtype=torch.int32),
+        seq_lens=torch.zeros(num_seqs, dtype=torch.int32),
+        max_query_len=max_query_len, softmax_scale=0.1, seq_start=0,
+        num_seqs=num_seqs, k_scale=None, v_scale=None, sliding_window=None,
+        alibi_slopes=None, logits_soft_cap=None,
+        sinks=torch.empty(query.shape[1]) if sinks else None,
+        config=pp.PrefillConfig(64, 64, 4, 2), num_splits=num_splits,
+        workspace=torch.empty(shape, dtype=torch.float32),
+    )  # fmt: skip
+    (_, _, kwargs) = launches[1]
+    return f"prefill merge d{head_size}-g{group} sinks={sinks}", kwargs
+
+
 def _prefix_prefill_cases():
     """Production-like launches of the prefill kernel: the heuristic's configs, the
     features, and every config the H200 table ships."""
@@ -361,6 +390,7 @@ def main() -> int:
     entries), and the MI300 one uses MFMA."""
     from vllm.attention.ops.paged_cache_write import _paged_cache_write_kernel
     from vllm.attention.ops.prefix_prefill import _prefix_prefill_kernel
+    from vllm.attention.ops.triton_attention_common import merge_splits_kernel
 
     ok = True
     missing = _recorded_tiles_missing()
@@ -398,6 +428,10 @@ def main() -> int:
         print(f"{'ok ' if good else 'BAD'} {name}: {summary}")
     for name, kwargs in _cache_write_cases():
         summary = ptx_summary(compile_for_target(_paged_cache_write_kernel, kwargs))
+        print(f"ok  {name}: {summary}")
+    for sinks in (False, True):
+        name, kwargs = prefill_merge_launch(sinks=sinks)
+        summary = ptx_summary(compile_for_target(merge_splits_kernel, kwargs))
         print(f"ok  {name}: {summary}")
     if "amd" in triton.backends.backends:
         compiled = compile_for_target(

@@ -55,6 +55,7 @@ def _dispatch_args(num_seqs, num_decodes, max_query_len=5):
         "softmax_scale": 0.1,
         "decode_num_splits": 4,
         "sliding_window": 9,
+        "max_seq_len": 4096,
     }
 
 
@@ -78,6 +79,7 @@ def test_routing(recorded, num_seqs, num_decodes, expected):
             assert kw["num_splits"] == 4
         else:
             assert kw["max_query_len"] == 5
+            assert kw["max_seq_len"] == 4096  # lets the prefill part split
 
 
 def test_explicit_num_seqs_overrides_shape(recorded):

@@ -32,13 +32,19 @@ from tests.kernels.conftest import (
     fp8_skip_reason,
     make_paged_batch,
 )
+from vllm.attention.ops import prefix_prefill
 from vllm.attention.ops.paged_cache_write import write_to_paged_cache
 from vllm.attention.ops.prefix_prefill import (
+    choose_num_splits,
     prefix_prefill_attention,
     program_coords,
 )
 from vllm.attention.ops.reference import ref_paged_attention
-from vllm.attention.ops.triton_attention_common import FP8_DTYPES, paged_row_offsets
+from vllm.attention.ops.triton_attention_common import (
+    FP8_DTYPES,
+    merge_splits_kernel,
+    paged_row_offsets,
+)
 from vllm.attention.ops.tuning.prefill_configs import PREFILL_TABLE, PrefillConfig
 from vllm.attention.ops.tuning.tables import device_gpu_name
 
@@ -71,6 +77,7 @@ def _case(name, **overrides):
         "soft_cap": None,
         "sinks": False,
         "q_on_fp8_grid": False,
+        "num_splits": None,  # KV splits; None: unsplit (no max_seq_len given)
         "tolerance": None,  # (dtype, atol, rtol); default TOLERANCES[q_dtype]
     }
     base.update(overrides)
@@ -262,6 +269,25 @@ CASES = [
         seqs=[(130, 150), (1, 9), (64, 64)],
         config=PrefillConfig(256, 32, 8, 1, use_tma=True),
     ),
+    # Split-KV: each program's key tiles in contiguous shares, merged after.
+    _case("split-kv-3", num_splits=3, seqs=[(1, 40), (5, 70), (19, 37), (2, 2)]),
+    # More splits than tiles: empty splits (lse -inf) must not disturb the merge;
+    # the sink is added once, by the merge.
+    _case("split-kv-16-more-than-tiles", num_splits=16, sinks=True),
+    _case(
+        "split-kv-all-features-fp8-window",
+        **ALL_FEATURES_FP8,
+        num_splits=5,
+        seqs=[(3, 60), (20, 20), (1, 33), (9, 80)],
+    ),
+    # Lazy rescale keeps a stale max: the split's log-sum-exp must still be right.
+    _case(
+        "split-kv-2-lazy-rescale-g4",
+        num_splits=2,
+        num_q_heads=8,
+        config=PrefillConfig(16, 16, 4, 1, lazy_rescale=True),
+        seqs=[(7, 90), (30, 30)],
+    ),
 ]
 
 
@@ -295,6 +321,7 @@ def _run(
         logits_soft_cap=case["soft_cap"],
         sinks=sinks,
         config=case["config"],
+        num_splits=case.get("num_splits"),
     )
 
 
@@ -408,6 +435,7 @@ def _random_case(seed):
         "alibi": rng.random() < 0.3,
         "soft_cap": rng.choice([None, 5.0]),
         "sinks": rng.random() < 0.3,
+        "num_splits": rng.choice([None, None, 2, 3, 7]),
     }
 
 
@@ -416,14 +444,15 @@ def test_random_batches(seed):
     _check_case(_random_case(seed), seed=seed)
 
 
-def test_sequence_range_leaves_other_rows_untouched():
+@pytest.mark.parametrize("num_splits", [None, 4])
+def test_sequence_range_leaves_other_rows_untouched(num_splits):
     """Decodes first, then prefills: a launch over [seq_start, seq_start + n) writes
-    exactly those sequences' rows."""
+    exactly those sequences' rows (split: the merge too)."""
     seqs = [(1, 12), (1, 3), (6, 20), (4, 4), (9, 9)]
     batch = make_paged_batch(
         seqs=seqs, num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16
     )
-    case = CASES[0].values[0]
+    case = {**CASES[0].values[0], "num_splits": num_splits}
     sentinel = 7.0
     output = torch.full_like(batch.query, sentinel)
     _run(case, batch, output, seq_start=2, num_seqs=2, softmax_scale=0.125)
@@ -1025,45 +1054,106 @@ def test_lazy_rescale_on_designed_score_schedules(steps):
 
 @triton.jit
 def _program_coords_kernel(
-    out_ptr, num_seqs, NUM_KV_HEADS: tl.constexpr, LONGEST_FIRST: tl.constexpr
+    out_ptr,
+    num_seqs,
+    num_splits,
+    NUM_KV_HEADS: tl.constexpr,
+    LONGEST_FIRST: tl.constexpr,
 ):
-    row_tile, seq, kv_head = program_coords(
-        num_seqs, NUM_KV_HEADS=NUM_KV_HEADS, LONGEST_FIRST=LONGEST_FIRST
+    row_tile, seq, kv_head, split = program_coords(
+        num_seqs, num_splits, NUM_KV_HEADS=NUM_KV_HEADS, LONGEST_FIRST=LONGEST_FIRST
     )
     pid = tl.program_id(0)
-    tl.store(out_ptr + 3 * pid, row_tile)
-    tl.store(out_ptr + 3 * pid + 1, seq)
-    tl.store(out_ptr + 3 * pid + 2, kv_head)
+    tl.store(out_ptr + 4 * pid, row_tile)
+    tl.store(out_ptr + 4 * pid + 1, seq)
+    tl.store(out_ptr + 4 * pid + 2, kv_head)
+    tl.store(out_ptr + 4 * pid + 3, split)
 
 
 @pytest.mark.parametrize("longest_first", [True, False])
-@pytest.mark.parametrize("row_tiles,num_seqs,num_kv_heads", [(5, 3, 2), (4, 1, 8)])
-def test_program_order(row_tiles, num_seqs, num_kv_heads, longest_first):
-    """GPUs start programs in grid order. Every (row tile, sequence, KV head) gets
-    exactly one program, and each config order holds: longest first (the row
-    tile, whose work grows with its index, never grows along the grid, so the last
-    row tiles of all heads and sequences start before any shorter one), or
-    head-major (one head's programs together, each sequence's longest tile
+@pytest.mark.parametrize(
+    "row_tiles,num_seqs,num_kv_heads,num_splits",
+    [(5, 3, 2, 1), (4, 1, 8, 1), (3, 2, 2, 3)],
+)
+def test_program_order(row_tiles, num_seqs, num_kv_heads, num_splits, longest_first):
+    """GPUs start programs in grid order. Every (row tile, sequence, KV head, KV
+    split) gets exactly one program, and each config order holds: longest first
+    (the row tile, whose work grows with its index, never grows along the grid, so
+    the last row tiles of all heads, splits and sequences start before any shorter
+    one), or head-major (one head's programs together, each sequence's longest tile
     first)."""
-    programs = row_tiles * num_seqs * num_kv_heads
-    out = torch.full((programs, 3), -1, dtype=torch.int32, device=DEVICE)
+    programs = row_tiles * num_seqs * num_kv_heads * num_splits
+    out = torch.full((programs, 4), -1, dtype=torch.int32, device=DEVICE)
     _program_coords_kernel[(programs,)](
-        out, num_seqs, NUM_KV_HEADS=num_kv_heads, LONGEST_FIRST=longest_first
+        out,
+        num_seqs,
+        num_splits,
+        NUM_KV_HEADS=num_kv_heads,
+        LONGEST_FIRST=longest_first,
     )
     coords = [tuple(row) for row in out.cpu().tolist()]
     assert sorted(coords) == [
-        (t, s, h)
+        (t, s, h, k)
         for t in range(row_tiles)
         for s in range(num_seqs)
         for h in range(num_kv_heads)
+        for k in range(num_splits)
     ]
     if longest_first:
-        tiles = [t for t, _, _ in coords]
+        tiles = [c[0] for c in coords]
         assert tiles == sorted(tiles, reverse=True)
-        first = coords[: num_seqs * num_kv_heads]
-        assert {t for t, _, _ in first} == {row_tiles - 1}
+        first = coords[: num_seqs * num_kv_heads * num_splits]
+        assert {c[0] for c in first} == {row_tiles - 1}
     else:
-        assert coords == sorted(coords, key=lambda c: (c[2], c[1], -c[0]))
+        assert coords == sorted(coords, key=lambda c: (c[2], c[3], c[1], -c[0]))
+
+
+@pytest.mark.parametrize(
+    "programs, max_seq_len, splits",
+    [
+        (264, 100_000, 1),  # 2 programs per SM (132 SMs) already
+        (128, 34_816, 3),  # a 2k chunk over 32k at 8 KV heads, group 1: 384
+        (8, 100_000, 16),  # spec-decode verification, 8 KV heads: capped
+        (8, 3_000, 2),  # short sequences: one split per 1024 keys
+        (8, 1_000, 1),  # under 1024 keys: never split
+    ],
+)
+def test_split_count_rule(programs, max_seq_len, splits):
+    assert (
+        choose_num_splits(programs=programs, max_seq_len=max_seq_len, num_sms=132)
+        == splits
+    )
+
+
+def test_split_launch_chosen_from_max_seq_len_matches_reference():
+    """With ``max_seq_len`` and no ``num_splits``, a launch of few programs over a
+    long context splits (two launches: the kernel and the merge) and is correct."""
+    batch = make_paged_batch(
+        seqs=[(3, 2100), (1, 1200)], num_q_heads=4, num_kv_heads=2, head_size=64,
+        block_size=16,
+    )  # fmt: skip
+    output = torch.full_like(batch.query, float("nan"))
+    launched = []
+    real = prefix_prefill._launches
+
+    def spy(**kw):
+        launches = real(**kw)
+        launched.append([k for k, _, _ in launches])
+        return launches
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(prefix_prefill, "_launches", spy)
+        prefix_prefill_attention(
+            query=batch.query, key_cache=batch.key_cache,
+            value_cache=batch.value_cache, output=output,
+            block_table=batch.block_table, query_start_loc=batch.query_start_loc,
+            seq_lens=batch.seq_lens, max_query_len=batch.max_query_len,
+            softmax_scale=0.125, config=SMALL, max_seq_len=2100,
+        )  # fmt: skip
+    assert launched == [[prefix_prefill._prefix_prefill_kernel, merge_splits_kernel]]
+    expected = ref_paged_attention(softmax_scale=0.125, **batch.ref_kwargs())
+    dtype, atol, rtol = TOLERANCES[torch.bfloat16]
+    assert_close(output, expected, dtype=dtype, atol=atol, rtol=rtol)
 
 
 def test_picked_configs_fit_the_gpus_shared_memory():

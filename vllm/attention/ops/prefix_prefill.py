@@ -56,10 +56,17 @@ of a Triton Attention Kernel", arXiv 2511.11581):
   folds the address arithmetic; the block table's row stride is set by the model
   runner (max blocks per sequence) and stays a runtime argument so that it does not
   multiply the compiled variants.
+* Split-KV: a launch of few programs over long contexts (``choose_num_splits``)
+  cuts each program's key tiles into ``num_splits`` contiguous shares, a run-time
+  argument; split programs write normalised partial outputs and their log-sum-exp
+  to an fp32 workspace, and ``merge_splits_kernel`` (shared with decode) combines
+  them and adds the sink once.
 * Launch tiles come from a table keyed on (head size, dtypes, group, page size,
   bucketed max query length), with a heuristic fallback: see ``tuning/``. There is
   no autotuning and no host sync at launch (``max_query_len`` is a host int).
 """
+
+import functools
 
 import torch
 import triton
@@ -67,6 +74,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vllm.attention.ops.hardware import (
+    num_sms,
     nvidia_gpu,
     shared_memory_per_program,
     tma_supported,
@@ -78,6 +86,7 @@ from vllm.attention.ops.triton_attention_common import (
     fp8_max,
     init_softmax_state,
     load_kv_tile,
+    merge_launch,
     online_softmax_step,
     page_tile_offset,
     paged_row_offsets,
@@ -85,6 +94,7 @@ from vllm.attention.ops.triton_attention_common import (
     query_for_cache,
     scores_and_scale,
     shared_kernel_args,
+    split_log_sum_exp,
     to_dot_dtype,
 )
 from vllm.attention.ops.tuning.prefill_configs import (
@@ -97,34 +107,53 @@ from vllm.attention.ops.tuning.tables import device_gpu_name, next_power_of_2
 # Triton's limit on the 1st grid dimension.
 _MAX_GRID_X = 2**31 - 1
 
+# Split-KV (choose_num_splits): a launch of fewer programs than this many per SM
+# splits each program's keys so that the grid reaches it (one 4-warp program per SM
+# leaves half of the SM idle; two keep it busy) ...
+SPLIT_TARGET_PROGRAMS_PER_SM = 2
+# ... in at most this many splits (the merge reads them in one tile) ...
+MAX_NUM_SPLITS = 16
+# ... each of at least this many keys of the longest sequence (a split re-reads the
+# query tile and writes [rows, head_size + 1] fp32 partials: over >= 1024 keys that
+# costs a few percent of the split's K/V traffic).
+SPLIT_MIN_KEYS = 1024
+
 
 @triton.jit
-def program_coords(num_seqs, NUM_KV_HEADS: tl.constexpr, LONGEST_FIRST: tl.constexpr):
-    """``(row_tile, seq, kv_head)`` of this program; ``seq`` counts from the launch's
-    first sequence. The 1D grid holds ``row_tiles * num_seqs * NUM_KV_HEADS``
-    programs, row tiles counted from the last (its rows sit latest and see the most
-    keys), and GPUs start programs in grid order.
+def program_coords(
+    num_seqs, num_splits, NUM_KV_HEADS: tl.constexpr, LONGEST_FIRST: tl.constexpr
+):
+    """``(row_tile, seq, kv_head, split)`` of this program; ``seq`` counts from the
+    launch's first sequence. The 1D grid holds ``row_tiles * num_seqs *
+    NUM_KV_HEADS * num_splits`` programs, row tiles counted from the last (its rows
+    sit latest and see the most keys), and GPUs start programs in grid order. A
+    "lane" is one (KV head, KV split) pair.
 
-    LONGEST_FIRST: the KV head varies fastest, then the sequence, then the row
-    tile: programs start longest first across every head and sequence (LPT
-    order), so the last wave is short. Otherwise head-major: the row tile varies
-    fastest, then the sequence, then the head, so the programs running at once
-    share one head's K/V; with few row tiles per head (groups 1-2) that order ends
-    on a long tail of one head's tiles."""
+    LONGEST_FIRST: the lane varies fastest (heads, then splits), then the sequence,
+    then the row tile: programs start longest first across every head and sequence
+    (LPT order), so the last wave is short. Otherwise head-major: the row tile
+    varies fastest, then the sequence, then the lane (splits of one head, then the
+    next head), so the programs running at once share one head's K/V; with few row
+    tiles per head (groups 1-2) that order ends on a long tail of one head's
+    tiles."""
     pid = tl.program_id(0)
+    lanes = NUM_KV_HEADS * num_splits
+    row_tiles = tl.num_programs(0) // (lanes * num_seqs)
     if LONGEST_FIRST:
-        kv_head = pid % NUM_KV_HEADS
-        rest = pid // NUM_KV_HEADS
+        lane = pid % lanes
+        rest = pid // lanes
         seq = rest % num_seqs
-        row_tiles = tl.num_programs(0) // (NUM_KV_HEADS * num_seqs)
         row_tile = row_tiles - 1 - rest // num_seqs
+        kv_head = lane % NUM_KV_HEADS
+        split = lane // NUM_KV_HEADS
     else:
-        row_tiles = tl.num_programs(0) // (NUM_KV_HEADS * num_seqs)
         row_tile = row_tiles - 1 - pid % row_tiles
         rest = pid // row_tiles
         seq = rest % num_seqs
-        kv_head = rest // num_seqs
-    return row_tile, seq, kv_head
+        lane = rest // num_seqs
+        kv_head = lane // num_splits
+        split = lane % num_splits
+    return row_tile, seq, kv_head, split
 
 
 @triton.jit
@@ -244,15 +273,16 @@ def _attend_kv_range(
     return acc, m_i, l_i
 
 
-# seq_start (the number of decodes) and num_seqs change from step to step: without
-# do_not_specialize, Triton would compile extra variants mid-serving when one
-# happens to be 1 or a multiple of 16.
-@triton.jit(do_not_specialize=["seq_start", "num_seqs"])
+# seq_start (the number of decodes), num_seqs and num_splits change from step to
+# step: without do_not_specialize, Triton would compile extra variants mid-serving
+# when one happens to be 1 or a multiple of 16.
+@triton.jit(do_not_specialize=["seq_start", "num_seqs", "num_splits"])
 def _prefix_prefill_kernel(
     query_ptr,  # [num_tokens, num_q_heads, head_size]
     key_cache_ptr,  # [num_blocks, num_kv_heads, block_size, head_size]
     value_cache_ptr,  # [num_blocks, num_kv_heads, block_size, head_size]
-    output_ptr,  # [num_tokens, num_q_heads, head_size]
+    output_ptr,  # [num_tokens, num_q_heads, head_size], written when num_splits == 1
+    workspace_ptr,  # [tokens, num_q_heads, num_splits, head_size + 1] fp32 (split)
     block_table_ptr,  # [num_seqs_total, max_blocks_per_seq] int32
     query_start_loc_ptr,  # [num_seqs_total + 1] int32
     seq_lens_ptr,  # [num_seqs_total] int32
@@ -268,6 +298,7 @@ def _prefix_prefill_kernel(
     block_table_stride,  # int: row stride of block_table (see STRIDES in the docs)
     seq_start,  # first sequence of this launch
     num_seqs,  # sequences of this launch
+    num_splits,  # KV splits per row tile (split-KV when > 1)
     STRIDE_Q_TOKEN: tl.constexpr,
     STRIDE_Q_HEAD: tl.constexpr,
     STRIDE_O_TOKEN: tl.constexpr,
@@ -294,8 +325,8 @@ def _prefix_prefill_kernel(
     USE_WINDOW: tl.constexpr,
     USE_SINKS: tl.constexpr,
 ):
-    row_tile, seq, kv_head = program_coords(
-        num_seqs, NUM_KV_HEADS=NUM_KV_HEADS, LONGEST_FIRST=LONGEST_FIRST
+    row_tile, seq, kv_head, split = program_coords(
+        num_seqs, num_splits, NUM_KV_HEADS=NUM_KV_HEADS, LONGEST_FIRST=LONGEST_FIRST
     )
     seq += seq_start
 
@@ -347,6 +378,10 @@ def _prefix_prefill_kernel(
     if USE_SINKS:
         sink = tl.load(sinks_ptr + q_head, mask=row_valid, other=0.0).to(tl.float32)
     m_i, l_i = init_softmax_state(sink, BLOCK_M=BLOCK_M, USE_SINKS=USE_SINKS)
+    if USE_SINKS:
+        # Split-KV: the merge adds the sink once.
+        m_i = tl.where(num_splits > 1, float("-inf"), m_i)
+        l_i = tl.where(num_splits > 1, 0.0, l_i)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
 
     # Key range of this program: rows sit at positions [pos_lo, pos_hi].
@@ -365,6 +400,11 @@ def _prefix_prefill_kernel(
         first = 0
         full_start = 0
     full_stop = tl.maximum(diag_start, full_start)
+    # Split-KV: this program's contiguous share [split_lo, split_hi) of the tiles
+    # of [first, kv_stop); each stage below keeps its part of that share.
+    tiles_per_split = tl.cdiv(tl.cdiv(kv_stop - first, BLOCK_N), num_splits)
+    split_lo = first + split * tiles_per_split * BLOCK_N
+    split_hi = tl.minimum(split_lo + tiles_per_split * BLOCK_N, kv_stop)
 
     head_offset = kv_head.to(tl.int64) * STRIDE_KV_HEAD
     k_head_ptr = key_cache_ptr + head_offset
@@ -380,8 +420,8 @@ def _prefix_prefill_kernel(
             q,
             q_pos,
             alibi_slope,
-            first,
-            full_start,
+            tl.maximum(first, split_lo),
+            tl.minimum(full_start, split_hi),
             kv_len,
             k_head_ptr,
             v_head_ptr,
@@ -415,8 +455,8 @@ def _prefix_prefill_kernel(
         q,
         q_pos,
         alibi_slope,
-        full_start,
-        full_stop,
+        tl.maximum(full_start, split_lo),
+        tl.minimum(full_stop, split_hi),
         kv_len,
         k_head_ptr,
         v_head_ptr,
@@ -450,8 +490,8 @@ def _prefix_prefill_kernel(
         q,
         q_pos,
         alibi_slope,
-        full_stop,
-        kv_stop,
+        tl.maximum(full_stop, split_lo),
+        split_hi,
         kv_len,
         k_head_ptr,
         v_head_ptr,
@@ -479,12 +519,30 @@ def _prefix_prefill_kernel(
     )
 
     out = finalize_output(acc, l_i, v_scale)
-    o_offsets = token_row * STRIDE_O_TOKEN + q_head * STRIDE_O_HEAD
-    tl.store(
-        output_ptr + o_offsets[:, None] + dims[None, :],
-        out.to(output_ptr.dtype.element_ty),
-        mask=row_valid[:, None] & dim_ok[None, :],
-    )
+    if num_splits == 1:
+        o_offsets = token_row * STRIDE_O_TOKEN + q_head * STRIDE_O_HEAD
+        tl.store(
+            output_ptr + o_offsets[:, None] + dims[None, :],
+            out.to(output_ptr.dtype.element_ty),
+            mask=row_valid[:, None] & dim_ok[None, :],
+        )
+    else:
+        # The split's normalised output and log-sum-exp, at the row of the token
+        # within the launch (merge_splits_kernel combines the splits).
+        launch_token = token_row - tl.load(query_start_loc_ptr + seq_start)
+        ws_row = (
+            (launch_token * (NUM_KV_HEADS * GROUP_SIZE) + q_head) * num_splits + split
+        ) * (HEAD_SIZE + 1)
+        tl.store(
+            workspace_ptr + ws_row[:, None] + dims[None, :],
+            out,
+            mask=row_valid[:, None] & dim_ok[None, :],
+        )
+        tl.store(
+            workspace_ptr + ws_row + HEAD_SIZE,
+            split_log_sum_exp(m_i, l_i),
+            mask=row_valid,
+        )
 
 
 def _cache_descriptor(cache: torch.Tensor, block_n: int) -> TensorDescriptor:
@@ -521,6 +579,29 @@ def picked_config(device: torch.device, **key) -> PrefillConfig:
     )
 
 
+def choose_num_splits(*, programs: int, max_seq_len: int, num_sms: int) -> int:
+    """KV splits for a prefill launch of ``programs`` programs (``num_splits=1``)
+    whose longest sequence holds ``max_seq_len`` keys.
+
+    1 when the grid already has ``SPLIT_TARGET_PROGRAMS_PER_SM`` programs per SM.
+    Otherwise as many splits as bring it there, at most ``MAX_NUM_SPLITS`` and at
+    most one per ``SPLIT_MIN_KEYS`` keys: few programs over long contexts (a short
+    chunk or spec-decode verification over a long cache, a small group at few KV
+    heads) split; short sequences never do."""
+    target = SPLIT_TARGET_PROGRAMS_PER_SM * max(1, num_sms)
+    if programs >= target:
+        return 1
+    want = -(-target // max(1, programs))
+    return max(1, min(want, max_seq_len // SPLIT_MIN_KEYS, MAX_NUM_SPLITS))
+
+
+@functools.cache
+def _no_workspace(device: torch.device) -> torch.Tensor:
+    """The workspace argument of unsplit launches: an fp32 tensor, so that split
+    and unsplit launches share one compiled kernel (Triton specialises on None)."""
+    return torch.zeros(1, dtype=torch.float32, device=device)
+
+
 def compile_options(config: PrefillConfig, device: torch.device) -> dict:
     """Triton's launch options of ``config`` on ``device``: warps and stages, and
     the register cap where it applies (NVIDIA; not ROCm, not the interpreter)."""
@@ -550,11 +631,14 @@ def _launches(
     logits_soft_cap: float | None,
     sinks: torch.Tensor | None,
     config: PrefillConfig,
+    num_splits: int = 1,
+    workspace: torch.Tensor | None = None,
 ) -> list[tuple]:
-    """``(kernel, grid, keyword arguments)`` of each launch of one prefill call (one
-    launch); tiles from ``config``, strides from the tensors; no checks. Separate
-    from the launch so the offline compile check builds exactly what a launch
-    would."""
+    """``(kernel, grid, keyword arguments)`` of each launch of one prefill call (the
+    prefill kernel, then the merge when split); tiles from ``config``, strides from
+    the tensors; no checks. ``workspace``: ``split_workspace_shape``, fp32, when
+    ``num_splits > 1``. Separate from the launch so the offline compile check builds
+    exactly what a launch would."""
     num_q_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
     group_size = num_q_heads // num_kv_heads
@@ -570,7 +654,7 @@ def _launches(
         and tma_supported(query.device)
     )
     row_tiles = triton.cdiv(max_query_len * group_size, config.block_m)
-    grid = (row_tiles * num_seqs * num_kv_heads,)  # see program_coords
+    grid = (row_tiles * num_seqs * num_kv_heads * num_splits,)  # program_coords
     kwargs = dict(
         **shared_kernel_args(
             query=query,
@@ -589,9 +673,11 @@ def _launches(
             sinks=sinks,
         ),
         query_start_loc_ptr=query_start_loc,
+        workspace_ptr=workspace if num_splits > 1 else _no_workspace(query.device),
         k_desc=_cache_descriptor(key_cache, config.block_n) if use_tma else None,
         v_desc=_cache_descriptor(value_cache, config.block_n) if use_tma else None,
         num_seqs=num_seqs,
+        num_splits=num_splits,
         NUM_KV_HEADS=num_kv_heads,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
@@ -604,7 +690,36 @@ def _launches(
         LONGEST_FIRST=config.longest_first,
         **compile_options(config, query.device),
     )
-    return [(_prefix_prefill_kernel, grid, kwargs)]
+    launches = [(_prefix_prefill_kernel, grid, kwargs)]
+    if num_splits > 1:
+        launches.append(
+            merge_launch(
+                output=output,
+                workspace=workspace,
+                sinks=sinks,
+                seq_start=seq_start,
+                num_seqs=num_seqs,
+                num_splits=num_splits,
+                rows=workspace.shape[0],
+                splits_pad=MAX_NUM_SPLITS,  # one variant for every split count
+                query_start_loc=query_start_loc,
+            )
+        )
+    return launches
+
+
+def split_workspace_shape(
+    *, num_seqs: int, max_query_len: int, num_tokens: int, num_q_heads: int,
+    head_size: int, num_splits: int,
+) -> tuple[int, int, int, int]:  # fmt: skip
+    """Shape of a split launch's fp32 workspace: a row per token the launch can
+    hold (at most ``num_seqs * max_query_len``, at most the batch's tokens), the
+    partial output of each query head and split in ``[..., :head_size]`` and its
+    log-sum-exp in ``[..., head_size]``. Splits happen only on grids below
+    ``SPLIT_TARGET_PROGRAMS_PER_SM`` programs per SM, which bounds it (an H200:
+    under 300 programs of at most 256 rows: about 130 MB at head size 256)."""
+    rows = max(1, min(num_tokens, num_seqs * max_query_len))
+    return (rows, num_q_heads, num_splits, head_size + 1)
 
 
 def prefix_prefill_attention(
@@ -627,6 +742,8 @@ def prefix_prefill_attention(
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
     config: PrefillConfig | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
 ) -> None:
     """Causal attention of sequences ``[seq_start, seq_start + num_seqs)`` over the
     paged KV cache, written into ``output``.
@@ -652,6 +769,12 @@ def prefix_prefill_attention(
         logits_soft_cap: c > 0 (s = c * tanh(s / c)), or None / 0 for none.
         sinks: [num_q_heads] float, one extra logit per head, or None.
         config: launch configuration; None picks it from the tuning table.
+        max_seq_len: host int >= the longest KV length of the launched sequences,
+            or None (unknown: no split).
+        num_splits: KV splits (1 to ``MAX_NUM_SPLITS``); None chooses them from
+            the grid and ``max_seq_len`` (``choose_num_splits``). Split launches
+            write partials to an fp32 workspace (``split_workspace_shape``),
+            allocated per call, and merge them in a second kernel.
 
     Raises ValueError for unsupported inputs (nothing is launched then).
     """
@@ -706,6 +829,36 @@ def prefix_prefill_attention(
         raise ValueError(
             f"{who}: config tiles must be powers of two >= 16, got {config}."
         )
+    programs = (
+        triton.cdiv(max_query_len * (num_q_heads // num_kv_heads), config.block_m)
+        * num_seqs
+        * num_kv_heads
+    )
+    if num_splits is None:
+        num_splits = 1
+        if max_seq_len is not None:
+            sms = num_sms(query.device)
+            num_splits = choose_num_splits(
+                programs=programs, max_seq_len=max_seq_len, num_sms=sms
+            )
+    if not 1 <= num_splits <= MAX_NUM_SPLITS:
+        raise ValueError(
+            f"{who}: num_splits must be in [1, {MAX_NUM_SPLITS}], got {num_splits}."
+        )
+    workspace = None
+    if num_splits > 1:
+        workspace = torch.empty(
+            split_workspace_shape(
+                num_seqs=num_seqs,
+                max_query_len=max_query_len,
+                num_tokens=num_tokens,
+                num_q_heads=num_q_heads,
+                head_size=head_size,
+                num_splits=num_splits,
+            ),
+            dtype=torch.float32,
+            device=query.device,
+        )
     launches = _launches(
         query=query,
         key_cache=key_cache,
@@ -725,13 +878,16 @@ def prefix_prefill_attention(
         logits_soft_cap=logits_soft_cap,
         sinks=sinks,
         config=config,
+        num_splits=num_splits,
+        workspace=workspace,
     )
-    ((kernel, grid, kwargs),) = launches
+    grid = launches[0][1]
     if grid[0] > _MAX_GRID_X:
         raise ValueError(
             f"{who}: {grid[0]} programs (max_query_len {max_query_len} x "
             f"{num_q_heads} query heads in tiles of {config.block_m} rows, "
-            f"{num_seqs} sequences) exceed the grid limit {_MAX_GRID_X}; split the "
-            "batch."
+            f"{num_seqs} sequences, {num_splits} KV splits) exceed the grid limit "
+            f"{_MAX_GRID_X}; split the batch."
         )
-    kernel[grid](**kwargs)
+    for kernel, grid, kwargs in launches:
+        kernel[grid](**kwargs)

@@ -735,3 +735,123 @@ def finalize_output(
     sink (``l_i == 0``, only padding rows) give 0 rather than NaN."""
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     return acc * (v_scale / l_safe)[:, None]
+
+
+@triton.jit
+def split_log_sum_exp(
+    m_i,  # [BLOCK_M] fp32: running max (log2 units), -inf if no key was seen
+    l_i,  # [BLOCK_M] fp32: denominator relative to m_i
+):
+    """Log-sum-exp (base 2) of the scores one KV split saw, from its softmax state;
+    -inf for rows whose split saw no key (their partial output is 0)."""
+    seen = l_i > 0.0
+    return tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+
+
+# seq_start, num_seqs and num_splits change from launch to launch: one compiled
+# variant serves them all.
+@triton.jit(do_not_specialize=["seq_start", "num_seqs", "num_splits"])
+def merge_splits_kernel(
+    output_ptr,  # [num_tokens, num_q_heads, HEAD_SIZE]
+    workspace_ptr,  # [rows, num_q_heads, num_splits, HEAD_SIZE + 1] fp32
+    sinks_ptr,  # [num_q_heads] fp32 (USE_SINKS)
+    query_start_loc_ptr,  # [num_seqs_total + 1] int32 (VARLEN)
+    seq_start,  # first sequence of the launch
+    num_seqs,  # sequences of the launch
+    num_splits,  # KV splits the workspace holds per (token, query head)
+    STRIDE_O_TOKEN: tl.constexpr,
+    STRIDE_O_HEAD: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,  # power of two >= num_splits
+    USE_SINKS: tl.constexpr,
+    VARLEN: tl.constexpr,  # tokens from query_start_loc; else one per sequence
+):
+    """Merge the KV splits of one (token, query head) into the output:
+    ``out = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) [+ 2^(sink - M)])``.
+
+    Program ``(row, q_head)``; workspace row ``row`` is the launch's ``row``-th
+    token: token ``seq_start + row`` (one token per sequence: decode), or
+    ``query_start_loc[seq_start] + row`` with ``VARLEN`` (prefill). Rows past the
+    launch's last token exit (a prefill grid is sized by an upper bound)."""
+    row = tl.program_id(0)
+    q_head = tl.program_id(1)
+    if VARLEN:
+        first = tl.load(query_start_loc_ptr + seq_start)
+        end = tl.load(query_start_loc_ptr + seq_start + num_seqs)
+    else:
+        first = seq_start
+        end = seq_start + num_seqs
+    token = first + row
+    if token >= end:
+        return
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_PAD)
+    split_valid = offs_s < num_splits
+    d_valid = offs_d < HEAD_SIZE
+
+    ws_rows = ((row.to(tl.int64) * NUM_Q_HEADS + q_head) * num_splits + offs_s) * (
+        HEAD_SIZE + 1
+    )  # [SPLITS_PAD]
+    lse = tl.load(workspace_ptr + ws_rows + HEAD_SIZE, mask=split_valid, other=0.0)
+    lse = tl.where(split_valid, lse, float("-inf"))
+    m = tl.max(lse, axis=0)
+    if USE_SINKS:
+        sink = tl.load(sinks_ptr + q_head).to(tl.float32) * LOG2E
+        m = tl.maximum(m, sink)
+    # m == -inf: no split saw a key and there is no sink: the output is 0.
+    m_safe = tl.where(m > float("-inf"), m, 0.0)
+    weights = tl.exp2(lse - m_safe)  # [SPLITS_PAD], 0 for empty splits
+    denom = tl.sum(weights, axis=0)
+    if USE_SINKS:
+        denom += tl.exp2(sink - m_safe)
+    partial = tl.load(
+        workspace_ptr + ws_rows[:, None] + offs_d[None, :],
+        mask=(split_valid & (weights > 0.0))[:, None] & d_valid[None, :],
+        other=0.0,
+    )  # [SPLITS_PAD, HEAD_PAD]
+    out = tl.sum(partial * weights[:, None], axis=0) / tl.where(denom > 0, denom, 1.0)
+    o_offset = token.to(tl.int64) * STRIDE_O_TOKEN + q_head * STRIDE_O_HEAD
+    tl.store(
+        output_ptr + o_offset + offs_d,
+        out.to(output_ptr.dtype.element_ty),
+        mask=d_valid,
+    )
+
+
+def merge_launch(
+    *,
+    output: torch.Tensor,
+    workspace: torch.Tensor,
+    sinks: torch.Tensor | None,
+    seq_start: int,
+    num_seqs: int,
+    num_splits: int,
+    rows: int,
+    splits_pad: int,
+    query_start_loc: torch.Tensor | None = None,
+) -> tuple:
+    """``(kernel, grid, keyword arguments)`` of the merge of a split launch: ``rows``
+    workspace rows (the launch's tokens, or an upper bound with
+    ``query_start_loc``: prefill) times the query heads."""
+    num_q_heads, head_size = output.shape[1], output.shape[2]
+    kwargs = dict(
+        output_ptr=output,
+        workspace_ptr=workspace,
+        sinks_ptr=sinks,
+        query_start_loc_ptr=query_start_loc,
+        seq_start=seq_start,
+        num_seqs=num_seqs,
+        num_splits=num_splits,
+        STRIDE_O_TOKEN=output.stride(0),
+        STRIDE_O_HEAD=output.stride(1),
+        NUM_Q_HEADS=num_q_heads,
+        HEAD_SIZE=head_size,
+        HEAD_PAD=triton.next_power_of_2(head_size),
+        SPLITS_PAD=splits_pad,
+        USE_SINKS=sinks is not None,
+        VARLEN=query_start_loc is not None,
+        num_warps=4,
+    )
+    return merge_splits_kernel, (rows, num_q_heads), kwargs

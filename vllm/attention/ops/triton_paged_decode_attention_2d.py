@@ -26,7 +26,7 @@ program ``split`` covers the ``split``-th contiguous share of the sequence's KV 
 The share is computed *inside* the kernel from ``seq_len`` and ``NUM_SPLITS``, so the
 grid depends only on the batch size and stays fixed across CUDA-graph replays while
 context lengths grow. Each program writes its normalised partial output and its
-log-sum-exp (base 2) to a workspace; ``_merge_splits_kernel`` then combines the splits
+log-sum-exp (base 2) to a workspace; ``merge_splits_kernel`` then combines the splits
 (and the attention sink, if any) into the output. With ``NUM_SPLITS == 1`` the same
 kernel writes the output directly: one kernel, a constexpr flag, no copied variant.
 
@@ -67,17 +67,18 @@ import triton.language as tl
 
 from vllm.attention.ops.hardware import nvidia_gpu
 from vllm.attention.ops.triton_attention_common import (
-    LOG2E,
     check_attention_inputs,
     e4m3_to_fp16_at_load,
     finalize_output,
     init_softmax_state,
     load_kv_tile,
+    merge_launch,
     online_softmax_step,
     paged_row_offsets,
     query_for_cache,
     scores_and_scale,
     shared_kernel_args,
+    split_log_sum_exp,
     to_dot_dtype,
 )
 from vllm.attention.ops.tuning.decode_configs import DECODE_TABLE, DecodeConfig
@@ -326,10 +327,7 @@ def _paged_decode_kernel(
             mask=row_valid[:, None] & (offs_d < HEAD_SIZE)[None, :],
         )
     else:
-        # Log-sum-exp (base 2) of this split's scores; -inf for an empty split.
-        lse = tl.where(
-            l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf")
-        )
+        lse = split_log_sum_exp(m_i, l_i)  # -inf for an empty split
         ws_row = (
             (seq_local.to(tl.int64) * NUM_Q_HEADS + q_heads) * NUM_SPLITS + split
         ) * (HEAD_SIZE + 1)  # [BLOCK_M]
@@ -339,62 +337,6 @@ def _paged_decode_kernel(
             mask=row_valid[:, None] & (offs_d < HEAD_SIZE)[None, :],
         )
         tl.store(workspace_ptr + ws_row + HEAD_SIZE, lse, mask=row_valid)
-
-
-@triton.jit
-def _merge_splits_kernel(
-    output_ptr,  # [num_tokens, num_q_heads, HEAD_SIZE]
-    workspace_ptr,  # [max_num_seqs, num_q_heads, NUM_SPLITS, HEAD_SIZE + 1] fp32
-    sinks_ptr,  # [num_q_heads] fp32 (USE_SINKS)
-    seq_start,  # int
-    STRIDE_O_TOKEN: tl.constexpr,
-    STRIDE_O_HEAD: tl.constexpr,
-    NUM_Q_HEADS: tl.constexpr,
-    HEAD_SIZE: tl.constexpr,
-    HEAD_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,  # next power of two of NUM_SPLITS
-    USE_SINKS: tl.constexpr,
-):
-    """Merge the splits: out = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M)
-    [+ 2^(sink - M)])."""
-    seq_local = tl.program_id(0)
-    q_head = tl.program_id(1)
-    offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, HEAD_PAD)
-    split_valid = offs_s < NUM_SPLITS
-    d_valid = offs_d < HEAD_SIZE
-
-    ws_rows = (
-        (seq_local.to(tl.int64) * NUM_Q_HEADS + q_head) * NUM_SPLITS + offs_s
-    ) * (HEAD_SIZE + 1)  # [SPLITS_PAD]
-    lse = tl.load(workspace_ptr + ws_rows + HEAD_SIZE, mask=split_valid, other=0.0)
-    lse = tl.where(split_valid, lse, float("-inf"))
-    m = tl.max(lse, axis=0)
-    if USE_SINKS:
-        sink = tl.load(sinks_ptr + q_head) * LOG2E
-        m = tl.maximum(m, sink)
-    # m == -inf: no split saw a key (seq_len 0) and no sink: the output is 0.
-    m_safe = tl.where(m > float("-inf"), m, 0.0)
-    weights = tl.exp2(lse - m_safe)  # [SPLITS_PAD], 0 for empty splits
-    denom = tl.sum(weights, axis=0)
-    if USE_SINKS:
-        denom += tl.exp2(sink - m_safe)
-    partial = tl.load(
-        workspace_ptr + ws_rows[:, None] + offs_d[None, :],
-        mask=(split_valid & (weights > 0.0))[:, None] & d_valid[None, :],
-        other=0.0,
-    )  # [SPLITS_PAD, HEAD_PAD]
-    out = tl.sum(partial * weights[:, None], axis=0) / tl.where(denom > 0, denom, 1.0)
-    seq = seq_start + seq_local
-    tl.store(
-        output_ptr
-        + seq.to(tl.int64) * STRIDE_O_TOKEN
-        + q_head * STRIDE_O_HEAD
-        + offs_d,
-        out.to(output_ptr.dtype.element_ty),
-        mask=d_valid,
-    )
 
 
 # ----------------------------------------------------------------------------------
@@ -474,11 +416,9 @@ def _launches(
     """``(kernel, grid, keyword arguments)`` of each launch of one decode call (the
     decode kernel, then the merge when split); no checks. Separate from the launch
     so the offline compile test builds exactly what a launch would."""
-    num_q_heads, head_size = query.shape[1], query.shape[2]
+    num_q_heads = query.shape[1]
     num_kv_heads = key_cache.shape[1]
     group_size = num_q_heads // num_kv_heads
-    head_pad = triton.next_power_of_2(head_size)
-    use_sinks = sinks is not None
     decode = dict(
         **shared_kernel_args(
             query=query,
@@ -507,22 +447,18 @@ def _launches(
     )
     launches = [(_paged_decode_kernel, (num_seqs, num_kv_heads, num_splits), decode)]
     if num_splits > 1:
-        merge = dict(
-            output_ptr=output,
-            workspace_ptr=workspace,
-            sinks_ptr=sinks,
-            seq_start=seq_start,
-            STRIDE_O_TOKEN=output.stride(0),
-            STRIDE_O_HEAD=output.stride(1),
-            NUM_Q_HEADS=num_q_heads,
-            HEAD_SIZE=head_size,
-            HEAD_PAD=head_pad,
-            NUM_SPLITS=num_splits,
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
-            USE_SINKS=use_sinks,
-            num_warps=4,
+        launches.append(
+            merge_launch(
+                output=output,
+                workspace=workspace,
+                sinks=sinks,
+                seq_start=seq_start,
+                num_seqs=num_seqs,
+                num_splits=num_splits,
+                rows=num_seqs,
+                splits_pad=triton.next_power_of_2(num_splits),
+            )
         )
-        launches.append((_merge_splits_kernel, (num_seqs, num_q_heads), merge))
     return launches
 
 

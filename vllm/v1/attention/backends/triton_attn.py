@@ -70,6 +70,7 @@ import torch
 from vllm.attention.ops.hardware import num_sms
 from vllm.attention.ops.paged_attention import DECODE_QUERY_LEN, paged_attention
 from vllm.attention.ops.paged_cache_write import write_to_paged_cache
+from vllm.attention.ops.prefix_prefill import SPLIT_MIN_KEYS
 from vllm.attention.ops.triton_paged_decode_attention_2d import (
     WORKSPACE_DTYPE,
     choose_num_splits,
@@ -209,6 +210,7 @@ _DISPATCH_FIELDS = (
     "num_decode_tokens",
     "decode_num_splits",
     "decode_workspace",
+    "max_seq_len",
 )
 # The metadata fields a batch's CommonAttentionMetadata gives: {ours: vLLM's}.
 _FROM_COMMON = {
@@ -260,11 +262,13 @@ _QUERY_LAYOUTS = ("qkv_view", "contiguous")
 @dataclass
 class _WarmUpBatch:
     """A batch of the warm-up: query lengths (decodes first) and the host
-    ``max_query_len`` to launch with (an upper bound, default the longest)."""
+    ``max_query_len`` and ``max_seq_len`` to launch with (upper bounds, default the
+    longest query)."""
 
     name: str
     query_lens: list[int]
     max_query_len: int | None = None
+    max_seq_len: int | None = None
 
 
 def _stride_class(stride: int) -> tuple[bool, bool]:
@@ -412,6 +416,13 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
                         max_query_len=bound,
                     )
                 )
+        # Split-KV prefill: the merge kernel (the prefill kernel takes the split
+        # count at run time). A 2-token query with a long max_seq_len splits.
+        batches.append(
+            _WarmUpBatch(
+                "prefill split-KV", [2], max_query_len=2, max_seq_len=2 * SPLIT_MIN_KEYS
+            )
+        )
         return batches
 
     def warm_up(self, block_table_stride: int) -> None:
@@ -551,7 +562,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             num_actual_tokens=num_tokens,
             num_reqs=num_reqs,
             max_query_len=batch.max_query_len or max(batch.query_lens),
-            max_seq_len=max(batch.query_lens),
+            max_seq_len=batch.max_seq_len or max(batch.query_lens),
             query_start_loc=query_start_loc_cpu.to(device),
             seq_lens=torch.tensor(batch.query_lens, dtype=torch.int32, device=device),
             block_table=block_table,
