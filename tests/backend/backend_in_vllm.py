@@ -657,6 +657,22 @@ def check_builder():
         # The same plan again reuses the same workspace (allocated once).
         assert builder.build(0, cm).decode_workspace is md.decode_workspace
 
+    # The prefill part's split-KV bound: vLLM's host upper bound of the prefill
+    # rows when the model runner gives one, else the batch's max_seq_len.
+    q_lens, s_lens = [1, 1, 5, 300], [9000, 10, 40, 300]
+    cm = _common_metadata(
+        q_lens,
+        s_lens,
+        torch.zeros((4, 16), dtype=torch.int32),
+        torch.arange(sum(q_lens), dtype=torch.int64),
+        sum(q_lens),
+    )
+    assert builder.build(0, cm).prefill_max_seq_len == 9000
+    cm.seq_lens_cpu_upper_bound = torch.tensor(s_lens, dtype=torch.int32)
+    md = builder.build(0, cm)
+    assert md.prefill_max_seq_len == 300, md.prefill_max_seq_len
+    assert md.dispatch_args["prefill_max_seq_len"] == 300
+
     # Every decode batch size up to max_num_seqs has a large enough workspace.
     for num_decodes in range(1, builder.max_decode_seqs + 1):
         splits, ws = builder.decode_plan(num_decodes)

@@ -55,7 +55,7 @@ def _dispatch_args(num_seqs, num_decodes, max_query_len=5):
         "softmax_scale": 0.1,
         "decode_num_splits": 4,
         "sliding_window": 9,
-        "max_seq_len": 4096,
+        "prefill_max_seq_len": 4096,
     }
 
 

@@ -45,7 +45,7 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
     decode_num_splits: int = 1,
     decode_workspace: torch.Tensor | None = None,
-    max_seq_len: int | None = None,
+    prefill_max_seq_len: int | None = None,
 ) -> None:
     """Attention of every query token over its sequence's paged K/V, into ``output``.
 
@@ -61,8 +61,8 @@ def paged_attention(
         decode_num_splits, decode_workspace: split-KV of the decode part
             (``choose_num_splits`` / ``decode_workspace_shape``, chosen by the
             builder from the batch shape so CUDA graphs stay valid).
-        max_seq_len: host int >= the longest KV length of the batch, or None: lets
-            the prefill part split its keys when its grid is small
+        prefill_max_seq_len: host int >= the longest KV length of the prefill
+            part, or None: lets it split its keys when its grid is small
             (``prefix_prefill.choose_num_splits``).
         The rest are the attention features of both kernels.
 
@@ -116,5 +116,5 @@ def paged_attention(
             max_query_len=max_query_len,
             seq_start=num_decodes,
             num_seqs=num_seqs - num_decodes,
-            max_seq_len=max_seq_len,
+            max_seq_len=prefill_max_seq_len,
         )

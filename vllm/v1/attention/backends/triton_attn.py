@@ -186,6 +186,7 @@ class TritonAttentionMetadata:
     num_decode_tokens: int  # their tokens: rows [0, num_decode_tokens)
     decode_num_splits: int  # split-KV count of the decode launch
     decode_workspace: torch.Tensor | None  # fp32 scratch when decode_num_splits > 1
+    prefill_max_seq_len: int  # >= every prefill request's seq_len (its split-KV)
     causal: bool = True
 
     @property
@@ -210,7 +211,7 @@ _DISPATCH_FIELDS = (
     "num_decode_tokens",
     "decode_num_splits",
     "decode_workspace",
-    "max_seq_len",
+    "prefill_max_seq_len",
 )
 # The metadata fields a batch's CommonAttentionMetadata gives: {ours: vLLM's}.
 _FROM_COMMON = {
@@ -594,24 +595,37 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             )
         return self._metadata(
             cm.query_start_loc_cpu,
+            getattr(cm, "seq_lens_cpu_upper_bound", None),
             **{ours: getattr(cm, theirs) for ours, theirs in _FROM_COMMON.items()},
         )
 
     def _metadata(
-        self, query_start_loc_cpu: torch.Tensor, **batch
+        self,
+        query_start_loc_cpu: torch.Tensor,
+        seq_lens_upper_bound_cpu: torch.Tensor | None = None,
+        **batch,
     ) -> TritonAttentionMetadata:
         """The metadata of a batch from its common fields (``_FROM_COMMON``'s
-        names): the decode/prefill split and the decode launch plan added."""
+        names): the decode/prefill split, the decode launch plan and the prefill
+        requests' longest KV length added. ``seq_lens_upper_bound_cpu``: vLLM's
+        host upper bound of each request's seq_len (exact for prefills), when the
+        model runner gives one; else the batch's ``max_seq_len`` bounds the
+        prefills."""
         num_decodes, num_decode_tokens = split_decodes(
             query_start_loc_cpu, batch["num_reqs"], batch["max_query_len"]
         )
         num_splits, workspace = self.decode_plan(num_decodes)
+        prefill_max_seq_len = batch["max_seq_len"]
+        if seq_lens_upper_bound_cpu is not None and num_decodes < batch["num_reqs"]:
+            prefills = seq_lens_upper_bound_cpu[num_decodes : batch["num_reqs"]]
+            prefill_max_seq_len = int(prefills.max())
         return TritonAttentionMetadata(
             **batch,
             num_decodes=num_decodes,
             num_decode_tokens=num_decode_tokens,
             decode_num_splits=num_splits,
             decode_workspace=workspace,
+            prefill_max_seq_len=prefill_max_seq_len,
         )
 
 
