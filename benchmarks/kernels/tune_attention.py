@@ -181,14 +181,12 @@ def _is_correct(config, small, head_size) -> bool:
 
 
 def _candidates(head_size, kv_dtype, group, block_size, space):
-    group_pad = triton.next_power_of_2(group)
+    # Any group: rows are packed, a tile may start and end inside a token.
     for values in itertools.product(*(space[name] for name in SPACE_FIELDS)):
         config = PrefillConfig(**dict(zip(SPACE_FIELDS, values)))
         if config.use_tma and block_size % config.block_n:
             continue  # would run the pointer loads: same as use_tma=False
-        if config.block_m >= group_pad and is_valid_config(
-            config, head_size=head_size, kv_dtype=kv_dtype
-        ):
+        if is_valid_config(config, head_size=head_size, kv_dtype=kv_dtype):
             yield config
 
 
