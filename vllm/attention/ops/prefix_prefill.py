@@ -29,7 +29,8 @@ of a Triton Attention Kernel", arXiv 2511.11581):
   padding whatever the group (7 heads fill 7 rows per token, not 8); a tile may
   start and end inside a token. ``BLOCK_M`` is a multiple of 64 so that the two
   ``tl.dot`` per tile lower to Hopper wgmma.
-* A 1D grid of ``row_tiles * num_seqs * num_kv_heads`` programs, in the order
+* A 1D grid of ``row_tiles * num_seqs * num_kv_heads * num_splits`` programs
+  (``num_splits``: split-KV, below; 1 otherwise), in the order
   the config's ``longest_first`` picks (``program_coords``): longest work first
   across every head and sequence, or head-major with each head's longest tiles
   first. Programs past the end of a shorter sequence's query exit at once.
@@ -579,6 +580,14 @@ def picked_config(device: torch.device, **key) -> PrefillConfig:
     )
 
 
+def unsplit_programs(
+    *, max_query_len: int, group: int, block_m: int, num_seqs: int, num_kv_heads: int
+) -> int:
+    """Programs of a launch before KV splitting: ``row_tiles * num_seqs *
+    num_kv_heads`` (the grid is this times ``num_splits``; see program_coords)."""
+    return triton.cdiv(max_query_len * group, block_m) * num_seqs * num_kv_heads
+
+
 def choose_num_splits(*, programs: int, max_seq_len: int, num_sms: int) -> int:
     """KV splits for a prefill launch of ``programs`` programs (``num_splits=1``)
     whose longest sequence holds ``max_seq_len`` keys.
@@ -653,8 +662,14 @@ def _launches(
         and key_cache.stride(1) % head_size == 0
         and tma_supported(query.device)
     )
-    row_tiles = triton.cdiv(max_query_len * group_size, config.block_m)
-    grid = (row_tiles * num_seqs * num_kv_heads * num_splits,)  # program_coords
+    programs = unsplit_programs(
+        max_query_len=max_query_len,
+        group=group_size,
+        block_m=config.block_m,
+        num_seqs=num_seqs,
+        num_kv_heads=num_kv_heads,
+    )
+    grid = (programs * num_splits,)  # see program_coords
     kwargs = dict(
         **shared_kernel_args(
             query=query,
@@ -829,17 +844,20 @@ def prefix_prefill_attention(
         raise ValueError(
             f"{who}: config tiles must be powers of two >= 16, got {config}."
         )
-    programs = (
-        triton.cdiv(max_query_len * (num_q_heads // num_kv_heads), config.block_m)
-        * num_seqs
-        * num_kv_heads
-    )
     if num_splits is None:
         num_splits = 1
         if max_seq_len is not None:
-            sms = num_sms(query.device)
+            programs = unsplit_programs(
+                max_query_len=max_query_len,
+                group=num_q_heads // num_kv_heads,
+                block_m=config.block_m,
+                num_seqs=num_seqs,
+                num_kv_heads=num_kv_heads,
+            )
             num_splits = choose_num_splits(
-                programs=programs, max_seq_len=max_seq_len, num_sms=sms
+                programs=programs,
+                max_seq_len=max_seq_len,
+                num_sms=num_sms(query.device),
             )
     if not 1 <= num_splits <= MAX_NUM_SPLITS:
         raise ValueError(
