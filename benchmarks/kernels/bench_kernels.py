@@ -505,7 +505,30 @@ def caller_ours(
             num_splits=prefill_num_splits,
         )
 
-    return Runner(run, out, note=f"prefill_splits={prefill_num_splits or 'auto'}")
+    splits = prefill_num_splits
+    if splits is None:  # the count the launcher chooses (recorded in the note)
+        device = inp.query.device
+        group = s.num_q_heads // s.num_kv_heads
+        splits = ops.prefix_prefill.auto_num_splits(
+            config=ops.prefix_prefill.picked_config(
+                device,
+                head_size=s.head_size,
+                q_dtype=inp.query.dtype,
+                kv_dtype=inp.kv_cache.dtype,
+                group=group,
+                block_size=s.block_size,
+                max_query_len=s.query_len,
+            ),
+            max_query_len=s.query_len,
+            group=group,
+            num_seqs=s.batch,
+            num_kv_heads=s.num_kv_heads,
+            max_seq_len=s.context,
+            sliding_window=s.window,
+            num_sms=ops.hardware.num_sms(device),
+        )
+    mode = "auto" if prefill_num_splits is None else "forced"
+    return Runner(run, out, note=f"prefill_splits={splits} ({mode})")
 
 
 def stock_window(s: Shape) -> tuple[int, int]:
@@ -842,7 +865,7 @@ def import_modules(stock_site: str | None) -> dict:
         stock.fa3_reason = stock.triton_reason = (
             f"stock vLLM not found at --stock-site {stock_site}"
         )
-    from vllm.attention.ops import hardware
+    from vllm.attention.ops import hardware, prefix_prefill
     from vllm.attention.ops import triton_paged_decode_attention_2d as dec
     from vllm.attention.ops.prefix_prefill import prefix_prefill_attention
     from vllm.attention.ops.reference import ref_paged_attention
@@ -852,6 +875,7 @@ def import_modules(stock_site: str | None) -> dict:
         setattr(ops, name, getattr(dec, name))
     ops.hardware = hardware
     ops.prefix_prefill_attention = prefix_prefill_attention
+    ops.prefix_prefill = prefix_prefill
     ops.ref_paged_attention = ref_paged_attention
     files["ours_decode"] = dec.__file__
     files["ours_prefill"] = sys.modules[prefix_prefill_attention.__module__].__file__
@@ -1111,20 +1135,27 @@ def summary_markdown(records: list[dict]) -> str:
 
 def selected_shapes(args) -> list[Shape]:
     """The points of the chosen sweep (--matrix, --tiny, --quick or the default),
-    pruned by --kernels, --kv-dtypes, --groups, --head-sizes, --block-sizes."""
+    pruned by --kernels, --kv-dtypes, --groups, --head-sizes, --block-sizes,
+    --query-lens."""
     kv_names = {"bf16": "bfloat16", "fp8": "float8_e4m3fn"}
+    query_lens = args.query_lens
     if args.matrix:
-        return matrix_shapes(
-            kernels=args.kernels,
-            groups=args.groups or MATRIX_GROUPS,
-            head_sizes=args.head_sizes or MATRIX_HEAD_SIZES,
-            block_sizes=args.block_sizes,
-            kv_dtypes=[kv_names[k] for k in args.kv_dtypes],
-        )
+        return [
+            s
+            for s in matrix_shapes(
+                kernels=args.kernels,
+                groups=args.groups or MATRIX_GROUPS,
+                head_sizes=args.head_sizes or MATRIX_HEAD_SIZES,
+                block_sizes=args.block_sizes,
+                kv_dtypes=[kv_names[k] for k in args.kv_dtypes],
+            )
+            if not query_lens or s.query_len in query_lens
+        ]
     return [
         s
         for s in sweep(args)
         if s.kernel in args.kernels
+        and (not query_lens or s.query_len in query_lens)
         and ("fp8" if s.kv_dtype.startswith("float8") else "bf16") in args.kv_dtypes
         and (not args.groups or s.num_q_heads // s.num_kv_heads in args.groups)
         and (not args.head_sizes or s.head_size in args.head_sizes)
@@ -1181,6 +1212,12 @@ def main() -> None:
     )
     p.add_argument("--groups", type=int, nargs="+", help="only these q/KV groups")
     p.add_argument("--head-sizes", type=int, nargs="+", help="only these head sizes")
+    p.add_argument(
+        "--query-lens",
+        type=int,
+        nargs="+",
+        help="only the points with these query lengths (e.g. 2048: the chunks)",
+    )
     p.add_argument("--block-sizes", type=int, nargs="+", help="only these page sizes")
     p.add_argument(
         "--max-points",

@@ -375,6 +375,18 @@ def test_matrix_pruning_options(monkeypatch, capsys):
     )
 
 
+def test_query_lens_option_keeps_only_those_points(monkeypatch, capsys):
+    argv = ["--matrix", "full", "--list", "--kernels", "prefill", "--groups", "1",
+            "--head-sizes", "96", "--block-sizes", "64",
+            "--kv-dtypes", "bf16"]  # fmt: skip
+    every = _main(monkeypatch, capsys, *argv).strip().splitlines()[:-1]
+    chunks = _main(monkeypatch, capsys, *argv, "--query-lens", "2048")
+    chunks = chunks.strip().splitlines()[:-1]
+    q_lens = [dict(f.split("=") for f in line.split())["q_len"] for line in every]
+    assert set(q_lens) > {"2048"}  # the selection has other lengths to drop
+    assert chunks == [line for line, q in zip(every, q_lens) if q == "2048"]
+
+
 def _fake_callers(monkeypatch, measured, *, fail=()):
     """Callers whose times are made up: ours 10 us, fa3 20 us (skipped on fp8),
     stock 5 us; ``fail``: shapes on which ours raises."""

@@ -1125,6 +1125,28 @@ def test_split_count_rule(programs, max_seq_len, splits):
     )
 
 
+@pytest.mark.parametrize(
+    "window, splits",
+    [
+        (None, 3),  # a 2k chunk over 32k at 8 KV heads, group 1: 384 programs
+        (8192, 3),  # a window wider than the 2k it would have to fall under
+        (1500, 1),  # window + block_m < 2 * SPLIT_MIN_KEYS: at most one split
+        (16, 1),  # a program sees 16 + block_m keys: never split
+    ],
+)
+def test_auto_split_count_is_bounded_by_the_window(window, splits):
+    config = PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=2)
+    got = prefix_prefill.auto_num_splits(
+        config=config, max_query_len=2048, group=1, num_seqs=1, num_kv_heads=8,
+        max_seq_len=34_816, sliding_window=window, num_sms=132,
+    )  # fmt: skip
+    assert got == splits
+    assert prefix_prefill.auto_num_splits(
+        config=config, max_query_len=2048, group=1, num_seqs=1, num_kv_heads=8,
+        max_seq_len=None, sliding_window=window, num_sms=132,
+    ) == 1  # fmt: skip
+
+
 def test_split_launch_chosen_from_max_seq_len_matches_reference():
     """With ``max_seq_len`` and no ``num_splits``, a launch of few programs over a
     long context splits (two launches: the kernel and the merge) and is correct."""

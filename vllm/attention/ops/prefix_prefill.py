@@ -604,6 +604,35 @@ def choose_num_splits(*, programs: int, max_seq_len: int, num_sms: int) -> int:
     return max(1, min(want, max_seq_len // SPLIT_MIN_KEYS, MAX_NUM_SPLITS))
 
 
+def auto_num_splits(
+    *,
+    config: PrefillConfig,
+    max_query_len: int,
+    group: int,
+    num_seqs: int,
+    num_kv_heads: int,
+    max_seq_len: int | None,
+    sliding_window: int | None,
+    num_sms: int,
+) -> int:
+    """The KV splits a launch takes when the caller gives none: 1 without
+    ``max_seq_len``, else ``choose_num_splits`` over the launch's programs and the
+    keys one program can see (at most ``sliding_window + block_m`` with a window)."""
+    if max_seq_len is None:
+        return 1
+    keys = max_seq_len
+    if sliding_window:
+        keys = min(keys, sliding_window + config.block_m)
+    programs = unsplit_programs(
+        max_query_len=max_query_len,
+        group=group,
+        block_m=config.block_m,
+        num_seqs=num_seqs,
+        num_kv_heads=num_kv_heads,
+    )
+    return choose_num_splits(programs=programs, max_seq_len=keys, num_sms=num_sms)
+
+
 @functools.cache
 def _no_workspace(device: torch.device) -> torch.Tensor:
     """The workspace argument of unsplit launches: an fp32 tensor, so that split
@@ -787,8 +816,8 @@ def prefix_prefill_attention(
         max_seq_len: host int >= the longest KV length of the launched sequences,
             or None (unknown: no split).
         num_splits: KV splits (1 to ``MAX_NUM_SPLITS``); None chooses them from
-            the grid and ``max_seq_len`` (``choose_num_splits``). Split launches
-            write partials to an fp32 workspace (``split_workspace_shape``),
+            the grid, ``max_seq_len`` and the window (``auto_num_splits``). Split
+            launches write partials to an fp32 workspace (``split_workspace_shape``),
             allocated per call, and merge them in a second kernel.
 
     Raises ValueError for unsupported inputs (nothing is launched then).
@@ -845,20 +874,16 @@ def prefix_prefill_attention(
             f"{who}: config tiles must be powers of two >= 16, got {config}."
         )
     if num_splits is None:
-        num_splits = 1
-        if max_seq_len is not None:
-            programs = unsplit_programs(
-                max_query_len=max_query_len,
-                group=num_q_heads // num_kv_heads,
-                block_m=config.block_m,
-                num_seqs=num_seqs,
-                num_kv_heads=num_kv_heads,
-            )
-            num_splits = choose_num_splits(
-                programs=programs,
-                max_seq_len=max_seq_len,
-                num_sms=num_sms(query.device),
-            )
+        num_splits = auto_num_splits(
+            config=config,
+            max_query_len=max_query_len,
+            group=num_q_heads // num_kv_heads,
+            num_seqs=num_seqs,
+            num_kv_heads=num_kv_heads,
+            max_seq_len=max_seq_len,
+            sliding_window=sliding_window,
+            num_sms=num_sms(query.device),
+        )
     if not 1 <= num_splits <= MAX_NUM_SPLITS:
         raise ValueError(
             f"{who}: num_splits must be in [1, {MAX_NUM_SPLITS}], got {num_splits}."
