@@ -1109,18 +1109,28 @@ def test_program_order(row_tiles, num_seqs, num_kv_heads, num_splits, longest_fi
 
 
 @pytest.mark.parametrize(
-    "programs, max_seq_len, splits",
+    "programs, num_warps, max_seq_len, splits",
     [
-        (264, 100_000, 1),  # 2 programs per SM (132 SMs) already
-        (128, 34_816, 3),  # a 2k chunk over 32k at 8 KV heads, group 1: 384
-        (8, 100_000, 16),  # spec-decode verification, 8 KV heads: capped
-        (8, 3_000, 2),  # short sequences: one split per 1024 keys
-        (8, 1_000, 1),  # under 1024 keys: never split
+        # 132 SMs: 1056 warp slots; split when the launch fills at most 528.
+        (128, 4, 18_432, 3),  # a 2k chunk over 16k, group 1, 128-row tiles
+        (64, 8, 34_816, 3),  # the same with 256-row 8-warp tiles
+        (128, 8, 34_816, 1),  # 8-warp programs on every SM: no split
+        (256, 4, 34_816, 1),  # group 2: two 4-warp programs per SM already
+        (132, 4, 100_000, 2),  # exactly half the slots
+        (133, 4, 100_000, 1),  # one program over half
+        (8, 4, 100_000, 16),  # spec-decode verification, 8 KV heads: capped
+        (8, 4, 6_000, 2),  # short sequences: one split per 2048 keys
+        (8, 4, 2_047, 1),  # under 2048 keys: never split
     ],
 )
-def test_split_count_rule(programs, max_seq_len, splits):
+def test_split_count_rule(programs, num_warps, max_seq_len, splits):
     assert (
-        choose_num_splits(programs=programs, max_seq_len=max_seq_len, num_sms=132)
+        choose_num_splits(
+            programs=programs,
+            num_warps=num_warps,
+            max_seq_len=max_seq_len,
+            num_sms=132,
+        )  # fmt: skip
         == splits
     )
 
@@ -1130,12 +1140,12 @@ def test_split_count_rule(programs, max_seq_len, splits):
     [
         (None, 3),  # a 2k chunk over 32k at 8 KV heads, group 1: 384 programs
         (8192, 3),  # a window wider than the 2k it would have to fall under
-        (1500, 1),  # window + block_m < 2 * SPLIT_MIN_KEYS: at most one split
+        (3000, 1),  # window + block_m < 2 * SPLIT_MIN_KEYS: at most one split
         (16, 1),  # a program sees 16 + block_m keys: never split
     ],
 )
 def test_auto_split_count_is_bounded_by_the_window(window, splits):
-    config = PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=2)
+    config = PrefillConfig(block_m=128, block_n=64, num_warps=4, num_stages=2)
     got = prefix_prefill.auto_num_splits(
         config=config, max_query_len=2048, group=1, num_seqs=1, num_kv_heads=8,
         max_seq_len=34_816, sliding_window=window, num_sms=132,
@@ -1151,7 +1161,7 @@ def test_split_launch_chosen_from_max_seq_len_matches_reference():
     """With ``max_seq_len`` and no ``num_splits``, a launch of few programs over a
     long context splits (two launches: the kernel and the merge) and is correct."""
     batch = make_paged_batch(
-        seqs=[(3, 2100), (1, 1200)], num_q_heads=4, num_kv_heads=2, head_size=64,
+        seqs=[(3, 4200), (1, 1200)], num_q_heads=4, num_kv_heads=2, head_size=64,
         block_size=16,
     )  # fmt: skip
     output = torch.full_like(batch.query, float("nan"))
@@ -1170,7 +1180,7 @@ def test_split_launch_chosen_from_max_seq_len_matches_reference():
             value_cache=batch.value_cache, output=output,
             block_table=batch.block_table, query_start_loc=batch.query_start_loc,
             seq_lens=batch.seq_lens, max_query_len=batch.max_query_len,
-            softmax_scale=0.125, config=SMALL, max_seq_len=2100,
+            softmax_scale=0.125, config=SMALL, max_seq_len=4200,
         )  # fmt: skip
     assert launched == [[prefix_prefill._prefix_prefill_kernel, merge_splits_kernel]]
     expected = ref_paged_attention(softmax_scale=0.125, **batch.ref_kwargs())

@@ -108,16 +108,18 @@ from vllm.attention.ops.tuning.tables import device_gpu_name, next_power_of_2
 # Triton's limit on the 1st grid dimension.
 _MAX_GRID_X = 2**31 - 1
 
-# Split-KV (choose_num_splits): a launch of fewer programs than this many per SM
-# splits each program's keys so that the grid reaches it (one 4-warp program per SM
-# leaves half of the SM idle; two keep it busy) ...
-SPLIT_TARGET_PROGRAMS_PER_SM = 2
+# Split-KV (choose_num_splits). An SM holds about this many warps of the kernel at
+# its register use (two 4-warp programs or one 8-warp program); a launch whose
+# programs fill at most half of these slots on every SM splits each program's keys
+# so that the split grid fills them once ...
+SPLIT_WARPS_PER_SM = 8
 # ... in at most this many splits (the merge reads them in one tile) ...
 MAX_NUM_SPLITS = 16
-# ... each of at least this many keys of the longest sequence (a split re-reads the
-# query tile and writes [rows, head_size + 1] fp32 partials: over >= 1024 keys that
-# costs a few percent of the split's K/V traffic).
-SPLIT_MIN_KEYS = 1024
+# ... each of at least this many keys a program sees (a split re-reads the query
+# tile, writes [rows, head_size + 1] fp32 partials and takes the causal diagonal's
+# whole cost into its last share; on an H200 two splits of 1024 keys were slower
+# than none).
+SPLIT_MIN_KEYS = 2048
 
 
 @triton.jit
@@ -588,19 +590,22 @@ def unsplit_programs(
     return triton.cdiv(max_query_len * group, block_m) * num_seqs * num_kv_heads
 
 
-def choose_num_splits(*, programs: int, max_seq_len: int, num_sms: int) -> int:
-    """KV splits for a prefill launch of ``programs`` programs (``num_splits=1``)
-    whose longest sequence holds ``max_seq_len`` keys.
+def choose_num_splits(
+    *, programs: int, num_warps: int, max_seq_len: int, num_sms: int
+) -> int:
+    """KV splits for a prefill launch of ``programs`` programs of ``num_warps``
+    warps (``num_splits=1``) whose programs see at most ``max_seq_len`` keys.
 
-    1 when the grid already has ``SPLIT_TARGET_PROGRAMS_PER_SM`` programs per SM.
-    Otherwise as many splits as bring it there, at most ``MAX_NUM_SPLITS`` and at
-    most one per ``SPLIT_MIN_KEYS`` keys: few programs over long contexts (a short
-    chunk or spec-decode verification over a long cache, a small group at few KV
-    heads) split; short sequences never do."""
-    target = SPLIT_TARGET_PROGRAMS_PER_SM * max(1, num_sms)
-    if programs >= target:
+    1 when the programs fill more than half of the SMs' ``SPLIT_WARPS_PER_SM``
+    warp slots. Otherwise as many splits as fill them once, at most
+    ``MAX_NUM_SPLITS`` and at most one per ``SPLIT_MIN_KEYS`` keys: a short chunk or
+    spec-decode verification over a long cache and a small group at few KV heads
+    split; short sequences and launches that already occupy every SM do not."""
+    slots = SPLIT_WARPS_PER_SM * max(1, num_sms)
+    used = max(1, programs) * num_warps
+    if 2 * used > slots:
         return 1
-    want = -(-target // max(1, programs))
+    want = -(-slots // used)
     return max(1, min(want, max_seq_len // SPLIT_MIN_KEYS, MAX_NUM_SPLITS))
 
 
@@ -630,7 +635,12 @@ def auto_num_splits(
         num_seqs=num_seqs,
         num_kv_heads=num_kv_heads,
     )
-    return choose_num_splits(programs=programs, max_seq_len=keys, num_sms=num_sms)
+    return choose_num_splits(
+        programs=programs,
+        num_warps=config.num_warps,
+        max_seq_len=keys,
+        num_sms=num_sms,
+    )
 
 
 @functools.cache
@@ -759,9 +769,10 @@ def split_workspace_shape(
     """Shape of a split launch's fp32 workspace: a row per token the launch can
     hold (at most ``num_seqs * max_query_len``, at most the batch's tokens), the
     partial output of each query head and split in ``[..., :head_size]`` and its
-    log-sum-exp in ``[..., head_size]``. Splits happen only on grids below
-    ``SPLIT_TARGET_PROGRAMS_PER_SM`` programs per SM, which bounds it (an H200:
-    under 300 programs of at most 256 rows: about 130 MB at head size 256)."""
+    log-sum-exp in ``[..., head_size]``. Only launches that fill at most half of
+    the SMs' warp slots split, into at most 1.5x the slots' worth of programs, which
+    bounds it (an H200: at most 396 4-warp programs of at most 256 rows, about
+    100 MB at head size 256)."""
     rows = max(1, min(num_tokens, num_seqs * max_query_len))
     return (rows, num_q_heads, num_splits, head_size + 1)
 
