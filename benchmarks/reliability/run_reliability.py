@@ -53,6 +53,8 @@ PREFIX_HITS = "vllm:prefix_cache_hits_total"
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 ERROR_LINE = re.compile(r"\bERROR \d\d-\d\d \d\d:\d\d:\d\d\b|^ERROR\b|Traceback \(")
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
+# The pressure servers' page size unless --block-size is given (vLLM's CUDA default).
+DEFAULT_BLOCK_SIZE = 16
 # Per scenario: duration (s, for the timed ones) and the greedy agreement needed.
 DURATION = {"abort-storm": 600.0, "soak": 1500.0}
 MIN_AGREEMENT = {"preemption": 0.99}  # others: 1.0 (identical)
@@ -241,9 +243,13 @@ def plain(a) -> list[str]:
 
 
 def pressure(a) -> list[str]:
-    """A KV cache of ``--pressure-kv-tokens`` only: preemptions and evictions."""
-    return [*plain(a), "--num-gpu-blocks-override",
-            str(a.pressure_kv_tokens // (a.block_size or 16))]  # fmt: skip
+    """A KV cache of ``--pressure-kv-tokens`` only: preemptions and evictions. The
+    cache is a number of blocks and backends default to different page sizes
+    (TRITON_ATTN-fork: 64), so these servers always get ``--block-size`` (16 unless
+    given; when given, every server gets it)."""
+    bs = a.block_size or DEFAULT_BLOCK_SIZE
+    return [*plain(a), *([] if a.block_size else ["--block-size", str(bs)]),
+            "--num-gpu-blocks-override", str(a.pressure_kv_tokens // bs)]  # fmt: skip
 
 
 def ids(rng: random.Random, n: int) -> list[int]:
@@ -405,7 +411,7 @@ def length_limits(ctx: Ctx) -> tuple[dict, dict, list]:
 
 def prefix_caching(ctx: Ctx) -> tuple[dict, dict, list]:
     a, reasons = ctx.args, []
-    bs, rng = a.block_size or 16, random.Random(a.seed)
+    bs, rng = a.block_size or DEFAULT_BLOCK_SIZE, random.Random(a.seed)
     lengths = [1, bs - 1, bs + 1, 3 * bs + 5]
     reqs = []
     for n in lengths:
@@ -585,7 +591,9 @@ def parse_args(argv):
     add("--num-requests", type=int, default=128)
     add("--pressure-kv-tokens", type=int, default=12288,
         help="KV cache of the pressure servers (>= --max-model-len)")  # fmt: skip
-    add("--block-size", type=int, help="KV block size (default 16, not passed)")
+    add("--block-size", type=int,
+        help="KV block size of every server (default: each backend's own; the "
+             "small-cache servers get 16)")  # fmt: skip
     add("--prefix-groups", type=int, default=4)
     add("--spec-prompt-lens", type=lambda s: [int(x) for x in s.split(",")],
         default=[128, 1024, 4096, 10000])  # fmt: skip

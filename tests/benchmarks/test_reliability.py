@@ -72,7 +72,10 @@ def test_all_scenarios_pass_on_a_healthy_server(tmp_path):
     pre = recs["preemption-TRITON_ATTN-fork"]
     assert pre["numbers"]["preemptions"] > 0
     assert [s["tag"] for s in pre["servers"]] == ["plain", "pressure"]
-    assert "--num-gpu-blocks-override" in pre["servers"][1]["command"]
+    # the small cache is sized in blocks of a page size every backend is given
+    small = "--block-size 16 --num-gpu-blocks-override 768"
+    assert small in pre["servers"][1]["command"]
+    assert "--block-size" not in pre["servers"][0]["command"]
     cases = recs["length-limits-TRITON_ATTN-fork"]["numbers"]["cases"]
     assert [c["status"] for c in cases.values()] == [200, 200, 400, 400]
     prefix = recs["prefix-caching-TRITON_ATTN-fork"]
