@@ -313,6 +313,9 @@ def _prefix_prefill_cases():
     yield launch(256, 2, 128, torch.bfloat16, 16384)
     # K/V tiles by TMA (the tile lies in one page).
     yield launch(128, 4, 64, torch.bfloat16, 4096, use_tma=True)
+    # TMA boxes wider than the head (96 in 128 columns; the rest reads as zeros).
+    yield launch(96, 1, 64, torch.bfloat16, 4096, use_tma=True)
+    yield launch(80, 2, 64, torch.float8_e4m3fn, 1024, use_tma=True)
     # A register cap, as the launcher passes it on a CUDA device: a 64x64 4-warp
     # program in 168 registers, so that three fit an SM instead of two.
     one_stage = PrefillConfig(64, 64, 4, 1, use_tma=True, maxnreg=168)

@@ -216,13 +216,15 @@ CASES = [
         seqs=[(3, 40), (20, 20), (33, 97)],
         config=PrefillConfig(16, 16, 4, 1, use_tma=True, lazy_rescale=True),
     ),
-    # use_tma where TMA cannot apply (tile spans pages; head size not a power of
-    # two): the pointer loads run instead.
+    # use_tma where TMA cannot apply (the tile spans pages): the pointer loads run
+    # instead.
     _case(
         "tma-requested-tile-spans-pages",
         config=PrefillConfig(32, 32, 4, 1, use_tma=True),
     ),
-    _case("tma-requested-d80", head_size=80, config=PrefillConfig(16, 16, 4, 1, True)),
+    # TMA with a head size below its power of two: boxes of 128 columns over rows
+    # of 80, the columns past the row read as zeros (not the next row's keys).
+    _case("tma-d80", head_size=80, config=PrefillConfig(16, 16, 4, 1, True)),
     # Groups that are not powers of two, packed without padding: tiles of 16 or
     # 64 rows hold a fraction of a token's heads at both ends; with a cached
     # prefix, a window narrower than a tile's token span, TMA and sinks.
@@ -539,7 +541,7 @@ def _row_offsets_kernel(
         (128, 64, 64, True, True, True),
         (128, 64, 32, True, True, True),
         (128, 16, 64, True, False, False),  # tile spans 4 pages
-        (80, 64, 64, True, True, False),  # head size not a power of two
+        (80, 64, 64, True, True, True),  # boxes of 128 columns
         (128, 64, 64, False, True, False),
     ],
 )
@@ -568,7 +570,8 @@ def test_launch_chooses_tile_addressing(
     if expect_tma:
         desc = kwargs["k_desc"]
         assert isinstance(desc, TensorDescriptor)
-        assert list(desc.block_shape) == [block_n, head_size]
+        assert list(desc.block_shape) == [block_n, triton.next_power_of_2(head_size)]
+        assert list(desc.shape[1:]) == [head_size]
         # Row r of the descriptor is element r * head_size of the cache view.
         assert desc.base.data_ptr() == batch.key_cache.data_ptr()
         assert desc.shape[0] * head_size <= batch.key_cache.untyped_storage().nbytes()

@@ -38,9 +38,11 @@ of a Triton Attention Kernel", arXiv 2511.11581):
   (``paged_row_offsets``) when a tile may span pages, once per tile
   (``page_tile_offset``, constexpr ``TILE_IN_PAGE``) when ``BLOCK_N`` divides the
   page size. ``BLOCK_N`` is tuned independently of the page size. Offsets are
-  int64. With ``use_tma`` in the config (NVIDIA sm_90+, tile inside a page,
-  power-of-two head size) the page-slice tiles are loaded by TMA through host-side
-  descriptors of the caches seen as ``[rows, head_size]`` matrices.
+  int64. With ``use_tma`` in the config (NVIDIA sm_90+, tile inside a page) the
+  page-slice tiles are loaded by TMA through host-side descriptors of the caches
+  seen as ``[rows, head_size]`` matrices; a head size below ``HEAD_PAD`` (80, 96,
+  112) loads ``[BLOCK_N, HEAD_PAD]`` boxes whose columns past the head size are
+  outside the matrix, which TMA fills with zeros.
 * The key range a program visits is ``[first, pos_hi]``: ``first`` skips whole
   tiles left of every row's sliding window. It is cut into tiles that need a mask
   (window edge, causal diagonal) and tiles fully visible to every row; the inner
@@ -173,8 +175,8 @@ def _attend_kv_range(
     k_head_ptr,  # key cache at (block 0, this KV head)
     v_head_ptr,  # value cache at (block 0, this KV head)
     block_table_row_ptr,  # [max_blocks_per_seq] int32
-    k_desc,  # TMA descriptors of the caches as [rows, HEAD_SIZE] (USE_TMA)
-    v_desc,
+    k_desc,  # TMA descriptors of the caches as [rows, HEAD_SIZE], boxes of
+    v_desc,  # [BLOCK_N, HEAD_PAD] (USE_TMA)
     head_offset,  # elements from a cache's start to this KV head (USE_TMA)
     qk_scale,  # scale of q.k (softmax_scale; fp8: k_scale, q pre-scaled)
     softcap,  # fp32 (USE_SOFTCAP)
@@ -316,7 +318,7 @@ def _prefix_prefill_kernel(
     HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     TILE_IN_PAGE: tl.constexpr,  # BLOCK_N divides BLOCK_SIZE
-    USE_TMA: tl.constexpr,  # K/V by TMA: sm_90+, TILE_IN_PAGE, HEAD_PAD == HEAD_SIZE
+    USE_TMA: tl.constexpr,  # K/V by TMA: sm_90+, TILE_IN_PAGE
     IS_FP8: tl.constexpr,
     FP8_QK: tl.constexpr,  # IS_FP8 and the config's fp8_qk
     FP8_MAX: tl.constexpr,  # largest finite value of the cache's fp8 format
@@ -548,11 +550,15 @@ def _prefix_prefill_kernel(
         )
 
 
-def _cache_descriptor(cache: torch.Tensor, block_n: int) -> TensorDescriptor:
+def _cache_descriptor(
+    cache: torch.Tensor, block_n: int, head_pad: int
+) -> TensorDescriptor:
     """TMA descriptor of one cache view as a ``[rows, head_size]`` matrix whose row
     ``r`` is the key row at element offset ``r * head_size`` from the view's start
     (pages, heads and slots are all whole rows: their strides are multiples of
-    head_size). Tiles are ``[block_n, head_size]``."""
+    head_size). Tiles are ``[block_n, head_pad]``: with ``head_pad > head_size``
+    the columns past ``head_size`` are out of bounds, which TMA reads as zeros
+    (the next row's elements are never loaded as padding)."""
     num_blocks, num_kv_heads, block_size, head_size = cache.shape
     stride_block, stride_head, _, _ = cache.stride()
     last = (num_blocks - 1) * stride_block + (num_kv_heads - 1) * stride_head
@@ -562,7 +568,7 @@ def _cache_descriptor(cache: torch.Tensor, block_n: int) -> TensorDescriptor:
         flat,
         shape=[rows, head_size],
         strides=[head_size, 1],
-        block_shape=[block_n, head_size],
+        block_shape=[block_n, head_pad],
     )
 
 
@@ -696,7 +702,6 @@ def _launches(
     use_tma = (
         config.use_tma
         and tile_in_page
-        and head_pad == head_size
         and key_cache.stride(0) % head_size == 0
         and key_cache.stride(1) % head_size == 0
         and tma_supported(query.device)
@@ -728,8 +733,12 @@ def _launches(
         ),
         query_start_loc_ptr=query_start_loc,
         workspace_ptr=workspace if num_splits > 1 else _no_workspace(query.device),
-        k_desc=_cache_descriptor(key_cache, config.block_n) if use_tma else None,
-        v_desc=_cache_descriptor(value_cache, config.block_n) if use_tma else None,
+        k_desc=_cache_descriptor(key_cache, config.block_n, head_pad)
+        if use_tma
+        else None,
+        v_desc=_cache_descriptor(value_cache, config.block_n, head_pad)
+        if use_tma
+        else None,
         num_seqs=num_seqs,
         num_splits=num_splits,
         NUM_KV_HEADS=num_kv_heads,
