@@ -67,7 +67,7 @@ class PrefillConfig:
     block_n: keys per KV tile (independent of the page size; when it divides the
         page size, a tile reads one block-table entry instead of one per key).
     use_tma: load K/V tiles through TMA descriptors. Honoured only where it can
-        be (NVIDIA sm_90+, block_n dividing the page size, power-of-two head size);
+        be (NVIDIA sm_90+, block_n dividing the page size);
         elsewhere the pointer loads run instead, with the same result.
     maxnreg: registers per thread the compiler may use (NVIDIA; 0 = its own
         choice). Fewer registers per program can fit more programs per SM, at the
@@ -160,10 +160,10 @@ def heuristic_prefill_config(
     group's class) fill them, else 64; then
       * head size up to 64: 128 keys per tile, 4 warps, 2 stages, pointer loads;
       * head size up to 128 whose 64-key tiles cannot be TMA page slices (pages
-        smaller than 64, a head size that is not a power of two), when the rows
-        fill them: 256 x 64 tiles, 8 warps (two warpgroups of 128 rows share each
-        K/V tile), 3 stages;
-      * otherwise 64 keys per tile with TMA where the launch allows it, one
+        smaller than 64), when the rows fill them: 256 x 64 tiles, 8 warps (two
+        warpgroups of 128 rows share each K/V tile), 3 stages;
+      * otherwise 64 keys per tile with TMA where the launch allows it (a head
+        size below its power of two included: 80, 96 and 112 load padded boxes), one
         warpgroup (4 warps) up to head size 128 and two beyond (a warpgroup holds
         at most a 128 x 128 fp32 accumulator), 2 stages.
     Never ``fp8_qk``: it rounds the query to fp8, a trade only a tuned entry makes.
@@ -178,7 +178,7 @@ def heuristic_prefill_config(
     block_m = 128 if rows >= 128 else 64
     if head_pad <= 64:
         return PrefillConfig(block_m=block_m, block_n=128, num_warps=4, num_stages=2)
-    tma_slices = block_size % 64 == 0 and head_pad == head_size
+    tma_slices = block_size % 64 == 0
     if head_pad <= 128 and not tma_slices and rows >= 256:
         return PrefillConfig(block_m=256, block_n=64, num_warps=8, num_stages=3)
     return PrefillConfig(
