@@ -709,7 +709,13 @@ def check_warm_up():
     assert sorted({b.max_query_len for b in prefills}) == [16, 64, 256], prefills
     assert sorted({b.query_lens.count(1) for b in prefills}) == [0, 1, 3]
     assert len(prefills) == 9
-    (split,) = [b for b in plan if b.max_seq_len]  # the split-KV prefill's merge
+    # Split-KV prefill: one batch per bucket, its shortest query over
+    # max_model_len (4096) keys; the first is launched below.
+    splits = [b for b in plan if b.max_seq_len]
+    assert [(b.max_query_len, b.max_seq_len) for b in splits] == [
+        (2, 4096), (17, 4096), (65, 4096)
+    ], splits  # fmt: skip
+    split = splits[0]
 
     impl = TritonAttentionImpl(
         num_heads=NUM_Q_HEADS, head_size=64, scale=0.125, num_kv_heads=NUM_KV_HEADS
@@ -727,7 +733,7 @@ def check_warm_up():
 
     def spy(**kw):
         launches = real(**kw)
-        kernels.extend(k for k, _, _ in launches)
+        kernels.extend((k, kwargs.get("SPLIT_KV")) for k, _, kwargs in launches)
         return launches
 
     prefix_prefill._launches = spy
@@ -736,8 +742,8 @@ def check_warm_up():
     finally:
         prefix_prefill._launches = real
     assert kernels == [
-        prefix_prefill._prefix_prefill_kernel,
-        merge_splits_kernel,
+        (prefix_prefill._prefix_prefill_kernel, True),  # the split variant
+        (merge_splits_kernel, None),
     ], kernels
 
     # warm_up() over a group of three layers with two kernel variants (plain,

@@ -8,6 +8,7 @@ rows. GPU with ``GPU_FULL=1``: the ``full_matrix`` tests add the cross product,
 128k contexts and a cache whose block offsets pass 2**31 elements.
 """
 
+import functools
 import math
 import os
 import random
@@ -1158,6 +1159,43 @@ def test_auto_split_count_is_bounded_by_the_window(window, splits):
         config=config, max_query_len=2048, group=1, num_seqs=1, num_kv_heads=8,
         max_seq_len=None, sliding_window=window, num_sms=132,
     ) == 1  # fmt: skip
+
+
+def test_split_decision_is_decided_by_the_smallest_launch():
+    """Whether a launch splits (``SPLIT_KV``, a compiled variant) only grows with
+    fewer programs and more keys: a launch of a bucket splits only if one sequence
+    with the bucket's shortest query over ``max_model_len`` keys does. The backend
+    warms each bucket's split variant with that launch (``warm_up_plan``), so this
+    is what keeps serving from compiling it."""
+    rng = random.Random(0)
+    buckets = [(2, 16), (17, 64), (65, 256), (257, 1024), (1025, 4096)]
+    seen = {True: 0, False: 0}
+    for _ in range(300):
+        group = rng.choice([1, 2, 4, 5, 7, 8, 16])
+        num_kv_heads = rng.choice([1, 2, 4, 8])
+        window = rng.choice([None, None, 512, 4096])
+        block_m, num_warps = rng.choice([(64, 4), (128, 4), (128, 8), (256, 8)])
+        max_model_len = rng.choice([2048, 8192, 32768, 131072])
+        shortest, longest = rng.choice(buckets)
+        splits = functools.partial(
+            prefix_prefill.auto_num_splits,
+            config=PrefillConfig(block_m, 64, num_warps, 2),
+            group=group, num_kv_heads=num_kv_heads, sliding_window=window,
+            num_sms=132,
+        )  # fmt: skip
+
+        warm = splits(max_query_len=shortest, num_seqs=1, max_seq_len=max_model_len) > 1
+        seen[warm] += 1
+        for _ in range(20):  # launches of the bucket, often near its smallest
+            query = rng.choice([shortest, rng.randint(shortest, longest)])
+            num_seqs = rng.choice([1, rng.randint(1, 64)])
+            max_seq_len = rng.choice([max_model_len, rng.randint(1, max_model_len)])
+            max_seq_len = max(query, max_seq_len)
+            got = splits(
+                max_query_len=query, num_seqs=num_seqs, max_seq_len=max_seq_len
+            )
+            assert warm or got == 1
+    assert min(seen.values()) > 30, seen  # both outcomes drawn
 
 
 def test_split_launch_chosen_from_max_seq_len_matches_reference():

@@ -60,16 +60,16 @@ of a Triton Attention Kernel", arXiv 2511.11581):
   runner (max blocks per sequence) and stays a runtime argument so that it does not
   multiply the compiled variants.
 * Split-KV: a launch of few programs over long contexts (``choose_num_splits``)
-  cuts each program's key tiles into ``num_splits`` contiguous shares, a run-time
-  argument; split programs write normalised partial outputs and their log-sum-exp
-  to an fp32 workspace, and ``merge_splits_kernel`` (shared with decode) combines
-  them and adds the sink once.
+  cuts each program's key tiles into ``num_splits`` contiguous shares (a run-time
+  argument; whether the launch splits at all is the constexpr ``SPLIT_KV``, so the
+  unsplit kernel carries none of the split arithmetic); split programs write
+  normalised partial outputs and their log-sum-exp to an fp32 workspace, and
+  ``merge_splits_kernel`` (shared with decode) combines them and adds the sink
+  once.
 * Launch tiles come from a table keyed on (head size, dtypes, group, page size,
   bucketed max query length), with a heuristic fallback: see ``tuning/``. There is
   no autotuning and no host sync at launch (``max_query_len`` is a host int).
 """
-
-import functools
 
 import torch
 import triton
@@ -286,8 +286,8 @@ def _prefix_prefill_kernel(
     query_ptr,  # [num_tokens, num_q_heads, head_size]
     key_cache_ptr,  # [num_blocks, num_kv_heads, block_size, head_size]
     value_cache_ptr,  # [num_blocks, num_kv_heads, block_size, head_size]
-    output_ptr,  # [num_tokens, num_q_heads, head_size], written when num_splits == 1
-    workspace_ptr,  # [tokens, num_q_heads, num_splits, head_size + 1] fp32 (split)
+    output_ptr,  # [num_tokens, num_q_heads, head_size], written unless SPLIT_KV
+    workspace_ptr,  # [tokens, num_q_heads, num_splits, head_size + 1] fp32 (SPLIT_KV)
     block_table_ptr,  # [num_seqs_total, max_blocks_per_seq] int32
     query_start_loc_ptr,  # [num_seqs_total + 1] int32
     seq_lens_ptr,  # [num_seqs_total] int32
@@ -325,6 +325,7 @@ def _prefix_prefill_kernel(
     LAZY_RESCALE: tl.constexpr,  # the config's lazy_rescale
     FAST_EXP: tl.constexpr,  # the config's fast_exp, where it applies (NVIDIA)
     LONGEST_FIRST: tl.constexpr,  # the config's program order (program_coords)
+    SPLIT_KV: tl.constexpr,  # num_splits > 1: partials to the workspace
     USE_SOFTCAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -382,11 +383,10 @@ def _prefix_prefill_kernel(
     sink = tl.zeros([BLOCK_M], dtype=tl.float32)
     if USE_SINKS:
         sink = tl.load(sinks_ptr + q_head, mask=row_valid, other=0.0).to(tl.float32)
-    m_i, l_i = init_softmax_state(sink, BLOCK_M=BLOCK_M, USE_SINKS=USE_SINKS)
-    if USE_SINKS:
-        # Split-KV: the merge adds the sink once.
-        m_i = tl.where(num_splits > 1, float("-inf"), m_i)
-        l_i = tl.where(num_splits > 1, 0.0, l_i)
+    if SPLIT_KV:  # the merge adds the sink, once
+        m_i, l_i = init_softmax_state(sink, BLOCK_M=BLOCK_M, USE_SINKS=False)
+    else:
+        m_i, l_i = init_softmax_state(sink, BLOCK_M=BLOCK_M, USE_SINKS=USE_SINKS)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
 
     # Key range of this program: rows sit at positions [pos_lo, pos_hi].
@@ -405,18 +405,31 @@ def _prefix_prefill_kernel(
         first = 0
         full_start = 0
     full_stop = tl.maximum(diag_start, full_start)
-    # Split-KV: this program's contiguous share [split_lo, split_hi) of the tiles
-    # of [first, kv_stop); each stage below keeps its part of that share.
-    tiles_per_split = tl.cdiv(tl.cdiv(kv_stop - first, BLOCK_N), num_splits)
-    split_lo = first + split * tiles_per_split * BLOCK_N
-    split_hi = tl.minimum(split_lo + tiles_per_split * BLOCK_N, kv_stop)
+    # The three stages below: [first, full_start) the window's left edge (masked),
+    # [full_start, full_stop) visible to every row, [full_stop, kv_stop) the causal
+    # diagonal (masked).
+    edge_lo, edge_hi = first, full_start
+    full_lo, full_hi = full_start, full_stop
+    diag_lo, diag_hi = full_stop, kv_stop
+    if SPLIT_KV:
+        # This program's contiguous share [split_lo, split_hi) of the tiles of
+        # [first, kv_stop); each stage keeps its part of that share. A constexpr
+        # branch: the unsplit kernel keeps the registers this arithmetic needs.
+        tiles_per_split = tl.cdiv(tl.cdiv(kv_stop - first, BLOCK_N), num_splits)
+        split_lo = first + split * tiles_per_split * BLOCK_N
+        split_hi = tl.minimum(split_lo + tiles_per_split * BLOCK_N, kv_stop)
+        edge_lo = tl.maximum(edge_lo, split_lo)
+        edge_hi = tl.minimum(edge_hi, split_hi)
+        full_lo = tl.maximum(full_lo, split_lo)
+        full_hi = tl.minimum(full_hi, split_hi)
+        diag_lo = tl.maximum(diag_lo, split_lo)
+        diag_hi = split_hi
 
     head_offset = kv_head.to(tl.int64) * STRIDE_KV_HEAD
     k_head_ptr = key_cache_ptr + head_offset
     v_head_ptr = value_cache_ptr + head_offset
     block_table_row_ptr = block_table_ptr + seq.to(tl.int64) * block_table_stride
 
-    # [first, full_start): left edge of the sliding window (masked).
     if USE_WINDOW:
         acc, m_i, l_i = _attend_kv_range(
             acc,
@@ -425,8 +438,8 @@ def _prefix_prefill_kernel(
             q,
             q_pos,
             alibi_slope,
-            tl.maximum(first, split_lo),
-            tl.minimum(full_start, split_hi),
+            edge_lo,
+            edge_hi,
             kv_len,
             k_head_ptr,
             v_head_ptr,
@@ -452,7 +465,6 @@ def _prefix_prefill_kernel(
             USE_ALIBI=USE_ALIBI,
             USE_WINDOW=USE_WINDOW,
         )
-    # [full_start, full_stop): visible to every row, no masks.
     acc, m_i, l_i = _attend_kv_range(
         acc,
         m_i,
@@ -460,8 +472,8 @@ def _prefix_prefill_kernel(
         q,
         q_pos,
         alibi_slope,
-        tl.maximum(full_start, split_lo),
-        tl.minimum(full_stop, split_hi),
+        full_lo,
+        full_hi,
         kv_len,
         k_head_ptr,
         v_head_ptr,
@@ -487,7 +499,6 @@ def _prefix_prefill_kernel(
         USE_ALIBI=USE_ALIBI,
         USE_WINDOW=USE_WINDOW,
     )
-    # [full_stop, kv_stop): the causal diagonal (masked).
     acc, m_i, l_i = _attend_kv_range(
         acc,
         m_i,
@@ -495,8 +506,8 @@ def _prefix_prefill_kernel(
         q,
         q_pos,
         alibi_slope,
-        tl.maximum(full_stop, split_lo),
-        split_hi,
+        diag_lo,
+        diag_hi,
         kv_len,
         k_head_ptr,
         v_head_ptr,
@@ -524,7 +535,7 @@ def _prefix_prefill_kernel(
     )
 
     out = finalize_output(acc, l_i, v_scale)
-    if num_splits == 1:
+    if not SPLIT_KV:
         o_offsets = token_row * STRIDE_O_TOKEN + q_head * STRIDE_O_HEAD
         tl.store(
             output_ptr + o_offsets[:, None] + dims[None, :],
@@ -649,13 +660,6 @@ def auto_num_splits(
     )
 
 
-@functools.cache
-def _no_workspace(device: torch.device) -> torch.Tensor:
-    """The workspace argument of unsplit launches: an fp32 tensor, so that split
-    and unsplit launches share one compiled kernel (Triton specialises on None)."""
-    return torch.zeros(1, dtype=torch.float32, device=device)
-
-
 def compile_options(config: PrefillConfig, device: torch.device) -> dict:
     """Triton's launch options of ``config`` on ``device``: warps and stages, and
     the register cap where it applies (NVIDIA; not ROCm, not the interpreter)."""
@@ -732,7 +736,7 @@ def _launches(
             sinks=sinks,
         ),
         query_start_loc_ptr=query_start_loc,
-        workspace_ptr=workspace if num_splits > 1 else _no_workspace(query.device),
+        workspace_ptr=workspace if num_splits > 1 else None,
         k_desc=_cache_descriptor(key_cache, config.block_n, head_pad)
         if use_tma
         else None,
@@ -751,6 +755,7 @@ def _launches(
         LAZY_RESCALE=config.lazy_rescale,
         FAST_EXP=config.fast_exp and nvidia_gpu(query.device),  # inline PTX
         LONGEST_FIRST=config.longest_first,
+        SPLIT_KV=num_splits > 1,
         **compile_options(config, query.device),
     )
     launches = [(_prefix_prefill_kernel, grid, kwargs)]

@@ -70,7 +70,6 @@ import torch
 from vllm.attention.ops.hardware import num_sms
 from vllm.attention.ops.paged_attention import DECODE_QUERY_LEN, paged_attention
 from vllm.attention.ops.paged_cache_write import write_to_paged_cache
-from vllm.attention.ops.prefix_prefill import SPLIT_MIN_KEYS
 from vllm.attention.ops.triton_paged_decode_attention_2d import (
     WORKSPACE_DTYPE,
     choose_num_splits,
@@ -324,6 +323,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
 
         # Compile every kernel specialisation now, at startup (see warm_up).
         self._warmed_stride_classes: set[tuple[bool, bool]] = set()
+        self._max_model_len = vllm_config.model_config.max_model_len
         self._max_query_len = min(
             vllm_config.scheduler_config.max_num_batched_tokens,
             vllm_config.model_config.max_model_len,
@@ -417,13 +417,23 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
                         max_query_len=bound,
                     )
                 )
-        # Split-KV prefill: the merge kernel (the prefill kernel takes the split
-        # count at run time). A 2-token query with a long max_seq_len splits.
-        batches.append(
-            _WarmUpBatch(
-                "prefill split-KV", [2], max_query_len=2, max_seq_len=2 * SPLIT_MIN_KEYS
+        # Split-KV prefill: whether a launch splits is a constexpr of the prefill
+        # kernel, so each bucket's config has a split variant (and the merge kernel
+        # one). A launch splits when it has few programs and long sequences: one
+        # sequence with the bucket's shortest query over max_model_len keys splits
+        # exactly when some launch of that bucket can (the launcher decides, as in
+        # serving; a bucket that cannot split repeats its unsplit launch).
+        shortest = 2  # a query of one token is a decode
+        for bound in (b for b in QUERY_LEN_BUCKETS if b <= top):
+            batches.append(
+                _WarmUpBatch(
+                    f"prefill bucket {bound}, split-KV",
+                    [2],
+                    max_query_len=shortest,
+                    max_seq_len=self._max_model_len,
+                )
             )
-        )
+            shortest = bound + 1
         return batches
 
     def warm_up(self, block_table_stride: int) -> None:
