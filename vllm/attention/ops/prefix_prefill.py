@@ -413,8 +413,8 @@ def _prefix_prefill_kernel(
     diag_lo, diag_hi = full_stop, kv_stop
     if SPLIT_KV:
         # This program's contiguous share [split_lo, split_hi) of the tiles of
-        # [first, kv_stop); each stage keeps its part of that share. A constexpr
-        # branch: the unsplit kernel keeps the registers this arithmetic needs.
+        # [first, kv_stop); each stage keeps its part of that share (a constexpr
+        # branch, so that the unsplit kernel spends no registers on it).
         tiles_per_split = tl.cdiv(tl.cdiv(kv_stop - first, BLOCK_N), num_splits)
         split_lo = first + split * tiles_per_split * BLOCK_N
         split_hi = tl.minimum(split_lo + tiles_per_split * BLOCK_N, kv_stop)
