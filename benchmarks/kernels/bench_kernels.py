@@ -49,7 +49,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -882,25 +881,14 @@ def import_modules(stock_site: str | None) -> dict:
     return files
 
 
-def _run(cmd: list[str], cwd=None) -> str | None:
-    try:
-        return subprocess.run(
-            cmd, cwd=cwd, capture_output=True, text=True, timeout=20, check=True
-        ).stdout.strip()
-    except Exception:  # metadata only
-        return None
-
-
 def environment(args, files) -> dict:
     import vllm
-
-    commit = args.commit or _run(["git", "rev-parse", "--short=12", "HEAD"], REPO)
-    if commit and _run(["git", "status", "--porcelain", "--untracked-files=no"], REPO):
-        commit += "-dirty"
-    from benchmarks.harness import gpu_info
+    from benchmarks.harness import git_commit, gpu_info
 
     return {
-        "commit": commit or "unknown",
+        # As given (--commit, else $BENCH_COMMIT); else this checkout's HEAD,
+        # "-dirty" with uncommitted changes.
+        "commit": args.commit or git_commit(),
         "gpu": torch.cuda.get_device_name(),
         "driver": gpu_info()["driver"],
         "torch": torch.__version__,
@@ -1202,7 +1190,11 @@ def main() -> None:
         "the fa3 and stock_triton callers",
     )
     p.add_argument("--results-dir", default=str(REPO / "benchmarks/results/kernels"))
-    p.add_argument("--commit", help="commit id to record (default: git HEAD)")
+    p.add_argument(
+        "--commit",
+        help="commit id to record, as given (default: $BENCH_COMMIT, else git HEAD, "
+        "-dirty with uncommitted changes)",
+    )
     p.add_argument("--callers", nargs="+", default=list(CALLERS), choices=list(CALLERS))
     p.add_argument(
         "--matrix",
