@@ -736,7 +736,7 @@ def _launches(
             sinks=sinks,
         ),
         query_start_loc_ptr=query_start_loc,
-        workspace_ptr=workspace if num_splits > 1 else None,
+        workspace_ptr=workspace,  # None unless split
         k_desc=_cache_descriptor(key_cache, config.block_n, head_pad)
         if use_tma
         else None,

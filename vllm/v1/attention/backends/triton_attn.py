@@ -323,7 +323,6 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
 
         # Compile every kernel specialisation now, at startup (see warm_up).
         self._warmed_stride_classes: set[tuple[bool, bool]] = set()
-        self._max_model_len = vllm_config.model_config.max_model_len
         self._max_query_len = min(
             vllm_config.scheduler_config.max_num_batched_tokens,
             vllm_config.model_config.max_model_len,
@@ -430,7 +429,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
                     f"prefill bucket {bound}, split-KV",
                     [2],
                     max_query_len=shortest,
-                    max_seq_len=self._max_model_len,
+                    max_seq_len=self.vllm_config.model_config.max_model_len,
                 )
             )
             shortest = bound + 1
