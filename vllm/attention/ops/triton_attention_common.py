@@ -88,6 +88,19 @@ def softcap_enabled(logits_soft_cap: float | None) -> bool:
     return bool(logits_soft_cap)
 
 
+def output_layout(output: torch.Tensor) -> dict:
+    """Constexprs of the ``[num_tokens, num_q_heads, head_size]`` output every kernel
+    of the family writes (attention and merge): its token and head strides, the head
+    size and its power-of-two padding (at least 16, a ``tl.dot`` minimum)."""
+    head_size = output.shape[2]
+    return {
+        "STRIDE_O_TOKEN": output.stride(0),
+        "STRIDE_O_HEAD": output.stride(1),
+        "HEAD_SIZE": head_size,
+        "HEAD_PAD": max(16, triton.next_power_of_2(head_size)),
+    }
+
+
 def shared_kernel_args(
     *,
     query,
@@ -110,9 +123,9 @@ def shared_kernel_args(
     the model-fixed strides and shapes as constexprs, and the feature flags. A
     launcher adds its own (tiles, grid-shaped arguments) to these. Scales are
     passed only for an fp8 cache, which ``IS_FP8`` follows."""
-    num_q_heads, head_size = query.shape[1], query.shape[2]
     is_fp8 = key_cache.dtype in FP8_DTYPES
     return dict(
+        **output_layout(output),
         query_ptr=query,
         key_cache_ptr=key_cache,
         value_cache_ptr=value_cache,
@@ -130,14 +143,10 @@ def shared_kernel_args(
         seq_start=seq_start,
         STRIDE_Q_TOKEN=query.stride(0),
         STRIDE_Q_HEAD=query.stride(1),
-        STRIDE_O_TOKEN=output.stride(0),
-        STRIDE_O_HEAD=output.stride(1),
         STRIDE_KV_BLOCK=key_cache.stride(0),
         STRIDE_KV_HEAD=key_cache.stride(1),
-        GROUP_SIZE=num_q_heads // key_cache.shape[1],
+        GROUP_SIZE=query.shape[1] // key_cache.shape[1],
         BLOCK_SIZE=key_cache.shape[2],
-        HEAD_SIZE=head_size,
-        HEAD_PAD=max(16, triton.next_power_of_2(head_size)),
         IS_FP8=is_fp8,
         USE_SOFTCAP=softcap_enabled(logits_soft_cap),
         USE_ALIBI=alibi_slopes is not None,
@@ -835,23 +844,24 @@ def merge_launch(
     """``(kernel, grid, keyword arguments)`` of the merge of a split launch: ``rows``
     workspace rows (the launch's tokens, or an upper bound with
     ``query_start_loc``: prefill) times the query heads."""
-    num_q_heads, head_size = output.shape[1], output.shape[2]
-    kwargs = dict(
-        output_ptr=output,
-        workspace_ptr=workspace,
-        sinks_ptr=sinks,
-        query_start_loc_ptr=query_start_loc,
-        seq_start=seq_start,
-        num_seqs=num_seqs,
-        num_splits=num_splits,
-        STRIDE_O_TOKEN=output.stride(0),
-        STRIDE_O_HEAD=output.stride(1),
-        NUM_Q_HEADS=num_q_heads,
-        HEAD_SIZE=head_size,
-        HEAD_PAD=triton.next_power_of_2(head_size),
-        SPLITS_PAD=splits_pad,
-        USE_SINKS=sinks is not None,
-        VARLEN=query_start_loc is not None,
-        num_warps=4,
+    num_q_heads = output.shape[1]
+    grid = (rows, num_q_heads)  # program (workspace row, query head)
+    return (
+        merge_splits_kernel,
+        grid,
+        dict(
+            output_ptr=output,
+            workspace_ptr=workspace,
+            sinks_ptr=sinks,
+            query_start_loc_ptr=query_start_loc,
+            seq_start=seq_start,
+            num_seqs=num_seqs,
+            num_splits=num_splits,
+            **output_layout(output),
+            NUM_Q_HEADS=num_q_heads,
+            SPLITS_PAD=splits_pad,
+            USE_SINKS=sinks is not None,
+            VARLEN=query_start_loc is not None,
+            num_warps=4,
+        ),
     )
-    return merge_splits_kernel, (rows, num_q_heads), kwargs

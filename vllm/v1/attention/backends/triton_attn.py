@@ -84,18 +84,20 @@ from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
     AttentionImpl,
-    AttentionLayer,
     AttentionMetadataBuilder,
     AttentionType,
-    CommonAttentionMetadata,
-    MultipleOf,
 )
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheSpec
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # names used only in annotations
     from vllm.config import VllmConfig
     from vllm.config.cache import CacheDType
     from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backend import (
+        AttentionLayer,
+        CommonAttentionMetadata,
+        MultipleOf,
+    )
 
 logger = init_logger(__name__)
 
@@ -526,7 +528,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
 
     def _run_warm_up_batch(
         self,
-        layer: AttentionLayer,
+        layer: "AttentionLayer",
         batch: "_WarmUpBatch",
         block_table_stride: int,
         query_layout: str,
@@ -583,7 +585,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
     def build(
         self,
         common_prefix_len: int,
-        common_attn_metadata: CommonAttentionMetadata,
+        common_attn_metadata: "CommonAttentionMetadata",
         fast_build: bool = False,
     ) -> TritonAttentionMetadata:
         cm = common_attn_metadata
@@ -707,7 +709,7 @@ class TritonAttentionBackend(AttentionBackend):
     @staticmethod
     def get_supported_kernel_block_sizes(
         kv_cache_spec: "KVCacheSpec | None" = None,
-    ) -> list[int | MultipleOf]:
+    ) -> "list[int | MultipleOf]":
         # The same for every spec (later vLLM releases pass the layer's spec).
         return list(SUPPORTED_BLOCK_SIZES)
 
@@ -750,12 +752,16 @@ class TritonAttentionBackend(AttentionBackend):
     def get_kv_cache_stride_order(
         include_num_layers_dimension: bool = False,
     ) -> tuple[int, ...]:
-        # The logical shape is the physical layout. With a layers dimension
-        # (cross-layer caches) the blocks stay outermost: the kernels address pages
-        # by the runtime block stride, so a layer's view may have any block stride.
-        if include_num_layers_dimension:
-            return (1, 0, 2, 3, 4, 5)
-        return (0, 1, 2, 3, 4)
+        """Physical order of the dimensions of ``get_kv_cache_shape``: that shape is
+        the layout (blocks, K/V, heads, slots, head dims). A cross-layer cache puts
+        a layers dimension in front of the shape, which goes second in memory,
+        after the blocks: the kernels address pages by the runtime block stride,
+        so a layer's view may have any."""
+        per_layer = (0, 1, 2, 3, 4)
+        if not include_num_layers_dimension:
+            return per_layer
+        blocks, *rest = (dim + 1 for dim in per_layer)  # shifted past layers (0)
+        return (blocks, 0, *rest)
 
     @classmethod
     def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
@@ -797,19 +803,26 @@ class TritonAttentionBackend(AttentionBackend):
     def get_supported_head_sizes(cls) -> list[int]:
         return list(SUPPORTED_HEAD_SIZES)
 
+    # Model features the selector asks about, answered from the kernels' feature
+    # flags (USE_SINKS, USE_WINDOW); KV connectors (NIXL, ...) are refused: they
+    # assume stock's [num_blocks, num_kv_heads, block_size, 2 * head_size] layout.
+    _FEATURES: ClassVar[dict[str, bool]] = {
+        "sinks": True,
+        "sliding_window": True,
+        "kv_connector": False,
+    }
+
     @classmethod
     def supports_sink(cls) -> bool:
-        return True
+        return cls._FEATURES["sinks"]
 
     @classmethod
     def supports_sliding_window(cls) -> bool:
-        return True
+        return cls._FEATURES["sliding_window"]
 
     @classmethod
     def supports_kv_connector(cls) -> bool:
-        # Connectors (NIXL, ...) assume stock's [num_blocks, num_kv_heads,
-        # block_size, 2 * head_size] layout.
-        return False
+        return cls._FEATURES["kv_connector"]
 
     @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
@@ -921,20 +934,21 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
     supports_pcp: bool = False
     supports_quant_query_input: bool = False
 
+    # vLLM's attention layer passes the first ten positionally, in this order.
     def __init__(
         self,
-        num_heads: int,
-        head_size: int,
-        scale: float,
-        num_kv_heads: int | None = None,
-        alibi_slopes: list[float] | None = None,
-        sliding_window: int | None = None,
-        kv_cache_dtype: str = "auto",
-        logits_soft_cap: float | None = None,
-        attn_type: str = AttentionType.DECODER,
-        kv_sharing_target_layer_name: str | None = None,
-        sinks: torch.Tensor | None = None,
-        **unsupported,
+        num_heads: int,  # query heads
+        head_size: int,  # one of SUPPORTED_HEAD_SIZES
+        scale: float,  # softmax scale
+        num_kv_heads: int | None = None,  # None: as many as query heads
+        alibi_slopes: list[float] | None = None,  # one per query head
+        sliding_window: int | None = None,  # keys a query sees, itself included
+        kv_cache_dtype: str = "auto",  # KV_CACHE_DTYPES
+        logits_soft_cap: float | None = None,  # None or 0: no soft-cap
+        attn_type: str = AttentionType.DECODER,  # the only type the kernels run
+        kv_sharing_target_layer_name: str | None = None,  # kept for vLLM
+        sinks: torch.Tensor | None = None,  # [num_heads] logits (gpt-oss)
+        **unsupported,  # refused below, by name
     ) -> None:
         foreign = _incompatible_subclass_reason(type(self))
         if foreign is not None:
@@ -1034,7 +1048,7 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
 
     def do_kv_cache_update(
         self,
-        layer: AttentionLayer,
+        layer: "AttentionLayer",
         key: torch.Tensor,
         value: torch.Tensor,
         kv_cache: torch.Tensor,
@@ -1056,15 +1070,15 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
 
     def forward(
         self,
-        layer: AttentionLayer,
-        query: torch.Tensor,
-        key: torch.Tensor,
+        layer: "AttentionLayer",  # k/v scales of an fp8 cache
+        query: torch.Tensor,  # [num_tokens, num_heads, head_size]
+        key: torch.Tensor,  # already in the cache (do_kv_cache_update)
         value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        attn_metadata: TritonAttentionMetadata,
-        output: torch.Tensor,
-        output_scale: torch.Tensor | None = None,
-        output_block_scale: torch.Tensor | None = None,
+        kv_cache: torch.Tensor,  # get_kv_cache_shape
+        attn_metadata: TritonAttentionMetadata,  # None in the profiling run
+        output: torch.Tensor,  # written in place and returned
+        output_scale: torch.Tensor | None = None,  # fused output quantization:
+        output_block_scale: torch.Tensor | None = None,  # refused
     ) -> torch.Tensor:
         """Attention of ``query`` ``[num_tokens, num_heads, head_size]`` over the
         paged cache (the new K/V are already in it), written into ``output``.
