@@ -697,6 +697,26 @@ def test_rejects_unsupported_inputs(overrides, match):
         prefix_prefill_attention(**_args(batch, **overrides(batch)))
 
 
+def test_rejects_split_workspace_beyond_32_bit_offsets(monkeypatch):
+    """The kernel addresses the split workspace with 32-bit offsets: a launch whose
+    workspace has more elements than the bound is refused before anything runs, one
+    at the bound runs."""
+    batch = make_paged_batch(
+        seqs=[(2, 5)], num_q_heads=2, num_kv_heads=1, head_size=64, block_size=16
+    )
+    elements = math.prod(
+        prefix_prefill.split_workspace_shape(
+            num_seqs=1, max_query_len=2, num_tokens=2, num_q_heads=2, head_size=64,
+            num_splits=2,
+        )
+    )  # fmt: skip
+    monkeypatch.setattr(prefix_prefill, "_MAX_WORKSPACE_ELEMENTS", elements - 1)
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        prefix_prefill_attention(**_args(batch, num_splits=2))
+    monkeypatch.setattr(prefix_prefill, "_MAX_WORKSPACE_ELEMENTS", elements)
+    prefix_prefill_attention(**_args(batch, num_splits=2))
+
+
 def test_rejects_head_size_above_256():
     query = torch.zeros((2, 1, 512), dtype=torch.bfloat16, device=DEVICE)
     cache = torch.zeros((2, 1, 16, 512), dtype=torch.bfloat16, device=DEVICE)

@@ -71,6 +71,8 @@ of a Triton Attention Kernel", arXiv 2511.11581):
   no autotuning and no host sync at launch (``max_query_len`` is a host int).
 """
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -109,6 +111,9 @@ from vllm.attention.ops.tuning.tables import device_gpu_name, next_power_of_2
 
 # Triton's limit on the 1st grid dimension.
 _MAX_GRID_X = 2**31 - 1
+# Elements of a split launch's workspace the kernel addresses with 32-bit offsets
+# (automatic splits stay far below: see split_workspace_shape).
+_MAX_WORKSPACE_ELEMENTS = 2**31 - 1
 
 # Split-KV (choose_num_splits). An SM holds about this many warps of the kernel at
 # its register use (two 4-warp programs or one 8-warp program); a launch whose
@@ -544,8 +549,10 @@ def _prefix_prefill_kernel(
         )
     else:
         # The split's normalised output and log-sum-exp, at the row of the token
-        # within the launch (merge_splits_kernel combines the splits).
-        launch_token = token_row - tl.load(query_start_loc_ptr + seq_start)
+        # within the launch (merge_splits_kernel combines the splits). 32-bit
+        # offsets (the launcher bounds the workspace): 64-bit ones per row doubled
+        # the spills of the split builds of the 128x64 tiles.
+        launch_token = q_start - tl.load(query_start_loc_ptr + seq_start) + token
         ws_row = (
             (launch_token * (NUM_KV_HEADS * GROUP_SIZE) + q_head) * num_splits + split
         ) * (HEAD_SIZE + 1)
@@ -915,18 +922,22 @@ def prefix_prefill_attention(
         )
     workspace = None
     if num_splits > 1:
-        workspace = torch.empty(
-            split_workspace_shape(
-                num_seqs=num_seqs,
-                max_query_len=max_query_len,
-                num_tokens=num_tokens,
-                num_q_heads=num_q_heads,
-                head_size=head_size,
-                num_splits=num_splits,
-            ),
-            dtype=torch.float32,
-            device=query.device,
+        shape = split_workspace_shape(
+            num_seqs=num_seqs,
+            max_query_len=max_query_len,
+            num_tokens=num_tokens,
+            num_q_heads=num_q_heads,
+            head_size=head_size,
+            num_splits=num_splits,
         )
+        if math.prod(shape) > _MAX_WORKSPACE_ELEMENTS:
+            raise ValueError(
+                f"{who}: {num_splits} KV splits need a workspace of {shape} fp32 "
+                f"elements, more than the kernel's 32-bit offsets address "
+                f"({_MAX_WORKSPACE_ELEMENTS}); pass fewer num_splits (or None) or "
+                f"split the batch."
+            )
+        workspace = torch.empty(shape, dtype=torch.float32, device=query.device)
     launches = _launches(
         query=query,
         key_cache=key_cache,
