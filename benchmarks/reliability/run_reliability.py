@@ -409,6 +409,15 @@ def length_limits(ctx: Ctx) -> tuple[dict, dict, list]:
     return nums, out["plain"], reasons
 
 
+def flush_requests(a, rng: random.Random) -> list[client.Req]:
+    """Distinct prompts (one output token each) that together need twice the small
+    cache's tokens: a cache that frees its least recently used blocks first has
+    evicted every block cached before them once they are served."""
+    length = min(1024, a.max_model_len - 2)
+    count = -(-2 * a.pressure_kv_tokens // (length + 1))
+    return [client.Req(f"flush-{i}", ids(rng, length), 1) for i in range(count)]
+
+
 def prefix_caching(ctx: Ctx) -> tuple[dict, dict, list]:
     a, reasons = ctx.args, []
     bs, rng = a.block_size or DEFAULT_BLOCK_SIZE, random.Random(a.seed)
@@ -422,26 +431,42 @@ def prefix_caching(ctx: Ctx) -> tuple[dict, dict, list]:
                 reqs.append(
                     client.Req(f"len{n}-g{g}-{j}", prefix + suffix, a.max_tokens)
                 )
-    # Two rounds of the same requests: the second hits (or misses, once evicted) the
-    # cache the first filled; the small cache forces evictions.
-    out = {}
+    flush = flush_requests(a, rng)
+    # Three rounds of the same requests on the small cache: "first" fills it,
+    # "again" hits what it holds, "evicted" runs after the flush has evicted it
+    # (hits only between requests of the round), so fewer hits than "again".
+    rounds = ("first", "again", "evicted")
+    out, hits = {}, {}
     for tag, extra in (
         ("pressure", pressure(a)),
         ("pressure-no-prefix-caching", [*pressure(a), "--no-enable-prefix-caching"]),
     ):
+        res, hits[tag] = [], {}
         with ctx.server(tag, extra) as live:
-            res = ctx.batch(live, reqs)
-            res2 = ctx.batch(live, [client.Req("2:" + r.key, r.prompt, r.max_tokens)
-                                    for r in reqs])  # fmt: skip
-        all_complete(res + res2, reasons)
-        out[tag] = outputs(res + res2)
-        if tag == "pressure":
-            hits = live.info["counters"][PREFIX_HITS]
-    if hits <= 0:
-        reasons.append(f"no prefix-cache hits ({PREFIX_HITS} = {hits})")
+            for name in rounds:
+                if name == "evicted":
+                    all_complete(ctx.batch(live, flush), reasons)
+                before = client.scrape(live.port).get(PREFIX_HITS, 0.0)
+                batch = [client.Req(f"{name}:{r.key}", r.prompt, r.max_tokens)
+                         for r in reqs]  # fmt: skip
+                res += ctx.batch(live, batch)
+                after = client.scrape(live.port).get(PREFIX_HITS, 0.0)
+                hits[tag][name] = after - before
+        all_complete(res, reasons)
+        out[tag] = outputs(res)
+    cached = hits["pressure"]
+    if cached["again"] <= 0:
+        reasons.append(f"no prefix-cache hits on the repeated round ({cached})")
+    elif cached["evicted"] >= cached["again"]:
+        reasons.append(
+            f"eviction not shown: {cached['evicted']} hits after the flush, "
+            f"{cached['again']} before it"
+        )
     agree = agreement(out["pressure"], out["pressure-no-prefix-caching"])
     check_agreement("prefix caching vs none", agree, a.min_agreement, reasons)
-    nums = {"block_size": bs, "prefix_lengths": lengths, "prefix_hits": hits,
+    nums = {"block_size": bs, "prefix_lengths": lengths,
+            "prefix_hits": sum(cached.values()), "prefix_hits_by_round": cached,
+            "flush": {"requests": len(flush), "prompt_tokens": len(flush[0].prompt)},
             "agreement": agree}  # fmt: skip
     return nums, out["pressure"], reasons
 

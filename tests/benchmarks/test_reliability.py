@@ -81,6 +81,12 @@ def test_all_scenarios_pass_on_a_healthy_server(tmp_path):
     prefix = recs["prefix-caching-TRITON_ATTN-fork"]
     assert prefix["numbers"]["prefix_lengths"] == [1, 15, 17, 53]
     assert "--no-enable-prefix-caching" in prefix["servers"][1]["command"]
+    # the flush needs twice the small cache's tokens, and it evicted: fewer hits
+    # after it than on the repeat before it
+    flush = prefix["numbers"]["flush"]
+    assert flush["requests"] * (flush["prompt_tokens"] + 1) >= 2 * 768 * 16
+    hits = prefix["numbers"]["prefix_hits_by_round"]
+    assert hits["again"] > hits["evicted"] and hits["again"] > hits["first"]
     spec = recs["spec-decode-TRITON_ATTN-fork"]
     assert '"method": "ngram"' in spec["servers"][1]["command"]
     assert "7 server starts" in r.stdout
@@ -108,7 +114,8 @@ def test_consecutive_uses_of_one_configuration_share_a_server(tmp_path):
     prefix = recs["prefix-caching-TRITON_ATTN-fork"]["servers"][0]
     assert prefix["log"] == pre["log"] and not prefix["started"]
     assert pre["counters"][run_reliability.PREEMPTIONS] == 12  # one per request
-    assert prefix["counters"][run_reliability.PREEMPTIONS] == 2 * 4 * 8
+    flush = recs["prefix-caching-TRITON_ATTN-fork"]["numbers"]["flush"]["requests"]
+    assert prefix["counters"][run_reliability.PREEMPTIONS] == 3 * 4 * 8 + flush
 
 
 @pytest.mark.parametrize(
@@ -125,6 +132,7 @@ def test_consecutive_uses_of_one_configuration_share_a_server(tmp_path):
         ("length-limits", {"FAKE_REL_NO_LENGTH_CHECK": "1"}, "expected 400"),
         ("length-limits", {"FAKE_REL_WRONG": "2048"}, "chunk-2048 vs no chunk"),
         ("prefix-caching", {"FAKE_REL_WRONG": "!--no-enable-prefix-caching"}, "prefix"),
+        ("prefix-caching", {"FAKE_REL_NO_EVICT": "1"}, "eviction not shown"),
         (
             "spec-decode",
             {"FAKE_REL_WRONG": "--speculative-config"},

@@ -11,12 +11,15 @@ its arguments).
 ``FAKE_REL_WRONG=ARG``: a server with ARG in its arguments (``!ARG``: without it)
 changes one token of every output.
 ``FAKE_REL_NO_PREEMPT=1``: no preemptions even with --num-gpu-blocks-override.
+``FAKE_REL_NO_EVICT=1``: the prefix cache never evicts (by default it holds
+--num-gpu-blocks-override blocks and frees the least recently used first).
 ``FAKE_REL_NO_LENGTH_CHECK=1``: accept prompts of any length.
 ``FAKE_REL_TOKEN_S``: seconds per streamed token (default 0.001).
 ``FAKE_REL_SLOW_START=ARG``: a server with ARG in its arguments takes 2 s to start.
 ``FAKE_REL_PID_DIR``: write this server's pid to a file there at startup.
 """
 
+import collections
 import json
 import os
 import sys
@@ -42,6 +45,32 @@ class State:
     preemptions = 0
     prefix_hits = 0
     drafts = 0
+    blocks = collections.OrderedDict()  # cached block -> None, least recent first
+    allocated = 0
+
+
+def cache_request(argv, prompt, max_tokens) -> int:
+    """Prefix-cache hits (tokens) of one request, then its blocks into the cache:
+    the prompt's full blocks by content, the rest as blocks of their own; the least
+    recently used leave once the cache holds more than --num-gpu-blocks-override."""
+    size = int(_arg(argv, "--block-size", "16"))
+    full = [tuple(prompt[: (k + 1) * size]) for k in range(len(prompt) // size)]
+    hits = 0
+    for block in full:
+        if block not in State.blocks:
+            break
+        hits += size
+    for block in full:
+        State.blocks[block] = None
+        State.blocks.move_to_end(block)
+    for _ in range(-(-(len(prompt) + max_tokens) // size) - len(full)):
+        State.allocated += 1
+        State.blocks[("own", State.allocated)] = None
+    capacity = _arg(argv, "--num-gpu-blocks-override")
+    if capacity and not os.environ.get("FAKE_REL_NO_EVICT"):
+        while len(State.blocks) > int(capacity):
+            State.blocks.popitem(last=False)
+    return hits
 
 
 class Server(ThreadingHTTPServer):
@@ -98,7 +127,7 @@ class Handler(BaseHTTPRequestHandler):
             ):
                 State.preemptions += 1
             if "--no-enable-prefix-caching" not in argv:
-                State.prefix_hits += 1
+                State.prefix_hits += cache_request(argv, prompt, max_tokens)
             if "--speculative-config" in argv:
                 spec = json.loads(_arg(argv, "--speculative-config"))
                 assert spec["method"] == "ngram" and spec["prompt_lookup_max"] >= 1
