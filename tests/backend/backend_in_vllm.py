@@ -695,6 +695,7 @@ def check_warm_up():
     batches run through the real kernels (here on the CPU)."""
     import torch
 
+    from vllm.v1.attention.backends import triton_attn as triton_attn_module
     from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
 
     # 64 requests: split counts 64, 32, 16, 8 and 4 with 2 KV heads on 132 SMs.
@@ -705,10 +706,20 @@ def check_warm_up():
     assert split_counts == set(builder._splits_for_batch[1:]), split_counts
     assert len(decodes) == len(split_counts) > 1, decodes
     prefills = [b for b in plan if b.max_query_len is not None and not b.max_seq_len]
-    # max_num_batched_tokens 256 -> buckets 16, 64, 256; seq_start 0, 1, 3 each.
-    assert sorted({b.max_query_len for b in prefills}) == [16, 64, 256], prefills
-    assert sorted({b.query_lens.count(1) for b in prefills}) == [0, 1, 3]
-    assert len(prefills) == 9
+    # max_num_batched_tokens 256 -> buckets 16, 64, 256, one batch each: the
+    # number of decodes in front (prefill's seq_start) selects no variant, as the
+    # ints that change per step are not specialised by the prefill and merge.
+    assert [b.max_query_len for b in prefills] == [16, 64, 256], prefills
+    assert all(b.query_lens == [2] for b in prefills), prefills
+    from vllm.attention.ops import prefix_prefill
+    from vllm.attention.ops.triton_attention_common import merge_splits_kernel
+
+    for kernel in (prefix_prefill._prefix_prefill_kernel, merge_splits_kernel):
+        if hasattr(kernel, "params"):  # a JIT function
+            unspecialised = {p.name for p in kernel.params if p.do_not_specialize}
+        else:  # the interpreter's wrapper keeps the decorator's arguments
+            unspecialised = set(kernel.kwargs["do_not_specialize"])
+        assert {"seq_start", "num_seqs", "num_splits"} <= unspecialised, kernel
     # Split-KV prefill: one batch per bucket, its shortest query over
     # max_model_len (4096) keys; the first is launched below.
     splits = [b for b in plan if b.max_seq_len]
@@ -723,12 +734,10 @@ def check_warm_up():
     layer = SimpleNamespace(
         impl=impl, _k_scale=torch.tensor(1.0), _v_scale=torch.tensor(1.0)
     )
-    for batch in (decodes[0], prefills[2]):  # 1 decode; 3 decodes + a prefill
+    mixed = triton_attn_module._WarmUpBatch("mixed", [1, 1, 1, 2], max_query_len=16)
+    for batch in (decodes[0], mixed):  # 1 decode; 3 decodes + a prefill
         for layout in ("qkv_view", "contiguous"):
             builder._run_warm_up_batch(layer, batch, 64, layout)
-    from vllm.attention.ops import prefix_prefill
-    from vllm.attention.ops.triton_attention_common import merge_splits_kernel
-
     kernels, real = [], prefix_prefill._launches
 
     def spy(**kw):

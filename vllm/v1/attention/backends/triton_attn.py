@@ -392,7 +392,10 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         Specialisations: constexprs (tile configs, split count, features, dtypes,
         strides of query/output/cache in the decode kernel) and the integer
         arguments Triton specialises by value (== 1, multiple of 16): the
-        block-table row stride and prefix_prefill's ``seq_start`` (= num_decodes).
+        block-table row stride. The ints that change from step to step in the
+        prefill and merge kernels (``seq_start`` = num_decodes, ``num_seqs``,
+        ``num_splits``) are ``do_not_specialize``, so the number of decodes in
+        front of the prefills selects nothing.
         """
         batches = []
         # Decode: the smallest batch of each split count (the grid's third axis and
@@ -405,19 +408,13 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
                 _WarmUpBatch(f"decode x{num_seqs} ({splits} splits)", [1] * num_seqs)
             )
         # prefix_prefill: one launch per query-length bucket the scheduler can
-        # reach (tile configs are chosen per bucket), with seq_start 0, 1 and 3
-        # (the three classes Triton tells apart). max_query_len is an upper bound
-        # for the kernel, so a 2-token query stands in for a long one.
+        # reach (tile configs are chosen per bucket). max_query_len is an upper
+        # bound for the kernel, so a 2-token query stands in for a long one.
         top = query_len_bucket(self._max_query_len)
         for bound in (b for b in QUERY_LEN_BUCKETS if b <= top):
-            for num_decodes in (0, 1, 3):
-                batches.append(
-                    _WarmUpBatch(
-                        f"prefill bucket {bound}, seq_start {num_decodes}",
-                        [1] * num_decodes + [2],
-                        max_query_len=bound,
-                    )
-                )
+            batches.append(
+                _WarmUpBatch(f"prefill bucket {bound}", [2], max_query_len=bound)
+            )
         # Split-KV prefill: whether a launch splits is a constexpr of the prefill
         # kernel, so each bucket's config has a split variant (and the merge kernel
         # one). A launch splits when it has few programs and long sequences: one
