@@ -524,7 +524,14 @@ def test_work_formulas_count_only_window_visible_keys():
     assert bk.stock_window(d) == (4095, 0) and bk.stock_window(full) == (-1, -1)
 
 
-def test_held_out_shapes_are_not_in_the_shipped_table():
+@pytest.mark.parametrize(
+    "name, by_class",
+    [
+        ("fitted", [(128, 7, 64, "bfloat16")]),
+        ("unseen", [(128, 3, 64, "bfloat16"), (128, 6, 64, "fp8")]),
+    ],
+)
+def test_held_out_shapes_are_not_in_the_shipped_table(name, by_class):
     body = json.loads(
         (REPO / "vllm/attention/ops/tuning/prefix_prefill_NVIDIA_H200.json").read_text()
     )
@@ -532,10 +539,10 @@ def test_held_out_shapes_are_not_in_the_shipped_table():
         (e["head_size"], e["group"], e["block_size"], e["q_dtype"], e["kv_dtype"])
         for e in body["configs"]
     }
-    held = tune.HELD_OUT_SHAPES
+    held = tune.HELD_OUT_SETS[name]
     assert len(held) >= 8 and len(set(held)) == len(held)
     table = PREFILL_TABLE.load("NVIDIA H200")
-    by_class = []
+    found = []
     for head, group, block, kv, bucket in held:
         # no entry was tuned on the shape, whatever the bucket
         assert (head, group, block, "bfloat16", kv) not in shipped
@@ -543,10 +550,28 @@ def test_held_out_shapes_are_not_in_the_shipped_table():
         key = tune.held_out_key(head, group, block, kv, bucket)
         if key in table:  # held only through its group class
             assert group_class(group) != group
-            by_class.append((head, group, block, kv))
-    assert by_class == [(128, 7, 64, "bfloat16")]
+            found.append((head, group, block, kv))
+    assert found == by_class
     assert len({h[0] for h in held}) >= 4 and len({h[1] for h in held}) >= 4
     assert {h[2] for h in held} == {16, 64, 128}
+
+
+def test_unseen_shapes_were_never_timed():
+    """No unseen shape is a fitted held-out shape or the key of any committed
+    tuning record (a sweep would have timed it)."""
+    recorded = set()
+    for path in (REPO / "benchmarks/results/tuning").glob("*.json"):
+        for record in json.loads(path.read_text()).get("records", []):
+            for key in (record.get("key"), record.get("shape")):
+                if isinstance(key, dict) and "head_size" in key:
+                    recorded.add(
+                        (key["head_size"], key["group"], key["block_size"],
+                         key["kv_dtype"], key["max_query_len"])
+                    )  # fmt: skip
+    assert recorded  # the records were read
+    unseen = set(tune.UNSEEN_SHAPES)
+    assert not unseen & set(tune.HELD_OUT_SHAPES)
+    assert not unseen & recorded, unseen & recorded
 
 
 def test_held_out_records_picked_vs_best_and_resumes(monkeypatch, tmp_path):
@@ -641,3 +666,15 @@ def test_precompile_deals_every_candidate_to_exactly_one_job(monkeypatch):
     order.clear()
     tune._tune_one(shape, 4096, None, space, None, jobs=1)
     assert all(kind == "time" for kind, _ in order)
+
+
+@pytest.mark.parametrize(
+    "argv, shapes",
+    [([], tune.HELD_OUT_SHAPES), (["--held-out-set", "unseen"], tune.UNSEEN_SHAPES)],
+)
+def test_held_out_set_chooses_the_shapes(monkeypatch, tmp_path, argv, shapes):
+    runs = []
+    monkeypatch.setattr(tune, "run_held_out", lambda args, todo: runs.append(todo))
+    record = str(tmp_path / "held.json")
+    tune.main(["--kernel", "prefill", "--held-out", "--record", record, *argv])
+    assert runs == [shapes]
