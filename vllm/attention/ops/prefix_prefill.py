@@ -89,6 +89,7 @@ from vllm.attention.ops.triton_attention_common import (
     check_attention_inputs,
     finalize_output,
     fp8_max,
+    head_pad,
     init_softmax_state,
     load_kv_tile,
     merge_launch,
@@ -107,7 +108,7 @@ from vllm.attention.ops.tuning.prefill_configs import (
     PrefillConfig,
     fit_shared_memory,
 )
-from vllm.attention.ops.tuning.tables import device_gpu_name, next_power_of_2
+from vllm.attention.ops.tuning.tables import device_gpu_name
 
 # Triton's limit on the 1st grid dimension.
 _MAX_GRID_X = 2**31 - 1
@@ -568,15 +569,13 @@ def _prefix_prefill_kernel(
         )
 
 
-def _cache_descriptor(
-    cache: torch.Tensor, block_n: int, head_pad: int
-) -> TensorDescriptor:
+def _cache_descriptor(cache: torch.Tensor, block_n: int) -> TensorDescriptor:
     """TMA descriptor of one cache view as a ``[rows, head_size]`` matrix whose row
     ``r`` is the key row at element offset ``r * head_size`` from the view's start
     (pages, heads and slots are all whole rows: their strides are multiples of
-    head_size). Tiles are ``[block_n, head_pad]``: with ``head_pad > head_size``
-    the columns past ``head_size`` are out of bounds, which TMA reads as zeros
-    (the next row's elements are never loaded as padding)."""
+    head_size). Tiles are ``[block_n, head_pad(head_size)]``: the columns past a
+    head size below its padding (80, 96, 112) are out of bounds, which TMA reads
+    as zeros (the next row's elements are never loaded as padding)."""
     num_blocks, num_kv_heads, block_size, head_size = cache.shape
     stride_block, stride_head, _, _ = cache.stride()
     last = (num_blocks - 1) * stride_block + (num_kv_heads - 1) * stride_head
@@ -586,7 +585,7 @@ def _cache_descriptor(
         flat,
         shape=[rows, head_size],
         strides=[head_size, 1],
-        block_shape=[block_n, head_pad],
+        block_shape=[block_n, head_pad(head_size)],
     )
 
 
@@ -707,7 +706,6 @@ def _launches(
     num_q_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
     group_size = num_q_heads // num_kv_heads
-    head_pad = max(16, next_power_of_2(head_size))
     is_fp8 = key_cache.dtype in FP8_DTYPES
     tile_in_page = block_size % config.block_n == 0
     use_tma = (
@@ -744,12 +742,8 @@ def _launches(
         ),
         query_start_loc_ptr=query_start_loc,
         workspace_ptr=workspace,  # None unless split
-        k_desc=_cache_descriptor(key_cache, config.block_n, head_pad)
-        if use_tma
-        else None,
-        v_desc=_cache_descriptor(value_cache, config.block_n, head_pad)
-        if use_tma
-        else None,
+        k_desc=_cache_descriptor(key_cache, config.block_n) if use_tma else None,
+        v_desc=_cache_descriptor(value_cache, config.block_n) if use_tma else None,
         num_seqs=num_seqs,
         num_splits=num_splits,
         NUM_KV_HEADS=num_kv_heads,

@@ -88,16 +88,22 @@ def softcap_enabled(logits_soft_cap: float | None) -> bool:
     return bool(logits_soft_cap)
 
 
+def head_pad(head_size: int) -> int:
+    """The head dimension of the family's tiles: the head size's power of two, at
+    least 16 (a ``tl.dot`` minimum)."""
+    return max(16, triton.next_power_of_2(head_size))
+
+
 def output_layout(output: torch.Tensor) -> dict:
     """Constexprs of the ``[num_tokens, num_q_heads, head_size]`` output every kernel
     of the family writes (attention and merge): its token and head strides, the head
-    size and its power-of-two padding (at least 16, a ``tl.dot`` minimum)."""
+    size and its padding (``head_pad``)."""
     head_size = output.shape[2]
     return {
         "STRIDE_O_TOKEN": output.stride(0),
         "STRIDE_O_HEAD": output.stride(1),
         "HEAD_SIZE": head_size,
-        "HEAD_PAD": max(16, triton.next_power_of_2(head_size)),
+        "HEAD_PAD": head_pad(head_size),
     }
 
 

@@ -407,22 +407,21 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             batches.append(
                 _WarmUpBatch(f"decode x{num_seqs} ({splits} splits)", [1] * num_seqs)
             )
-        # prefix_prefill: one launch per query-length bucket the scheduler can
-        # reach (tile configs are chosen per bucket). max_query_len is an upper
-        # bound for the kernel, so a 2-token query stands in for a long one.
+        # prefix_prefill: per query-length bucket the scheduler can reach (tile
+        # configs are chosen per bucket), its unsplit and its split variant
+        # (SPLIT_KV is a constexpr; the split one also builds the merge).
+        # max_query_len is an upper bound for the kernel, so a 2-token query
+        # stands in for a long one. A launch splits when it has few programs and
+        # long sequences: one sequence with the bucket's shortest query over
+        # max_model_len keys splits exactly when some launch of the bucket can
+        # (the launcher decides, as in serving; a bucket that cannot split repeats
+        # its unsplit launch).
         top = query_len_bucket(self._max_query_len)
+        shortest = 2  # a query of one token is a decode
         for bound in (b for b in QUERY_LEN_BUCKETS if b <= top):
             batches.append(
                 _WarmUpBatch(f"prefill bucket {bound}", [2], max_query_len=bound)
             )
-        # Split-KV prefill: whether a launch splits is a constexpr of the prefill
-        # kernel, so each bucket's config has a split variant (and the merge kernel
-        # one). A launch splits when it has few programs and long sequences: one
-        # sequence with the bucket's shortest query over max_model_len keys splits
-        # exactly when some launch of that bucket can (the launcher decides, as in
-        # serving; a bucket that cannot split repeats its unsplit launch).
-        shortest = 2  # a query of one token is a decode
-        for bound in (b for b in QUERY_LEN_BUCKETS if b <= top):
             batches.append(
                 _WarmUpBatch(
                     f"prefill bucket {bound}, split-KV",
@@ -989,7 +988,6 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         self.scale = float(scale)
         self.num_kv_heads = num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
-        self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         # vLLM's sliding window W: a query at position p sees keys j with p - j < W.
         self.sliding_window = sliding_window
