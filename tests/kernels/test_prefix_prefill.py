@@ -1135,9 +1135,12 @@ def test_program_order(row_tiles, num_seqs, num_kv_heads, num_splits, longest_fi
 @pytest.mark.parametrize(
     "programs, num_warps, max_seq_len, splits",
     [
-        # 132 SMs: 1056 warp slots; split when the launch fills at most 528.
-        (128, 4, 18_432, 3),  # a 2k chunk over 16k, group 1, 128-row tiles
-        (64, 8, 34_816, 3),  # the same with 256-row 8-warp tiles
+        # 132 SMs: 1056 warp slots; split when the launch fills at most 528, into
+        # as many splits as one wave of resident programs holds (rounded down).
+        (128, 4, 18_432, 2),  # a 2k chunk over 16k, group 1, 128-row tiles: 264 / 128
+        (100, 4, 100_000, 2),  # 264 / 100: 3 would start a second, partial wave
+        (66, 4, 100_000, 4),  # 264 / 66: four splits fill one wave exactly
+        (64, 8, 34_816, 2),  # 256-row 8-warp tiles: 132 resident / 64
         (128, 8, 34_816, 1),  # 8-warp programs on every SM: no split
         (256, 4, 34_816, 1),  # group 2: two 4-warp programs per SM already
         (132, 4, 100_000, 2),  # exactly half the slots
@@ -1162,8 +1165,8 @@ def test_split_count_rule(programs, num_warps, max_seq_len, splits):
 @pytest.mark.parametrize(
     "window, splits",
     [
-        (None, 3),  # a 2k chunk over 32k at 8 KV heads, group 1: 384 programs
-        (8192, 3),  # a window wider than the 2k it would have to fall under
+        (None, 2),  # a 2k chunk over 32k at 8 KV heads, group 1: 128 programs
+        (8192, 2),  # a window wider than the 4k it would have to fall under
         (3000, 1),  # window + block_m < 2 * SPLIT_MIN_KEYS: at most one split
         (16, 1),  # a program sees 16 + block_m keys: never split
     ],

@@ -119,7 +119,7 @@ _MAX_WORKSPACE_ELEMENTS = 2**31 - 1
 # Split-KV (choose_num_splits). An SM holds about this many warps of the kernel at
 # its register use (two 4-warp programs or one 8-warp program); a launch whose
 # programs fill at most half of these slots on every SM splits each program's keys
-# so that the split grid fills them once ...
+# into as many shares as one wave of programs holds ...
 SPLIT_WARPS_PER_SM = 8
 # ... in at most this many splits (the merge reads them in one tile) ...
 MAX_NUM_SPLITS = 16
@@ -620,16 +620,22 @@ def choose_num_splits(
     warps (``num_splits=1``) whose programs see at most ``max_seq_len`` keys.
 
     1 when the programs fill more than half of the SMs' ``SPLIT_WARPS_PER_SM``
-    warp slots. Otherwise as many splits as fill them once, at most
-    ``MAX_NUM_SPLITS`` and at most one per ``SPLIT_MIN_KEYS`` keys: a short chunk or
-    spec-decode verification over a long cache and a small group at few KV heads
-    split; short sequences and launches that already occupy every SM do not."""
+    warp slots. Otherwise as many splits as one wave holds (the programs resident
+    at once divided by the launch's, rounded down), at most ``MAX_NUM_SPLITS`` and
+    at most one per ``SPLIT_MIN_KEYS`` keys: rounding up would start a second,
+    partly empty wave (128 programs of 4 warps on 132 SMs, 264 resident: 2 splits
+    run in one wave of half the keys each, 3 in two waves of a third). A short
+    chunk or spec-decode verification over a long cache and a small group at few
+    KV heads split; short sequences and launches that already occupy every SM do
+    not."""
     slots = SPLIT_WARPS_PER_SM * max(1, num_sms)
-    used = max(1, programs) * num_warps
-    if 2 * used > slots:
+    programs = max(1, programs)
+    if 2 * programs * num_warps > slots:
         return 1
-    want = -(-slots // used)
-    return max(1, min(want, max_seq_len // SPLIT_MIN_KEYS, MAX_NUM_SPLITS))
+    resident = slots // num_warps
+    return max(
+        1, min(resident // programs, max_seq_len // SPLIT_MIN_KEYS, MAX_NUM_SPLITS)
+    )
 
 
 def auto_num_splits(
