@@ -181,6 +181,7 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         "lazy_rescale": (False,),
         "fast_exp": (False,),
         "longest_first": (True,),
+        "split_head": (False, True),
     }
     got = list(tune._candidates(128, torch.bfloat16, 4, 64, space))
     assert got == [
@@ -193,6 +194,13 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         PrefillConfig(64, 32, 4, 2, False, fp8_qk=True),
         PrefillConfig(64, 32, 4, 2, True, fp8_qk=True),
         PrefillConfig(64, 128, 4, 2, False, fp8_qk=True),
+    ]
+    # split_head only where the head size is two powers of two (96 = 64 + 32).
+    got = list(tune._candidates(96, torch.bfloat16, 4, 64, space))
+    assert [c for c in got if c.split_head] == [
+        PrefillConfig(64, 32, 4, 2, False, split_head=True),
+        PrefillConfig(64, 32, 4, 2, True, split_head=True),
+        PrefillConfig(64, 128, 4, 2, False, split_head=True),
     ]
 
 

@@ -347,6 +347,23 @@ def _prefix_prefill_cases():
             head_size=head_size, group=group, num_splits=3, sinks=False, config=tile
         )
         yield f"prefill split-KV d{head_size}-g{group}-{tile}", split_kwargs
+    # split_head: head size 96 as 64 + 32 column tiles in the timed tile (TMA boxes
+    # of each width), its split variant, and 80 = 64 + 16 with pointer loads.
+    split_head = PrefillConfig(128, 64, 4, 2, use_tma=True, split_head=True)
+    yield launch(96, 1, 64, torch.bfloat16, 4096, True, split_head)
+    ((_, _, split_kwargs), _) = _split_launches(
+        head_size=96, group=1, num_splits=2, sinks=False, config=split_head
+    )
+    yield f"prefill split-KV d96-g1-{split_head}", split_kwargs
+    yield launch(
+        80,
+        2,
+        64,
+        torch.bfloat16,
+        4096,
+        False,
+        dataclasses.replace(split_head, use_tma=False),
+    )
     # A register cap, as the launcher passes it on a CUDA device: a 64x64 4-warp
     # program in 168 registers, so that three fit an SM instead of two.
     one_stage = PrefillConfig(64, 64, 4, 1, use_tma=True, maxnreg=168)

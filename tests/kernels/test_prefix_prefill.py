@@ -291,6 +291,78 @@ CASES = [
         config=PrefillConfig(16, 16, 4, 1, lazy_rescale=True),
         seqs=[(7, 90), (30, 30)],
     ),
+    # split_head: the head in two exact column tiles (96 = 64 + 32, 80 = 64 + 16,
+    # 192 = 128 + 64); pointer loads within a page and across pages, TMA, every
+    # feature on fp8, fp8 q.k (one query scale over both tiles), split-KV; and
+    # head sizes it does not apply to (128, 112: one padded tile, as without it).
+    _case(
+        "split-head-d96-g2",
+        head_size=96,
+        num_q_heads=4,
+        config=PrefillConfig(16, 16, 4, 1, split_head=True),
+    ),
+    _case(
+        "split-head-d80-g4-tile-spans-pages",
+        head_size=80,
+        num_q_heads=4,
+        num_kv_heads=1,
+        config=PrefillConfig(16, 32, 4, 1, split_head=True),
+    ),
+    _case(
+        "split-head-tma-d96-g7",
+        head_size=96,
+        num_q_heads=14,
+        num_kv_heads=2,
+        block_size=32,
+        seqs=[(5, 29), (1, 1), (19, 50)],
+        config=PrefillConfig(32, 16, 4, 1, use_tma=True, split_head=True),
+    ),
+    _case(
+        "split-head-tma-d192-g2",
+        head_size=192,
+        num_q_heads=4,
+        seqs=[(3, 40), (20, 20)],
+        config=PrefillConfig(16, 16, 4, 1, use_tma=True, split_head=True),
+    ),
+    _case(
+        "split-head-all-features-fp8-d80",
+        **ALL_FEATURES_FP8,
+        head_size=80,
+        seqs=[(5, 29), (1, 1), (12, 12)],
+        config=PrefillConfig(16, 16, 4, 1, use_tma=True, split_head=True),
+    ),
+    _case(
+        "split-head-fp8-qk-all-features-d96",
+        **ALL_FEATURES_FP8,
+        head_size=96,
+        seqs=[(5, 29), (1, 1), (40, 90)],
+        config=PrefillConfig(16, 16, 4, 1, fp8_qk=True, split_head=True),
+        tolerance=FP8_QK_TOLERANCE,
+    ),
+    _case(
+        "split-head-split-kv-3-sinks-d96",
+        head_size=96,
+        num_q_heads=4,
+        sinks=True,
+        num_splits=3,
+        seqs=[(1, 40), (5, 70), (2, 2)],
+        config=PrefillConfig(16, 16, 4, 1, use_tma=True, split_head=True),
+    ),
+    # The production tile (128 x 64, 4 warps, 2 stages, TMA; wgmma on a GPU).
+    _case(
+        "split-head-production-tile-d96-g1",
+        head_size=96,
+        num_q_heads=2,
+        block_size=64,
+        seqs=[(150, 300), (1, 1), (64, 64)],
+        config=PrefillConfig(128, 64, 4, 2, use_tma=True, split_head=True),
+    ),
+    _case(
+        "split-head-not-applicable-d112",
+        head_size=112,
+        num_q_heads=4,
+        config=PrefillConfig(16, 16, 4, 1, split_head=True),
+    ),
 ]
 
 
@@ -677,6 +749,14 @@ def _args(batch, **overrides):
         (lambda b: {"seq_lens": b.seq_lens.long()}, "seq_lens"),
         (lambda b: {"alibi_slopes": torch.ones(3, device=DEVICE)}, "alibi_slopes"),
         (lambda b: {"num_seqs": 9}, "sequence range"),
+        (
+            lambda b: {
+                "config": PrefillConfig(
+                    16, 16, 4, 1, lazy_rescale=True, split_head=True
+                )
+            },
+            "split_head and lazy_rescale",
+        ),
     ],
     ids=[
         "fp32-query",
@@ -687,6 +767,7 @@ def _args(batch, **overrides):
         "int64-seq-lens",
         "alibi-shape",
         "seq-range",
+        "split-head-with-lazy-rescale",
     ],
 )
 def test_rejects_unsupported_inputs(overrides, match):

@@ -90,6 +90,7 @@ from vllm.attention.ops.triton_attention_common import (
     finalize_output,
     fp8_max,
     head_pad,
+    head_split,
     init_softmax_state,
     load_kv_tile,
     merge_launch,
@@ -100,6 +101,7 @@ from vllm.attention.ops.triton_attention_common import (
     query_for_cache,
     scores_and_scale,
     shared_kernel_args,
+    softmax_rescale,
     split_log_sum_exp,
     to_dot_dtype,
 )
@@ -169,10 +171,12 @@ def program_coords(
 
 @triton.jit
 def _attend_kv_range(
-    acc,  # [BLOCK_M, HEAD_PAD] fp32
+    acc,  # [BLOCK_M, HEAD_LO_PAD] fp32
+    acc_hi,  # [BLOCK_M, HEAD_HI] fp32 (SPLIT_HEAD)
     m_i,  # [BLOCK_M] fp32
     l_i,  # [BLOCK_M] fp32
-    q,  # [BLOCK_M, HEAD_PAD] query dtype
+    q,  # [BLOCK_M, HEAD_LO_PAD] query dtype
+    q_hi,  # [BLOCK_M, HEAD_HI] query dtype (SPLIT_HEAD)
     q_pos,  # [BLOCK_M] int32: absolute positions of the rows' tokens
     alibi_slope,  # [BLOCK_M] fp32 (USE_ALIBI)
     kv_start,  # first key of the range (multiple of BLOCK_N)
@@ -182,7 +186,9 @@ def _attend_kv_range(
     v_head_ptr,  # value cache at (block 0, this KV head)
     block_table_row_ptr,  # [max_blocks_per_seq] int32
     k_desc,  # TMA descriptors of the caches as [rows, HEAD_SIZE], boxes of
-    v_desc,  # [BLOCK_N, HEAD_PAD] (USE_TMA)
+    v_desc,  # [BLOCK_N, HEAD_LO_PAD] (USE_TMA)
+    k_desc_hi,  # the same with boxes of [BLOCK_N, HEAD_HI] (USE_TMA, SPLIT_HEAD)
+    v_desc_hi,
     head_offset,  # elements from a cache's start to this KV head (USE_TMA)
     qk_scale,  # scale of q.k (softmax_scale; fp8: k_scale, q pre-scaled)
     softcap,  # fp32 (USE_SOFTCAP)
@@ -190,8 +196,11 @@ def _attend_kv_range(
     STRIDE_KV_BLOCK: tl.constexpr,  # elements between pages (same for K and V)
     BLOCK_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-    HEAD_SIZE: tl.constexpr,
-    HEAD_PAD: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,  # elements of a cache row
+    HEAD_LO: tl.constexpr,  # head columns of the first column tile
+    HEAD_LO_PAD: tl.constexpr,  # its width (a power of two)
+    HEAD_HI: tl.constexpr,  # width of the second column tile (SPLIT_HEAD)
+    SPLIT_HEAD: tl.constexpr,  # columns [HEAD_LO, HEAD_SIZE) in the second tile
     TILE_IN_PAGE: tl.constexpr,  # BLOCK_N divides BLOCK_SIZE: one page per tile
     USE_TMA: tl.constexpr,  # load K/V tiles by TMA (needs TILE_IN_PAGE)
     FP8_QK: tl.constexpr,  # q is fp8 (the cache's format): V goes to fp16 for p.v
@@ -204,7 +213,9 @@ def _attend_kv_range(
 ):
     """Online softmax over the KV tiles starting at kv_start, kv_start + BLOCK_N, ...
     below kv_stop. With MASKED=False the tiles skip key-validity and visibility
-    masks (the caller guarantees they are fully visible)."""
+    masks (the caller guarantees they are fully visible). With SPLIT_HEAD, every
+    K/V tile is loaded as two column tiles: q.k sums two dots, p.v updates two
+    accumulators."""
     for tile_start in tl.range(kv_start, kv_stop, BLOCK_N):
         k_pos = tile_start + tl.arange(0, BLOCK_N)
         key_valid = k_pos < kv_len
@@ -232,15 +243,29 @@ def _attend_kv_range(
             tma_row = ((head_offset + first_row) // HEAD_SIZE).to(tl.int32)
             k = k_desc.load([tma_row, 0])
         else:
+            tma_row = 0
             k = load_kv_tile(
                 k_head_ptr,
                 rows,
                 key_valid,
-                HEAD_SIZE=HEAD_SIZE,
-                HEAD_PAD=HEAD_PAD,
+                HEAD_SIZE=HEAD_LO,
+                HEAD_PAD=HEAD_LO_PAD,
                 MASK_KEYS=MASKED,
             )
         qk = tl.dot(q, tl.trans(to_dot_dtype(k, DOT_DTYPE=q.dtype)))
+        if SPLIT_HEAD:
+            if USE_TMA:
+                k_hi = k_desc_hi.load([tma_row, HEAD_LO])
+            else:
+                k_hi = load_kv_tile(
+                    k_head_ptr + HEAD_LO,
+                    rows,
+                    key_valid,
+                    HEAD_SIZE=HEAD_HI,
+                    HEAD_PAD=HEAD_HI,
+                    MASK_KEYS=MASKED,
+                )
+            qk = tl.dot(q_hi, tl.trans(to_dot_dtype(k_hi, DOT_DTYPE=q.dtype)), qk)
         scores, score_scale = scores_and_scale(
             qk,
             q_pos,
@@ -255,33 +280,83 @@ def _attend_kv_range(
             APPLY_MASK=MASKED,
             USE_WINDOW=USE_WINDOW,
         )
-        if USE_TMA:
-            v = v_desc.load([tma_row, 0])
-            if MASKED:
-                # Rows past the sequence end hold whatever the page holds (maybe
-                # NaN); their probabilities are 0 but 0 * NaN is not.
-                v = tl.where(key_valid[:, None], v, tl.zeros_like(v))
-        else:
-            v = load_kv_tile(
+        v = _load_v_tile(
+            v_head_ptr,
+            v_desc,
+            rows,
+            key_valid,
+            tma_row,
+            COLUMN=0,
+            COLUMNS=HEAD_LO,
+            WIDTH=HEAD_LO_PAD,
+            USE_TMA=USE_TMA,
+            MASKED=MASKED,
+        )
+        v = to_dot_dtype(v, DOT_DTYPE=tl.float16 if FP8_QK else q.dtype)
+        if SPLIT_HEAD:
+            v_hi = _load_v_tile(
                 v_head_ptr,
+                v_desc_hi,
                 rows,
                 key_valid,
-                HEAD_SIZE=HEAD_SIZE,
-                HEAD_PAD=HEAD_PAD,
-                MASK_KEYS=MASKED,
+                tma_row,
+                COLUMN=HEAD_LO,
+                COLUMNS=HEAD_HI,
+                WIDTH=HEAD_HI,
+                USE_TMA=USE_TMA,
+                MASKED=MASKED,
             )
-        v = to_dot_dtype(v, DOT_DTYPE=tl.float16 if FP8_QK else q.dtype)
-        acc, m_i, l_i = online_softmax_step(
-            acc,
-            m_i,
-            l_i,
-            scores,
-            v,
-            score_scale,
-            LAZY_RESCALE=LAZY_RESCALE,
-            FAST_EXP=FAST_EXP,
+            v_hi = to_dot_dtype(v_hi, DOT_DTYPE=v.dtype)
+            p, alpha, m_i, l_i = softmax_rescale(
+                m_i, l_i, scores, score_scale, FAST_EXP=FAST_EXP
+            )
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            acc_hi = tl.dot(p.to(v.dtype), v_hi, acc_hi * alpha[:, None])
+        else:
+            acc, m_i, l_i = online_softmax_step(
+                acc,
+                m_i,
+                l_i,
+                scores,
+                v,
+                score_scale,
+                LAZY_RESCALE=LAZY_RESCALE,
+                FAST_EXP=FAST_EXP,
+            )
+    return acc, acc_hi, m_i, l_i
+
+
+@triton.jit
+def _load_v_tile(
+    v_head_ptr,
+    v_desc,
+    rows,  # [BLOCK_N] int64 element offsets of the tile's keys (pointer loads)
+    key_valid,  # [BLOCK_N] bool
+    tma_row,  # row of the tile in the descriptor's view (USE_TMA)
+    COLUMN: tl.constexpr,  # first head column of the tile
+    COLUMNS: tl.constexpr,  # head columns of the tile ...
+    WIDTH: tl.constexpr,  # ... in a tile this wide (a power of two)
+    USE_TMA: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """A ``[BLOCK_N, WIDTH]`` V tile of columns ``[COLUMN, COLUMN + COLUMNS)``, the
+    rest zeros. With TMA and MASKED, rows past the sequence end are zeroed: they
+    hold whatever the page holds (maybe NaN), and their probabilities are 0 but
+    0 * NaN is not."""
+    if USE_TMA:
+        v = v_desc.load([tma_row, COLUMN])
+        if MASKED:
+            v = tl.where(key_valid[:, None], v, tl.zeros_like(v))
+    else:
+        v = load_kv_tile(
+            v_head_ptr + COLUMN,
+            rows,
+            key_valid,
+            HEAD_SIZE=COLUMNS,
+            HEAD_PAD=WIDTH,
+            MASK_KEYS=MASKED,
         )
-    return acc, m_i, l_i
+    return v
 
 
 # seq_start (the number of decodes), num_seqs and num_splits change from step to
@@ -299,6 +374,8 @@ def _prefix_prefill_kernel(
     seq_lens_ptr,  # [num_seqs_total] int32
     k_desc,  # TMA descriptor of key_cache as [rows, head_size] (USE_TMA), or None
     v_desc,  # same for value_cache
+    k_desc_hi,  # the same with the second column tile's boxes (SPLIT_HEAD), or None
+    v_desc_hi,
     k_scale_ptr,  # [1] fp32 (IS_FP8)
     v_scale_ptr,  # [1] fp32 (IS_FP8)
     alibi_slopes_ptr,  # [num_q_heads] float (USE_ALIBI)
@@ -323,6 +400,10 @@ def _prefix_prefill_kernel(
     BLOCK_SIZE: tl.constexpr,  # keys per page
     HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
+    HEAD_LO: tl.constexpr,  # head columns of the first column tile (all unless split)
+    HEAD_LO_PAD: tl.constexpr,  # its width: HEAD_PAD, or HEAD_LO when SPLIT_HEAD
+    HEAD_HI: tl.constexpr,  # width of the second column tile (SPLIT_HEAD)
+    SPLIT_HEAD: tl.constexpr,  # the config's split_head (head_split)
     TILE_IN_PAGE: tl.constexpr,  # BLOCK_N divides BLOCK_SIZE
     USE_TMA: tl.constexpr,  # K/V by TMA: sm_90+, TILE_IN_PAGE
     IS_FP8: tl.constexpr,
@@ -358,8 +439,9 @@ def _prefix_prefill_kernel(
     first_token = first_row // GROUP_SIZE
     last_token = tl.minimum((first_row + BLOCK_M - 1) // GROUP_SIZE, q_len - 1)
     q_pos = context_len + token
-    dims = tl.arange(0, HEAD_PAD)
-    dim_ok = dims < HEAD_SIZE
+    dims = tl.arange(0, HEAD_LO_PAD)
+    dim_ok = dims < HEAD_LO
+    dims_hi = HEAD_LO + tl.arange(0, HEAD_HI)  # SPLIT_HEAD
 
     token_row = (q_start + token).to(tl.int64)
     q_offsets = token_row * STRIDE_Q_TOKEN + q_head * STRIDE_Q_HEAD
@@ -373,14 +455,36 @@ def _prefix_prefill_kernel(
     q, qk_scale, v_scale = query_for_cache(
         q, softmax_scale, k_scale_ptr, v_scale_ptr, IS_FP8=IS_FP8
     )
+    if SPLIT_HEAD:
+        q_hi = tl.load(
+            query_ptr + q_offsets[:, None] + dims_hi[None, :],
+            mask=row_valid[:, None],
+            other=0.0,
+        )
+        q_hi, _, _ = query_for_cache(
+            q_hi, softmax_scale, k_scale_ptr, v_scale_ptr, IS_FP8=IS_FP8
+        )
+    else:
+        q_hi = tl.zeros([BLOCK_M, HEAD_HI], dtype=q.dtype)
     if FP8_QK:
         # q.k on fp8 tensor cores: the tile in the cache's format, one scale for
         # the program (its largest |q| maps to FP8_MAX; an all-zero tile gets 1).
         q_amax = tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0)
+        if SPLIT_HEAD:
+            q_amax = tl.maximum(
+                q_amax, tl.max(tl.max(tl.abs(q_hi.to(tl.float32)), 1), 0)
+            )
         q_scale = tl.where(q_amax > 0.0, q_amax / FP8_MAX, 1.0)
         q = quantize_fp8(
             q, q_scale, FP8_MAX=FP8_MAX, FP8_DTYPE=key_cache_ptr.dtype.element_ty
         )
+        if SPLIT_HEAD:
+            q_hi = quantize_fp8(
+                q_hi,
+                q_scale,
+                FP8_MAX=FP8_MAX,
+                FP8_DTYPE=key_cache_ptr.dtype.element_ty,
+            )
         qk_scale = qk_scale * q_scale
     alibi_slope = tl.zeros([BLOCK_M], dtype=tl.float32)
     if USE_ALIBI:
@@ -393,7 +497,8 @@ def _prefix_prefill_kernel(
         m_i, l_i = init_softmax_state(sink, BLOCK_M=BLOCK_M, USE_SINKS=False)
     else:
         m_i, l_i = init_softmax_state(sink, BLOCK_M=BLOCK_M, USE_SINKS=USE_SINKS)
-    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_LO_PAD], dtype=tl.float32)
+    acc_hi = tl.zeros([BLOCK_M, HEAD_HI], dtype=tl.float32)  # SPLIT_HEAD
 
     # Key range of this program: rows sit at positions [pos_lo, pos_hi].
     pos_lo = context_len + first_token
@@ -437,11 +542,13 @@ def _prefix_prefill_kernel(
     block_table_row_ptr = block_table_ptr + seq.to(tl.int64) * block_table_stride
 
     if USE_WINDOW:
-        acc, m_i, l_i = _attend_kv_range(
+        acc, acc_hi, m_i, l_i = _attend_kv_range(
             acc,
+            acc_hi,
             m_i,
             l_i,
             q,
+            q_hi,
             q_pos,
             alibi_slope,
             edge_lo,
@@ -452,6 +559,8 @@ def _prefix_prefill_kernel(
             block_table_row_ptr,
             k_desc,
             v_desc,
+            k_desc_hi,
+            v_desc_hi,
             head_offset,
             qk_scale,
             softcap,
@@ -460,7 +569,10 @@ def _prefix_prefill_kernel(
             BLOCK_N=BLOCK_N,
             BLOCK_SIZE=BLOCK_SIZE,
             HEAD_SIZE=HEAD_SIZE,
-            HEAD_PAD=HEAD_PAD,
+            HEAD_LO=HEAD_LO,
+            HEAD_LO_PAD=HEAD_LO_PAD,
+            HEAD_HI=HEAD_HI,
+            SPLIT_HEAD=SPLIT_HEAD,
             TILE_IN_PAGE=TILE_IN_PAGE,
             USE_TMA=USE_TMA,
             FP8_QK=FP8_QK,
@@ -471,11 +583,13 @@ def _prefix_prefill_kernel(
             USE_ALIBI=USE_ALIBI,
             USE_WINDOW=USE_WINDOW,
         )
-    acc, m_i, l_i = _attend_kv_range(
+    acc, acc_hi, m_i, l_i = _attend_kv_range(
         acc,
+        acc_hi,
         m_i,
         l_i,
         q,
+        q_hi,
         q_pos,
         alibi_slope,
         full_lo,
@@ -486,6 +600,8 @@ def _prefix_prefill_kernel(
         block_table_row_ptr,
         k_desc,
         v_desc,
+        k_desc_hi,
+        v_desc_hi,
         head_offset,
         qk_scale,
         softcap,
@@ -494,7 +610,10 @@ def _prefix_prefill_kernel(
         BLOCK_N=BLOCK_N,
         BLOCK_SIZE=BLOCK_SIZE,
         HEAD_SIZE=HEAD_SIZE,
-        HEAD_PAD=HEAD_PAD,
+        HEAD_LO=HEAD_LO,
+        HEAD_LO_PAD=HEAD_LO_PAD,
+        HEAD_HI=HEAD_HI,
+        SPLIT_HEAD=SPLIT_HEAD,
         TILE_IN_PAGE=TILE_IN_PAGE,
         USE_TMA=USE_TMA,
         FP8_QK=FP8_QK,
@@ -505,11 +624,13 @@ def _prefix_prefill_kernel(
         USE_ALIBI=USE_ALIBI,
         USE_WINDOW=USE_WINDOW,
     )
-    acc, m_i, l_i = _attend_kv_range(
+    acc, acc_hi, m_i, l_i = _attend_kv_range(
         acc,
+        acc_hi,
         m_i,
         l_i,
         q,
+        q_hi,
         q_pos,
         alibi_slope,
         diag_lo,
@@ -520,6 +641,8 @@ def _prefix_prefill_kernel(
         block_table_row_ptr,
         k_desc,
         v_desc,
+        k_desc_hi,
+        v_desc_hi,
         head_offset,
         qk_scale,
         softcap,
@@ -528,7 +651,10 @@ def _prefix_prefill_kernel(
         BLOCK_N=BLOCK_N,
         BLOCK_SIZE=BLOCK_SIZE,
         HEAD_SIZE=HEAD_SIZE,
-        HEAD_PAD=HEAD_PAD,
+        HEAD_LO=HEAD_LO,
+        HEAD_LO_PAD=HEAD_LO_PAD,
+        HEAD_HI=HEAD_HI,
+        SPLIT_HEAD=SPLIT_HEAD,
         TILE_IN_PAGE=TILE_IN_PAGE,
         USE_TMA=USE_TMA,
         FP8_QK=FP8_QK,
@@ -548,6 +674,12 @@ def _prefix_prefill_kernel(
             out.to(output_ptr.dtype.element_ty),
             mask=row_valid[:, None] & dim_ok[None, :],
         )
+        if SPLIT_HEAD:
+            tl.store(
+                output_ptr + o_offsets[:, None] + dims_hi[None, :],
+                finalize_output(acc_hi, l_i, v_scale).to(output_ptr.dtype.element_ty),
+                mask=row_valid[:, None],
+            )
     else:
         # The split's normalised output and log-sum-exp, at the row of the token
         # within the launch (merge_splits_kernel combines the splits). 32-bit
@@ -562,6 +694,12 @@ def _prefix_prefill_kernel(
             out,
             mask=row_valid[:, None] & dim_ok[None, :],
         )
+        if SPLIT_HEAD:
+            tl.store(
+                workspace_ptr + ws_row[:, None] + dims_hi[None, :],
+                finalize_output(acc_hi, l_i, v_scale),
+                mask=row_valid[:, None],
+            )
         tl.store(
             workspace_ptr + ws_row + HEAD_SIZE,
             split_log_sum_exp(m_i, l_i),
@@ -569,13 +707,17 @@ def _prefix_prefill_kernel(
         )
 
 
-def _cache_descriptor(cache: torch.Tensor, block_n: int) -> TensorDescriptor:
+def _cache_descriptor(
+    cache: torch.Tensor, block_n: int, columns: int
+) -> TensorDescriptor:
     """TMA descriptor of one cache view as a ``[rows, head_size]`` matrix whose row
     ``r`` is the key row at element offset ``r * head_size`` from the view's start
     (pages, heads and slots are all whole rows: their strides are multiples of
-    head_size). Tiles are ``[block_n, head_pad(head_size)]``: the columns past a
-    head size below its padding (80, 96, 112) are out of bounds, which TMA reads
-    as zeros (the next row's elements are never loaded as padding)."""
+    head_size). Tiles are ``[block_n, columns]``: a whole row padded to
+    ``head_pad(head_size)``, whose columns past a head size below its padding (80,
+    96, 112) are out of bounds, which TMA reads as zeros (the next row's elements
+    are never loaded as padding); or one of ``head_split``'s column tiles, loaded
+    at its first column."""
     num_blocks, num_kv_heads, block_size, head_size = cache.shape
     stride_block, stride_head, _, _ = cache.stride()
     last = (num_blocks - 1) * stride_block + (num_kv_heads - 1) * stride_head
@@ -585,7 +727,7 @@ def _cache_descriptor(cache: torch.Tensor, block_n: int) -> TensorDescriptor:
         flat,
         shape=[rows, head_size],
         strides=[head_size, 1],
-        block_shape=[block_n, head_pad(head_size)],
+        block_shape=[block_n, columns],
     )
 
 
@@ -714,6 +856,11 @@ def _launches(
     group_size = num_q_heads // num_kv_heads
     is_fp8 = key_cache.dtype in FP8_DTYPES
     tile_in_page = block_size % config.block_n == 0
+    split = head_split(head_size) if config.split_head else None
+    if split:  # two exact column tiles
+        lo, lo_pad, hi = split[0], split[0], split[1]
+    else:  # one tile, padded; the second is never built
+        lo, lo_pad, hi = head_size, head_pad(head_size), 16
     use_tma = (
         config.use_tma
         and tile_in_page
@@ -748,13 +895,27 @@ def _launches(
         ),
         query_start_loc_ptr=query_start_loc,
         workspace_ptr=workspace,  # None unless split
-        k_desc=_cache_descriptor(key_cache, config.block_n) if use_tma else None,
-        v_desc=_cache_descriptor(value_cache, config.block_n) if use_tma else None,
+        k_desc=_cache_descriptor(key_cache, config.block_n, lo_pad)
+        if use_tma
+        else None,
+        v_desc=_cache_descriptor(value_cache, config.block_n, lo_pad)
+        if use_tma
+        else None,
+        k_desc_hi=_cache_descriptor(key_cache, config.block_n, hi)
+        if use_tma and split
+        else None,
+        v_desc_hi=_cache_descriptor(value_cache, config.block_n, hi)
+        if use_tma and split
+        else None,
         num_seqs=num_seqs,
         num_splits=num_splits,
         NUM_KV_HEADS=num_kv_heads,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
+        HEAD_LO=lo,
+        HEAD_LO_PAD=lo_pad,
+        HEAD_HI=hi,
+        SPLIT_HEAD=split is not None,
         TILE_IN_PAGE=tile_in_page,
         USE_TMA=use_tma,
         FP8_QK=is_fp8 and config.fp8_qk,
@@ -791,9 +952,9 @@ def split_workspace_shape(
     hold (at most ``num_seqs * max_query_len``, at most the batch's tokens), the
     partial output of each query head and split in ``[..., :head_size]`` and its
     log-sum-exp in ``[..., head_size]``. Only launches that fill at most half of
-    the SMs' warp slots split, into at most 1.5x the slots' worth of programs, which
-    bounds it (an H200: at most 396 4-warp programs of at most 256 rows, about
-    100 MB at head size 256)."""
+    the SMs' warp slots split, into at most one wave of programs, which
+    bounds it (an H200: one wave, at most 264 4-warp programs of 128 rows or 132
+    8-warp programs of 256, about 35 MB at head size 256)."""
     rows = max(1, min(num_tokens, num_seqs * max_query_len))
     return (rows, num_q_heads, num_splits, head_size + 1)
 
@@ -904,6 +1065,11 @@ def prefix_prefill_attention(
     ):
         raise ValueError(
             f"{who}: config tiles must be powers of two >= 16, got {config}."
+        )
+    if config.split_head and config.lazy_rescale:
+        raise ValueError(
+            f"{who}: split_head and lazy_rescale cannot be combined (the split "
+            f"tiles rescale every step); drop one of them from {config}."
         )
     if num_splits is None:
         num_splits = auto_num_splits(

@@ -94,6 +94,19 @@ def head_pad(head_size: int) -> int:
     return max(16, triton.next_power_of_2(head_size))
 
 
+def head_split(head_size: int) -> tuple[int, int] | None:
+    """``(lo, hi)``, two powers of two of at least 16 whose sum is the head size
+    (96 = 64 + 32, 80 = 64 + 16, 160 = 128 + 32, 192 = 128 + 64), or None when the
+    head size is a power of two or no such pair exists (112: padded to 128). Tiles
+    of ``lo`` and ``hi`` columns carry the head without padding (a config's
+    ``split_head``)."""
+    lo = triton.next_power_of_2(head_size) // 2
+    hi = head_size - lo
+    if lo < 16 or hi < 16 or hi & (hi - 1) or head_size & (head_size - 1) == 0:
+        return None
+    return lo, hi
+
+
 def output_layout(output: torch.Tensor) -> dict:
     """Constexprs of the ``[num_tokens, num_q_heads, head_size]`` output every kernel
     of the family writes (attention and merge): its token and head strides, the head

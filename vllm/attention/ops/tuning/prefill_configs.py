@@ -2,8 +2,8 @@
 """Launch configurations of the prefix-prefill kernel: table lookup + heuristic.
 
 A configuration is ``(block_m, block_n, num_warps, num_stages, use_tma, maxnreg,
-fp8_qk, lazy_rescale, fast_exp)``. It is chosen per *problem key*, the properties
-that change which tiles are fast:
+fp8_qk, lazy_rescale, fast_exp, longest_first, split_head)``. It is chosen per
+*problem key*, the properties that change which tiles are fast:
 
     head_size, q_dtype, kv_dtype, group (q heads per KV head), block_size,
     max_query_len bucket (QUERY_LEN_BUCKETS)
@@ -24,6 +24,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from vllm.attention.ops.hardware import HOPPER_SMEM_BYTES_PER_PROGRAM
+from vllm.attention.ops.triton_attention_common import head_split
 from vllm.attention.ops.tuning.tables import (
     COMMON_KEY_FIELDS,
     TuningTable,
@@ -55,6 +56,9 @@ PREFILL_CONFIG_SPACE = {
     "fast_exp": (False,),
     # Program order: longest first across heads, or head-major (--longest-first 0 1).
     "longest_first": (True,),
+    # Head sizes that are two powers of two (96 = 64 + 32) in two unpadded column
+    # tiles instead of one padded one (--split-head 0 1).
+    "split_head": (False,),
 }
 
 
@@ -95,6 +99,13 @@ class PrefillConfig:
         last wave; 1.42x on an 8k prefill of group 1 on an H200), or head-major,
         where the programs running at once share one head's K/V (what the group-8
         class keeps: 3% faster there on an 8k prefill).
+    split_head: a head size that is the sum of two powers of two of at least 16
+        (``head_split``: 80, 96, 160, 192) in two column tiles of those widths
+        instead of one tile padded to the next power of two: q.k is two dots
+        into one score tile, p.v two dots into two accumulators, and K/V are two
+        loads (two TMA boxes). For head size 96 the dots do 3/4 of the padded
+        tile's multiply-adds and the accumulator is 96 columns instead of 128.
+        Only where ``head_split`` applies and without ``lazy_rescale``.
     """
 
     block_m: int
@@ -107,6 +118,7 @@ class PrefillConfig:
     lazy_rescale: bool = False
     fast_exp: bool = False
     longest_first: bool = True
+    split_head: bool = False
 
 
 def query_len_bucket(max_query_len: int) -> int:
@@ -141,6 +153,9 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         and not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 64)
         and (config.maxnreg == 0 or 64 <= config.maxnreg <= 255)
         and not (config.fp8_qk and dtype_name(kv_dtype) != "fp8")
+        and not (
+            config.split_head and (head_split(head_size) is None or config.lazy_rescale)
+        )
     )
 
 
