@@ -42,7 +42,11 @@ of a Triton Attention Kernel", arXiv 2511.11581):
   page-slice tiles are loaded by TMA through host-side descriptors of the caches
   seen as ``[rows, head_size]`` matrices; a head size below ``HEAD_PAD`` (80, 96,
   112) loads ``[BLOCK_N, HEAD_PAD]`` boxes whose columns past the head size are
-  outside the matrix, which TMA fills with zeros.
+  outside the matrix, which TMA fills with zeros. With the config's
+  ``split_head`` a head size that is two powers of two (``head_split``: 96 = 64 +
+  32) is carried unpadded in two column tiles (``HEAD_LO``, ``HEAD_HI``): two
+  loads (or boxes) per K/V tile, q.k as two dots into one score tile, p.v into
+  two accumulators.
 * The key range a program visits is ``[first, pos_hi]``: ``first`` skips whole
   tiles left of every row's sliding window. It is cut into tiles that need a mask
   (window edge, causal diagonal) and tiles fully visible to every row; the inner
