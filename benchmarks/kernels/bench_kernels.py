@@ -52,7 +52,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -440,11 +440,14 @@ def caller_ours(
     decode_config=None,
     decode_max_splits=None,
     prefill_num_splits=None,
+    prefill_config_fields=None,
 ) -> Runner:
     """Our kernels; ``decode_config`` overrides the decode tuning table (the decode
     tuner's candidates), ``decode_max_splits`` the split cap. Prefill gets the
     sequences' KV length as ``max_seq_len``, as in the backend, so it splits its keys
-    where ``choose_num_splits`` says; ``prefill_num_splits`` forces a count."""
+    where ``choose_num_splits`` says; ``prefill_num_splits`` forces a count, and
+    ``prefill_config_fields`` (a dict) replaces fields of the config the launch
+    would pick (its table entry or the heuristic)."""
     out = torch.empty_like(inp.query)
     key_cache, value_cache = inp.kv_cache[:, 0], inp.kv_cache[:, 1]
     if s.kernel == "decode":
@@ -485,6 +488,20 @@ def caller_ours(
 
         return Runner(run, out, note=f"splits={splits}")
 
+    config = None
+    if prefill_config_fields or prefill_num_splits is None:
+        group = s.num_q_heads // s.num_kv_heads
+        config = ops.prefix_prefill.picked_config(
+            inp.query.device,
+            head_size=s.head_size,
+            q_dtype=inp.query.dtype,
+            kv_dtype=inp.kv_cache.dtype,
+            group=group,
+            block_size=s.block_size,
+            max_query_len=s.query_len,
+        )
+        config = replace(config, **(prefill_config_fields or {}))
+
     def run(i):
         ops.prefix_prefill_attention(
             query=inp.query,
@@ -502,22 +519,14 @@ def caller_ours(
             logits_soft_cap=s.softcap,
             max_seq_len=s.context,
             num_splits=prefill_num_splits,
+            config=config if prefill_config_fields else None,
         )
 
     splits = prefill_num_splits
     if splits is None:  # the count the launcher chooses (recorded in the note)
         device = inp.query.device
-        group = s.num_q_heads // s.num_kv_heads
         splits = ops.prefix_prefill.auto_num_splits(
-            config=ops.prefix_prefill.picked_config(
-                device,
-                head_size=s.head_size,
-                q_dtype=inp.query.dtype,
-                kv_dtype=inp.kv_cache.dtype,
-                group=group,
-                block_size=s.block_size,
-                max_query_len=s.query_len,
-            ),
+            config=config,
             max_query_len=s.query_len,
             group=group,
             num_seqs=s.batch,
@@ -527,7 +536,10 @@ def caller_ours(
             num_sms=ops.hardware.num_sms(device),
         )
     mode = "auto" if prefill_num_splits is None else "forced"
-    return Runner(run, out, note=f"prefill_splits={splits} ({mode})")
+    note = f"prefill_splits={splits} ({mode})"
+    if prefill_config_fields:
+        note += f"; config {config}"
+    return Runner(run, out, note=note)
 
 
 def stock_window(s: Shape) -> tuple[int, int]:
@@ -722,6 +734,7 @@ def measure_point(s: Shape, args) -> dict:
                     inp,
                     decode_max_splits=args.decode_max_splits,
                     prefill_num_splits=args.prefill_num_splits,
+                    prefill_config_fields=args.prefill_config,
                 )
             else:
                 runner = caller(s, inp)
@@ -1151,6 +1164,35 @@ def selected_shapes(args) -> list[Shape]:
     ]
 
 
+def config_field(item: str) -> tuple[str, int | bool]:
+    """``FIELD=VALUE`` of ``--prefill-config``: an int, or a bool as true/false."""
+    name, sep, value = item.partition("=")
+    flags = {"true": True, "false": False}
+    if not sep or not (value.lower() in flags or value.lstrip("-").isdigit()):
+        raise argparse.ArgumentTypeError(
+            f"{item!r}: expected FIELD=VALUE with an integer or true/false value "
+            "(e.g. split_head=true or num_stages=3)"
+        )
+    if value.lower() in flags:
+        return name, flags[value.lower()]
+    return name, int(value)
+
+
+def config_fields(pairs, config_cls) -> dict:
+    """``--prefill-config``'s pairs as fields of ``config_cls`` (bool fields from
+    0/1 too); ValueError names a name that is not a field."""
+    kinds = {f.name: str(f.type) for f in fields(config_cls)}
+    unknown = sorted({name for name, _ in pairs} - set(kinds))
+    if unknown:
+        raise ValueError(
+            f"--prefill-config: no field {unknown}; fields: {sorted(kinds)}"
+        )
+    return {
+        name: bool(value) if "bool" in kinds[name] else int(value)
+        for name, value in pairs
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a ~2 minute subset")
@@ -1161,6 +1203,16 @@ def main() -> None:
         default=None,
         help="KV splits of our prefill launches (default: chosen per launch; 1: "
         "never split), to measure split-KV against FA3 in the same run",
+    )
+    p.add_argument(
+        "--prefill-config",
+        nargs="+",
+        type=config_field,
+        default=[],
+        metavar="FIELD=VALUE",
+        help="replace these fields of our prefill launches' config (their table "
+        "entry or the heuristic), e.g. split_head=1 num_stages=3; to measure a "
+        "config option against FA3 in the same run",
     )
     p.add_argument(
         "--decode-max-splits",
@@ -1254,6 +1306,12 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_kernels.py needs a GPU (the kernel tests run on the CPU)")
     files = import_modules(args.stock_site)
+    try:
+        args.prefill_config = config_fields(
+            args.prefill_config, ops.prefix_prefill.PrefillConfig
+        )
+    except ValueError as e:
+        p.error(str(e))
     out_dir = Path(args.results_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -1299,6 +1357,8 @@ def main() -> None:
         suffix += f"-splits{args.decode_max_splits}"
     if args.prefill_num_splits is not None:
         suffix += f"-prefill-splits{args.prefill_num_splits}"
+    for name, value in args.prefill_config.items():
+        suffix += f"-{name}{int(value)}"
     path = out_dir / f"{stamp}-{result['commit']}{suffix}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print()

@@ -1,6 +1,7 @@
 """benchmarks/kernels/: the tuners of tune_attention.py (GPU timings faked) and
 bench_kernels.py's command line."""
 
+import argparse
 import dataclasses
 import json
 import os
@@ -434,7 +435,10 @@ def test_matrix_run_writes_each_point_and_resumes(monkeypatch, tmp_path):
     header = {"commit": "abc", "gpu": "Fake GPU", "driver": "1", "versions": {},
               "command": "bench_kernels.py --matrix full"}  # fmt: skip
     args = SimpleNamespace(
-        callers=list(bk.CALLERS), decode_max_splits=None, prefill_num_splits=None
+        callers=list(bk.CALLERS),
+        decode_max_splits=None,
+        prefill_num_splits=None,
+        prefill_config={},
     )
 
     def run(max_points):
@@ -690,3 +694,58 @@ def test_held_out_set_chooses_the_shapes(monkeypatch, tmp_path, argv, shapes):
     record = str(tmp_path / "held.json")
     tune.main(["--kernel", "prefill", "--held-out", "--record", record, *argv])
     assert runs == [shapes]
+
+
+def test_prefill_config_option_parses_and_checks_fields():
+    assert bk.config_field("split_head=true") == ("split_head", True)
+    assert bk.config_field("num_stages=3") == ("num_stages", 3)
+    for bad in ("split_head", "num_stages=x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="FIELD=VALUE"):
+            bk.config_field(bad)
+    got = bk.config_fields([("split_head", 1), ("num_stages", 3)], PrefillConfig)
+    assert got == {"split_head": True, "num_stages": 3}
+    assert type(got["split_head"]) is bool
+    with pytest.raises(ValueError, match=r"no field \['nope'\]; fields: .*split_head"):
+        bk.config_fields([("nope", 1)], PrefillConfig)
+
+
+def test_ours_prefill_takes_the_picked_config_with_the_given_fields(monkeypatch):
+    """--prefill-config replaces fields of the config the launch would pick and
+    passes it to the launch; without it the launch picks its own (config=None)."""
+    picked = PrefillConfig(128, 64, 4, 2, use_tma=True)
+    launched = []
+    monkeypatch.setattr(
+        bk.ops,
+        "prefix_prefill",
+        SimpleNamespace(
+            picked_config=lambda device, **key: picked,
+            auto_num_splits=lambda **kw: 1,
+        ),
+        raising=False,
+    )
+    monkeypatch.setattr(
+        bk.ops, "hardware", SimpleNamespace(num_sms=lambda d: 132), raising=False
+    )
+    monkeypatch.setattr(
+        bk.ops,
+        "prefix_prefill_attention",
+        lambda **kw: launched.append(kw["config"]),
+        raising=False,
+    )
+    shape = bk.Shape("prefill", "m", 1, 16, 16, 2, 1, 96, 64)
+    inp = SimpleNamespace(
+        query=torch.zeros(16, 2, 96),
+        kv_cache=torch.zeros(1, 2, 1, 64, 96),
+        block_tables=[None],
+        query_start_loc=None,
+        seq_lens=None,
+        softmax_scale=0.1,
+        k_scale=None,
+        v_scale=None,
+    )
+    runner = bk.caller_ours(shape, inp, prefill_config_fields={"split_head": True})
+    runner.run(0)
+    assert launched == [dataclasses.replace(picked, split_head=True)]
+    assert "split_head=True" in runner.note
+    bk.caller_ours(shape, inp).run(0)
+    assert launched[-1] is None
