@@ -403,7 +403,7 @@ def _prefix_prefill_kernel(
     BLOCK_N: tl.constexpr,  # keys per KV tile
     BLOCK_SIZE: tl.constexpr,  # keys per page
     HEAD_SIZE: tl.constexpr,
-    HEAD_PAD: tl.constexpr,
+    HEAD_PAD: tl.constexpr,  # output_layout; the tiles use HEAD_LO_PAD and HEAD_HI
     HEAD_LO: tl.constexpr,  # head columns of the first column tile (all unless split)
     HEAD_LO_PAD: tl.constexpr,  # its width: HEAD_PAD, or HEAD_LO when SPLIT_HEAD
     HEAD_HI: tl.constexpr,  # width of the second column tile (SPLIT_HEAD)
