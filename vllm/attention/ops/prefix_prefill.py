@@ -242,33 +242,38 @@ def _attend_kv_range(
                 BLOCK_SIZE=BLOCK_SIZE,
                 MASK_KEYS=MASKED,
             )
+        # Row of the tile in the TMA descriptors' [rows, HEAD_SIZE] view.
+        tma_row = 0
         if USE_TMA:
-            # Row of the tile in the descriptors' [rows, HEAD_SIZE] view.
             tma_row = ((head_offset + first_row) // HEAD_SIZE).to(tl.int32)
-            k = k_desc.load([tma_row, 0])
-        else:
-            tma_row = 0
-            k = load_kv_tile(
-                k_head_ptr,
-                rows,
-                key_valid,
-                HEAD_SIZE=HEAD_LO,
-                HEAD_PAD=HEAD_LO_PAD,
-                MASK_KEYS=MASKED,
-            )
+        k = _load_kv_columns(
+            k_head_ptr,
+            k_desc,
+            rows,
+            key_valid,
+            tma_row,
+            COLUMN=0,
+            COLUMNS=HEAD_LO,
+            WIDTH=HEAD_LO_PAD,
+            USE_TMA=USE_TMA,
+            MASKED=MASKED,
+            ZERO_PAST_END=False,  # their scores are masked
+        )
         qk = tl.dot(q, tl.trans(to_dot_dtype(k, DOT_DTYPE=q.dtype)))
         if SPLIT_HEAD:
-            if USE_TMA:
-                k_hi = k_desc_hi.load([tma_row, HEAD_LO])
-            else:
-                k_hi = load_kv_tile(
-                    k_head_ptr + HEAD_LO,
-                    rows,
-                    key_valid,
-                    HEAD_SIZE=HEAD_HI,
-                    HEAD_PAD=HEAD_HI,
-                    MASK_KEYS=MASKED,
-                )
+            k_hi = _load_kv_columns(
+                k_head_ptr,
+                k_desc_hi,
+                rows,
+                key_valid,
+                tma_row,
+                COLUMN=HEAD_LO,
+                COLUMNS=HEAD_HI,
+                WIDTH=HEAD_HI,
+                USE_TMA=USE_TMA,
+                MASKED=MASKED,
+                ZERO_PAST_END=False,
+            )
             qk = tl.dot(q_hi, tl.trans(to_dot_dtype(k_hi, DOT_DTYPE=q.dtype)), qk)
         scores, score_scale = scores_and_scale(
             qk,
@@ -284,7 +289,7 @@ def _attend_kv_range(
             APPLY_MASK=MASKED,
             USE_WINDOW=USE_WINDOW,
         )
-        v = _load_v_tile(
+        v = _load_kv_columns(
             v_head_ptr,
             v_desc,
             rows,
@@ -295,10 +300,11 @@ def _attend_kv_range(
             WIDTH=HEAD_LO_PAD,
             USE_TMA=USE_TMA,
             MASKED=MASKED,
+            ZERO_PAST_END=MASKED,  # p is 0 there, but 0 * NaN is not
         )
         v = to_dot_dtype(v, DOT_DTYPE=tl.float16 if FP8_QK else q.dtype)
         if SPLIT_HEAD:
-            v_hi = _load_v_tile(
+            v_hi = _load_kv_columns(
                 v_head_ptr,
                 v_desc_hi,
                 rows,
@@ -309,6 +315,7 @@ def _attend_kv_range(
                 WIDTH=HEAD_HI,
                 USE_TMA=USE_TMA,
                 MASKED=MASKED,
+                ZERO_PAST_END=MASKED,
             )
             v_hi = to_dot_dtype(v_hi, DOT_DTYPE=v.dtype)
             p, alpha, m_i, l_i = softmax_rescale(
@@ -331,9 +338,9 @@ def _attend_kv_range(
 
 
 @triton.jit
-def _load_v_tile(
-    v_head_ptr,
-    v_desc,
+def _load_kv_columns(
+    head_ptr,  # cache pointer at (block 0, this KV head)
+    desc,  # TMA descriptor with [BLOCK_N, WIDTH] boxes (USE_TMA)
     rows,  # [BLOCK_N] int64 element offsets of the tile's keys (pointer loads)
     key_valid,  # [BLOCK_N] bool
     tma_row,  # row of the tile in the descriptor's view (USE_TMA)
@@ -341,26 +348,27 @@ def _load_v_tile(
     COLUMNS: tl.constexpr,  # head columns of the tile ...
     WIDTH: tl.constexpr,  # ... in a tile this wide (a power of two)
     USE_TMA: tl.constexpr,
-    MASKED: tl.constexpr,
+    MASKED: tl.constexpr,  # some keys of the tile may be invalid
+    ZERO_PAST_END: tl.constexpr,  # TMA: zero the rows of invalid keys
 ):
-    """A ``[BLOCK_N, WIDTH]`` V tile of columns ``[COLUMN, COLUMN + COLUMNS)``, the
-    rest zeros. With TMA and MASKED, rows past the sequence end are zeroed: they
-    hold whatever the page holds (maybe NaN), and their probabilities are 0 but
-    0 * NaN is not."""
+    """A ``[BLOCK_N, WIDTH]`` K or V tile of head columns ``[COLUMN, COLUMN +
+    COLUMNS)``, the columns past them zeros: a TMA box, or pointer loads whose
+    invalid keys read as zeros. A TMA box holds whatever the page holds past the
+    sequence end (maybe NaN); ``ZERO_PAST_END`` zeroes those rows (V needs it)."""
     if USE_TMA:
-        v = v_desc.load([tma_row, COLUMN])
-        if MASKED:
-            v = tl.where(key_valid[:, None], v, tl.zeros_like(v))
+        tile = desc.load([tma_row, COLUMN])
+        if ZERO_PAST_END:
+            tile = tl.where(key_valid[:, None], tile, tl.zeros_like(tile))
     else:
-        v = load_kv_tile(
-            v_head_ptr + COLUMN,
+        tile = load_kv_tile(
+            head_ptr + COLUMN,
             rows,
             key_valid,
             HEAD_SIZE=COLUMNS,
             HEAD_PAD=WIDTH,
             MASK_KEYS=MASKED,
         )
-    return v
+    return tile
 
 
 # seq_start (the number of decodes), num_seqs and num_splits change from step to
