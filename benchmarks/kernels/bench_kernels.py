@@ -488,19 +488,17 @@ def caller_ours(
 
         return Runner(run, out, note=f"splits={splits}")
 
-    config = None
-    if prefill_config_fields or prefill_num_splits is None:
-        group = s.num_q_heads // s.num_kv_heads
-        config = ops.prefix_prefill.picked_config(
-            inp.query.device,
-            head_size=s.head_size,
-            q_dtype=inp.query.dtype,
-            kv_dtype=inp.kv_cache.dtype,
-            group=group,
-            block_size=s.block_size,
-            max_query_len=s.query_len,
-        )
-        config = replace(config, **(prefill_config_fields or {}))
+    group = s.num_q_heads // s.num_kv_heads
+    config = ops.prefix_prefill.picked_config(
+        inp.query.device,
+        head_size=s.head_size,
+        q_dtype=inp.query.dtype,
+        kv_dtype=inp.kv_cache.dtype,
+        group=group,
+        block_size=s.block_size,
+        max_query_len=s.query_len,
+    )
+    config = replace(config, **(prefill_config_fields or {}))
 
     def run(i):
         ops.prefix_prefill_attention(
@@ -519,12 +517,11 @@ def caller_ours(
             logits_soft_cap=s.softcap,
             max_seq_len=s.context,
             num_splits=prefill_num_splits,
-            config=config if prefill_config_fields else None,
+            config=config if prefill_config_fields else None,  # None: picks it
         )
 
     splits = prefill_num_splits
     if splits is None:  # the count the launcher chooses (recorded in the note)
-        device = inp.query.device
         splits = ops.prefix_prefill.auto_num_splits(
             config=config,
             max_query_len=s.query_len,
@@ -533,7 +530,7 @@ def caller_ours(
             num_kv_heads=s.num_kv_heads,
             max_seq_len=s.context,
             sliding_window=s.window,
-            num_sms=ops.hardware.num_sms(device),
+            num_sms=ops.hardware.num_sms(inp.query.device),
         )
     mode = "auto" if prefill_num_splits is None else "forced"
     note = f"prefill_splits={splits} ({mode})"
@@ -1181,14 +1178,14 @@ def config_field(item: str) -> tuple[str, int | bool]:
 def config_fields(pairs, config_cls) -> dict:
     """``--prefill-config``'s pairs as fields of ``config_cls`` (bool fields from
     0/1 too); ValueError names a name that is not a field."""
-    kinds = {f.name: str(f.type) for f in fields(config_cls)}
+    kinds = {f.name: f.type for f in fields(config_cls)}
     unknown = sorted({name for name, _ in pairs} - set(kinds))
     if unknown:
         raise ValueError(
             f"--prefill-config: no field {unknown}; fields: {sorted(kinds)}"
         )
     return {
-        name: bool(value) if "bool" in kinds[name] else int(value)
+        name: bool(value) if kinds[name] in (bool, "bool") else int(value)
         for name, value in pairs
     }
 
