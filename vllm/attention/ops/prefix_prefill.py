@@ -942,15 +942,11 @@ def _launches(
     if num_splits > 1:
         launches.append(
             merge_launch(
-                output=output,
-                workspace=workspace,
-                sinks=sinks,
-                seq_start=seq_start,
+                kwargs,
                 num_seqs=num_seqs,
                 num_splits=num_splits,
                 rows=workspace.shape[0],
                 splits_pad=MAX_NUM_SPLITS,  # one variant for every split count
-                query_start_loc=query_start_loc,
             )
         )
     return launches

@@ -849,38 +849,34 @@ def merge_splits_kernel(
 
 
 def merge_launch(
+    split_launch: dict,
     *,
-    output: torch.Tensor,
-    workspace: torch.Tensor,
-    sinks: torch.Tensor | None,
-    seq_start: int,
     num_seqs: int,
     num_splits: int,
     rows: int,
     splits_pad: int,
-    query_start_loc: torch.Tensor | None = None,
 ) -> tuple:
-    """``(kernel, grid, keyword arguments)`` of the merge of a split launch: ``rows``
-    workspace rows (the launch's tokens, or an upper bound with
-    ``query_start_loc``: prefill) times the query heads."""
-    num_q_heads = output.shape[1]
-    grid = (rows, num_q_heads)  # program (workspace row, query head)
-    return (
-        merge_splits_kernel,
-        grid,
-        dict(
-            output_ptr=output,
-            workspace_ptr=workspace,
-            sinks_ptr=sinks,
-            query_start_loc_ptr=query_start_loc,
-            seq_start=seq_start,
-            num_seqs=num_seqs,
-            num_splits=num_splits,
-            **output_layout(output),
-            NUM_Q_HEADS=num_q_heads,
-            SPLITS_PAD=splits_pad,
-            USE_SINKS=sinks is not None,
-            VARLEN=query_start_loc is not None,
-            num_warps=4,
-        ),
+    """``(kernel, grid, keyword arguments)`` of the merge that follows a split
+    launch, from that launch's keyword arguments (``split_launch``): the merge
+    reads the workspace it wrote and writes its output, with its sinks and first
+    sequence, and with its ``query_start_loc_ptr`` where it has one (prefill; a
+    decode row is a sequence). The grid is ``rows`` workspace rows (the launch's
+    tokens, or an upper bound for prefill) times the query heads."""
+    output = split_launch["output_ptr"]
+    kwargs = {
+        name: split_launch.get(name)
+        for name in ("output_ptr", "workspace_ptr", "sinks_ptr", "seq_start")
+    }
+    kwargs["query_start_loc_ptr"] = split_launch.get("query_start_loc_ptr")
+    kwargs.update(
+        output_layout(output),
+        num_seqs=num_seqs,
+        num_splits=num_splits,
+        NUM_Q_HEADS=output.shape[1],
+        SPLITS_PAD=splits_pad,
+        USE_SINKS=kwargs["sinks_ptr"] is not None,
+        VARLEN=kwargs["query_start_loc_ptr"] is not None,
+        num_warps=4,
     )
+    grid = (rows, output.shape[1])  # program (workspace row, query head)
+    return merge_splits_kernel, grid, kwargs

@@ -449,10 +449,7 @@ def _launches(
     if num_splits > 1:
         launches.append(
             merge_launch(
-                output=output,
-                workspace=workspace,
-                sinks=sinks,
-                seq_start=seq_start,
+                decode,
                 num_seqs=num_seqs,
                 num_splits=num_splits,
                 rows=num_seqs,

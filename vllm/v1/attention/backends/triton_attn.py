@@ -983,10 +983,10 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
                 f"sinks must have one value per query head ({num_heads},), got "
                 f"{tuple(sinks.shape)}."
             )
-        self.num_heads = num_heads
-        self.head_size = head_size
-        self.scale = float(scale)
-        self.num_kv_heads = num_kv_heads
+        # What vLLM reads from an impl (the layer's repr, the metadata builders'
+        # checks), in the interface's names.
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_size, self.scale = head_size, float(scale)
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         # vLLM's sliding window W: a query at position p sees keys j with p - j < W.
