@@ -35,6 +35,7 @@ option travels in the parsed arguments; nothing is a module global.
 """
 
 import argparse
+import dataclasses
 import datetime
 import itertools
 import json
@@ -198,11 +199,24 @@ def _is_correct(config, small, head_size) -> bool:
     return bool(torch.allclose(out, ref, atol=atol, rtol=rtol))
 
 
+def _gluon_candidate(config):
+    """The one candidate per tile that a ``gluon`` sweep times: the Gluon kernel
+    loads by TMA and has none of the portable kernel's other knobs (``use_tma`` stays
+    set for launches it leaves to the portable kernel)."""
+    return dataclasses.replace(
+        config, use_tma=True, maxnreg=0, fp8_qk=False, lazy_rescale=False,
+        fast_exp=False, longest_first=True, split_head=False,
+    )  # fmt: skip
+
+
 def _candidates(head_size, kv_dtype, group, block_size, space):
     # Any group: rows are packed, a tile may start and end inside a token.
     for values in itertools.product(*(space[name] for name in SPACE_FIELDS)):
         config = PrefillConfig(**dict(zip(SPACE_FIELDS, values)))
-        if config.use_tma and block_size % config.block_n:
+        if config.gluon:
+            if config != _gluon_candidate(config):
+                continue  # the Gluon kernel ignores the other knobs: one per tile
+        elif config.use_tma and block_size % config.block_n:
             continue  # would run the pointer loads: same as use_tma=False
         if is_valid_config(config, head_size=head_size, kv_dtype=kv_dtype):
             yield config

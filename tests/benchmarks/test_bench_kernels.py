@@ -183,6 +183,7 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         "fast_exp": (False,),
         "longest_first": (True,),
         "split_head": (False, True),
+        "gluon": (False,),
     }
     got = list(tune._candidates(128, torch.bfloat16, 4, 64, space))
     assert got == [
@@ -203,6 +204,12 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         PrefillConfig(64, 32, 4, 2, True, split_head=True),
         PrefillConfig(64, 128, 4, 2, False, split_head=True),
     ]
+    # gluon: one candidate per valid tile (64 or 128 keys, a warpgroup per 64
+    # rows), with TMA for the launches the portable kernel keeps.
+    got = list(
+        tune._candidates(128, torch.bfloat16, 4, 64, {**space, "gluon": (True,)})
+    )
+    assert got == [PrefillConfig(64, 128, 4, 2, True, gluon=True)]
 
 
 def test_tuning_always_times_the_heuristic_and_the_previous_entry(monkeypatch):

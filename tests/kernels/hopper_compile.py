@@ -49,6 +49,12 @@ def importable(path) -> tuple[str, Path]:
 
 
 HOPPER = GPUTarget("cuda", 90, 32)
+try:
+    import triton.experimental.gluon  # noqa: F401
+
+    HAS_GLUON = True
+except ImportError:  # a Triton without Gluon: the portable kernel only
+    HAS_GLUON = False
 MI300 = GPUTarget("hip", "gfx942", 64)
 
 
@@ -99,6 +105,62 @@ def compile_for_target(kernel, kwargs: dict, *, target: GPUTarget = HOPPER):
         fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs
     )
     return triton.compile(source, target=target, options=options)
+
+
+def compile_gluon_for_target(kernel, kwargs: dict, *, target: GPUTarget = HOPPER):
+    """``compile_for_target`` for a ``@gluon.jit`` kernel: the same specialisation,
+    with Gluon's TMA descriptors typed by their block and shared-memory layout."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import (
+        TensorDescriptor as GluonDescriptor,
+    )
+
+    kwargs = dict(kwargs)
+    options = {"num_warps": kwargs.pop("num_warps", 4)}
+    constexpr_names = {kernel.arg_names[i] for i in kernel.constexprs}
+    signature, constexprs, attrs = {}, {}, {}
+    for index, name in enumerate(kernel.arg_names):
+        value = kwargs.get(name, options["num_warps"] if name == "num_warps" else None)
+        if name in constexpr_names or value is None or isinstance(value, bool):
+            signature[name] = "constexpr"
+            constexprs[name] = value
+        elif isinstance(value, GluonDescriptor):
+            block = ", ".join(str(n) for n in value.block_shape)
+            dtype = _TRITON_DTYPE[value.base.dtype]
+            signature[name] = f"tensordesc<{dtype}[{block}],{value.layout!r}>"
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + _TRITON_DTYPE[value.dtype]
+            if value.data_ptr() % 16 == 0:
+                attrs[(index,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        elif isinstance(value, int):
+            signature[name] = "i32"
+        else:
+            raise TypeError(f"argument {name}: unsupported {type(value)}")
+    source = GluonASTSource(kernel, signature, constexprs, attrs)
+    return triton.compile(source, target=target, options=options)
+
+
+def wgmma_serialized(compiled) -> bool:
+    """Whether ptxas (shipped with Triton) reports that it serialised the
+    asynchronous wgmma of the build (warning C7514: a register of an accumulator in
+    flight is read before its wait), which undoes the overlap the code states."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
+    if not os.path.exists(tool):
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "kernel.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        target = re.search(r"\.target (\S+)", compiled.asm["ptx"])[1]
+        out = subprocess.run(
+            [tool, "-v", f"--gpu-name={target}", ptx, "-o", ptx + ".cubin"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    return "C7514" in out.stdout + out.stderr
 
 
 def resources(compiled) -> dict:
@@ -413,6 +475,34 @@ def _prefix_prefill_cases():
         yield (f"{TIMED} {name}" if was_timed else name), kwargs
 
 
+def hopper_kernel_cases():
+    """Launches of the Gluon Hopper kernel on CPU tensors (2 KV heads, 4
+    sequences): the tiles its tests and the tuning sweep use, per head size."""
+    from vllm.attention.ops import prefix_prefill_hopper as hopper
+
+    tiles = {
+        64: [(128, 128, 8, 3), (64, 64, 4, 2)],
+        128: [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2)],
+        256: [(64, 64, 4, 2)],
+    }
+    for head_size, head_tiles in tiles.items():
+        for block_m, block_n, num_warps, num_stages in head_tiles:
+            for block_size in (16, 64, 128):
+                query = torch.empty((64, 8, head_size), dtype=torch.bfloat16)
+                cache = torch.empty((8, 2, 2, block_size, head_size), dtype=query.dtype)
+                _, _, kwargs = hopper.hopper_launch(
+                    query=query, key_cache=cache[:, 0], value_cache=cache[:, 1],
+                    output=torch.empty_like(query),
+                    block_table=torch.zeros((4, 37), dtype=torch.int32),
+                    query_start_loc=torch.zeros(5, dtype=torch.int32),
+                    seq_lens=torch.zeros(4, dtype=torch.int32), max_query_len=16,
+                    softmax_scale=0.1, seq_start=0, num_seqs=4, block_m=block_m,
+                    block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+                )  # fmt: skip
+                tile = f"{block_m}x{block_n}-w{num_warps}-s{num_stages}"
+                yield f"hopper d{head_size}-bs{block_size}-{tile}", kwargs
+
+
 def _cache_write_cases(*cache_dtypes):
     from vllm.attention.ops import paged_cache_write as pcw
 
@@ -480,6 +570,20 @@ def main() -> int:
         )
         ok &= good
         print(f"{'ok ' if good else 'BAD'} {name}: {summary}")
+    if HAS_GLUON:
+        from vllm.attention.ops.prefix_prefill_hopper import hopper_prefill_kernel
+
+        for name, kwargs in hopper_kernel_cases():
+            compiled = compile_gluon_for_target(hopper_prefill_kernel, kwargs)
+            summary = ptx_summary(compiled)
+            serialized = wgmma_serialized(compiled)
+            # TMA loads, wgmma and no serialisation of the asynchronous wgmma
+            # (the overlap of softmax and the next q.k is the kernel's point); up
+            # to head size 128 no spills.
+            good = summary["wgmma"] > 0 and summary["tma"] > 0 and not serialized
+            good &= summary.get("stack_bytes", 0) == 0 or kwargs["HEAD_SIZE"] > 128
+            ok &= good
+            print(f"{'ok ' if good else 'BAD'} {name}: {summary} {serialized=}")
     for name, kwargs in _cache_write_cases():
         summary = ptx_summary(compile_for_target(_paged_cache_write_kernel, kwargs))
         print(f"ok  {name}: {summary}")

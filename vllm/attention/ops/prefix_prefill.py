@@ -90,6 +90,7 @@ from vllm.attention.ops.hardware import (
 )
 from vllm.attention.ops.triton_attention_common import (
     FP8_DTYPES,
+    cache_as_rows,
     check_attention_inputs,
     finalize_output,
     fp8_max,
@@ -722,23 +723,17 @@ def _prefix_prefill_kernel(
 def _cache_descriptor(
     cache: torch.Tensor, block_n: int, columns: int
 ) -> TensorDescriptor:
-    """TMA descriptor of one cache view as a ``[rows, head_size]`` matrix whose row
-    ``r`` is the key row at element offset ``r * head_size`` from the view's start
-    (pages, heads and slots are all whole rows: their strides are multiples of
-    head_size). Tiles are ``[block_n, columns]``: a whole row padded to
+    """TMA descriptor of one cache view as ``cache_as_rows``'s ``[rows, head_size]``
+    matrix. Tiles are ``[block_n, columns]``: a whole row padded to
     ``head_pad(head_size)``, whose columns past a head size below its padding (80,
     96, 112) are out of bounds, which TMA reads as zeros (the next row's elements
     are never loaded as padding); or one of ``head_split``'s column tiles, loaded
     at its first column."""
-    num_blocks, num_kv_heads, block_size, head_size = cache.shape
-    stride_block, stride_head, _, _ = cache.stride()
-    last = (num_blocks - 1) * stride_block + (num_kv_heads - 1) * stride_head
-    rows = last // head_size + block_size
-    flat = cache.as_strided((rows, head_size), (head_size, 1))
+    flat = cache_as_rows(cache)
     return TensorDescriptor(
         flat,
-        shape=[rows, head_size],
-        strides=[head_size, 1],
+        shape=list(flat.shape),
+        strides=[flat.shape[1], 1],
         block_shape=[block_n, columns],
     )
 
@@ -863,6 +858,42 @@ def _launches(
     the tensors; no checks. ``workspace``: ``split_workspace_shape``, fp32, when
     ``num_splits > 1``. Separate from the launch so the offline compile check builds
     exactly what a launch would."""
+    if config.gluon:
+        from vllm.attention.ops import prefix_prefill_hopper as hopper
+
+        refusal = hopper.hopper_kernel_refusal(
+            query=query,
+            key_cache=key_cache,
+            block_m=config.block_m,
+            block_n=config.block_n,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+            sliding_window=sliding_window,
+            alibi_slopes=alibi_slopes,
+            logits_soft_cap=logits_soft_cap,
+            sinks=sinks,
+            num_splits=num_splits,
+        )
+        if refusal is None:
+            return [
+                hopper.hopper_launch(
+                    query=query,
+                    key_cache=key_cache,
+                    value_cache=value_cache,
+                    output=output,
+                    block_table=block_table,
+                    query_start_loc=query_start_loc,
+                    seq_lens=seq_lens,
+                    max_query_len=max_query_len,
+                    softmax_scale=softmax_scale,
+                    seq_start=seq_start,
+                    num_seqs=num_seqs,
+                    block_m=config.block_m,
+                    block_n=config.block_n,
+                    num_warps=config.num_warps,
+                    num_stages=config.num_stages,
+                )
+            ]
     num_q_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
     group_size = num_q_heads // num_kv_heads

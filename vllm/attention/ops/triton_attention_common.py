@@ -120,6 +120,19 @@ def output_layout(output: torch.Tensor) -> dict:
     }
 
 
+def cache_as_rows(cache: torch.Tensor) -> torch.Tensor:
+    """A ``[num_blocks, num_kv_heads, block_size, head_size]`` cache view as the
+    ``[rows, head_size]`` matrix whose row ``r`` starts at element ``r * head_size``
+    of the view (pages and heads are whole rows: their strides are multiples of
+    head_size), up to the last slot of the last page: what TMA descriptors of page
+    slices read. Row of slot ``i`` of head ``h`` of page ``p``: ``p * stride(0) /
+    head_size + h * stride(1) / head_size + i``."""
+    num_blocks, num_kv_heads, block_size, head_size = cache.shape
+    last = (num_blocks - 1) * cache.stride(0) + (num_kv_heads - 1) * cache.stride(1)
+    rows = last // head_size + block_size
+    return cache.as_strided((rows, head_size), (head_size, 1))
+
+
 def shared_kernel_args(
     *,
     query,

@@ -2,7 +2,7 @@
 """Launch configurations of the prefix-prefill kernel: table lookup + heuristic.
 
 A configuration is ``(block_m, block_n, num_warps, num_stages, use_tma, maxnreg,
-fp8_qk, lazy_rescale, fast_exp, longest_first, split_head)``. It is chosen per
+fp8_qk, lazy_rescale, fast_exp, longest_first, split_head, gluon)``. It is chosen per
 *problem key*, the properties that change which tiles are fast:
 
     head_size, q_dtype, kv_dtype, group (q heads per KV head), block_size,
@@ -59,6 +59,8 @@ PREFILL_CONFIG_SPACE = {
     # Head sizes that are two powers of two (96 = 64 + 32) in two unpadded column
     # tiles instead of one padded one (--split-head 0 1).
     "split_head": (False,),
+    # The Hopper kernel in Gluon where it applies (--gluon 0 1).
+    "gluon": (False,),
 }
 
 
@@ -106,6 +108,14 @@ class PrefillConfig:
         loads (two TMA boxes). For head size 96 the dots do 3/4 of the padded
         tile's multiply-adds and the accumulator is 96 columns instead of 128.
         Only where ``head_split`` applies and without ``lazy_rescale``.
+    gluon: run the launch in the Hopper kernel written in Gluon
+        (``prefix_prefill_hopper.py``: TMA page slices into a ring of
+        ``num_stages`` slots, asynchronous wgmma, the softmax of one key tile
+        overlapping q.k of the next) with these tiles, one warpgroup per 64 query
+        rows (``block_m = 16 * num_warps``). Honoured where that kernel applies
+        (``hopper_kernel_refusal``: sm_90, a 16-bit cache, head size 64, 128 or
+        256, no window, soft-cap, ALiBi or sinks, no KV split); elsewhere the
+        portable kernel runs the same config, with the same result.
     """
 
     block_m: int
@@ -119,6 +129,7 @@ class PrefillConfig:
     fast_exp: bool = False
     longest_first: bool = True
     split_head: bool = False
+    gluon: bool = False
 
 
 def query_len_bucket(max_query_len: int) -> int:
@@ -155,6 +166,14 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         and not (config.fp8_qk and dtype_name(kv_dtype) != "fp8")
         and not (
             config.split_head and (head_split(head_size) is None or config.lazy_rescale)
+        )
+        and not (
+            config.gluon
+            and (
+                config.block_m != 16 * config.num_warps
+                or config.num_stages < 2
+                or config.block_n not in (64, 128)
+            )
         )
     )
 

@@ -1,0 +1,226 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The Hopper prefill kernel (Gluon) and its place behind prefix_prefill_attention.
+
+Off Hopper: which launches it takes and which it leaves to the portable kernel
+(``hopper_kernel_refusal``, ``_launches``), with the GPU check stubbed. The sm_90
+build itself is compiled without a GPU by ``hopper_compile`` (test_prefix_prefill's
+compile test). On an sm_90 GPU: results against ``ref_paged_attention`` on batches
+whose unused cache slots are NaN, through the public function.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("triton.experimental.gluon")
+
+from tests.kernels.conftest import (  # noqa: E402
+    DEVICE,
+    ON_GPU,
+    TOLERANCES,
+    assert_close,
+    make_paged_batch,
+)
+from vllm.attention.ops import prefix_prefill  # noqa: E402
+from vllm.attention.ops import prefix_prefill_hopper as hopper  # noqa: E402
+from vllm.attention.ops.prefix_prefill import (  # noqa: E402
+    prefix_prefill_attention,
+)
+from vllm.attention.ops.reference import ref_paged_attention  # noqa: E402
+from vllm.attention.ops.tuning.prefill_configs import (  # noqa: E402
+    PrefillConfig,
+    is_valid_config,
+)
+
+ON_HOPPER = (
+    ON_GPU
+    and torch.cuda.get_device_capability()[0] == 9
+    and (torch.version.hip is None)
+)
+GLUON_TILE = PrefillConfig(128, 64, 8, 2, gluon=True)
+
+
+def _tensors(head_size=128, group=4, block_size=64, dtype=torch.bfloat16):
+    query = torch.empty((32, 2 * group, head_size), dtype=torch.bfloat16)
+    cache = torch.empty((6, 2, 2, block_size, head_size), dtype=dtype)
+    return query, cache
+
+
+def _refusal(query, cache, config=GLUON_TILE, **overrides):
+    args = dict(
+        query=query,
+        key_cache=cache[:, 0],
+        block_m=config.block_m,
+        block_n=config.block_n,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        sliding_window=None,
+        alibi_slopes=None,
+        logits_soft_cap=None,
+        sinks=None,
+        num_splits=1,
+    )
+    args.update(overrides)
+    return hopper.hopper_kernel_refusal(**args)
+
+
+@pytest.fixture
+def pretend_hopper(monkeypatch):
+    monkeypatch.setattr(hopper, "_is_hopper", lambda device: True)
+
+
+def test_refuses_off_hopper():
+    query, cache = _tensors()
+    assert "Hopper" in _refusal(query, cache)
+
+
+@pytest.mark.parametrize(
+    "tensors, overrides, match",
+    [
+        ({}, {}, None),
+        ({"head_size": 64, "group": 7, "block_size": 128}, {}, None),
+        ({"head_size": 256, "group": 1}, {}, None),
+        ({"head_size": 96}, {}, "head size 96"),
+        ({"dtype": torch.float8_e4m3fn}, {}, "16-bit"),
+        ({}, {"sliding_window": 128}, "sliding window"),
+        ({}, {"alibi_slopes": torch.ones(8)}, "ALiBi"),
+        ({}, {"sinks": torch.ones(8)}, "sinks"),
+        ({}, {"logits_soft_cap": 30.0}, "soft-cap"),
+        ({}, {"num_splits": 2}, "KV splits"),
+        ({}, {"num_warps": 4}, "128 rows need 8 warps"),
+        ({}, {"num_stages": 1}, "2 stages"),
+        ({"block_size": 16}, {}, None),  # a 64-key tile in four TMA boxes
+        ({}, {"block_n": 32}, "32-key tiles"),
+    ],
+)
+def test_refusal_names_what_the_portable_kernel_keeps(
+    pretend_hopper, tensors, overrides, match
+):
+    reason = _refusal(*_tensors(**tensors), **overrides)
+    if match is None:
+        assert reason is None
+    else:
+        assert reason is not None and match in reason
+
+
+def _launch_kernels(config, **features):
+    query, cache = _tensors()
+    launches = prefix_prefill._launches(
+        query=query,
+        key_cache=cache[:, 0],
+        value_cache=cache[:, 1],
+        output=torch.empty_like(query),
+        block_table=torch.zeros((2, 8), dtype=torch.int32),
+        query_start_loc=torch.zeros(3, dtype=torch.int32),
+        seq_lens=torch.zeros(2, dtype=torch.int32),
+        max_query_len=16,
+        softmax_scale=0.1,
+        seq_start=0,
+        num_seqs=2,
+        k_scale=None,
+        v_scale=None,
+        config=config,
+        **{
+            "sliding_window": None,
+            "alibi_slopes": None,
+            "logits_soft_cap": None,
+            "sinks": None,
+            **features,
+        },
+    )
+    return [kernel for kernel, _, _ in launches]
+
+
+def test_launch_takes_the_gluon_kernel_only_where_it_applies(pretend_hopper):
+    assert _launch_kernels(GLUON_TILE) == [hopper.hopper_prefill_kernel]
+    portable = [prefix_prefill._prefix_prefill_kernel]
+    assert _launch_kernels(GLUON_TILE, sliding_window=64) == portable
+    no_flag = PrefillConfig(128, 64, 8, 2)
+    assert _launch_kernels(no_flag) == portable
+
+
+def test_launch_off_hopper_is_the_portable_kernel():
+    assert _launch_kernels(GLUON_TILE) == [prefix_prefill._prefix_prefill_kernel]
+
+
+def test_launch_grid_walks_every_head_and_row_tile(pretend_hopper):
+    query, cache = _tensors(group=7)
+    _, grid, kwargs = hopper.hopper_launch(
+        query=query,
+        key_cache=cache[:, 0],
+        value_cache=cache[:, 1],
+        output=torch.empty_like(query),
+        block_table=torch.zeros((3, 8), dtype=torch.int32),
+        query_start_loc=torch.zeros(4, dtype=torch.int32),
+        seq_lens=torch.zeros(3, dtype=torch.int32),
+        max_query_len=100,
+        softmax_scale=0.1,
+        seq_start=1,
+        num_seqs=2,
+        block_m=128,
+        block_n=64,
+        num_warps=8,
+        num_stages=2,
+    )
+    # 2 sequences x 2 KV heads; 100 tokens x 7 heads in rows of 128.
+    assert grid == (4, 6)
+    # Pages of the [blocks, 2, heads, slots, head] cache, as rows of the K view.
+    assert kwargs["ROWS_PER_BLOCK"] == 2 * 2 * 64
+    assert kwargs["ROWS_PER_HEAD"] == 64
+    assert kwargs["seq_start"] == 1
+
+
+def test_valid_gluon_configs_have_a_warpgroup_per_64_rows():
+    ok = dict(head_size=128, kv_dtype=torch.bfloat16)
+    assert is_valid_config(GLUON_TILE, **ok)
+    assert is_valid_config(PrefillConfig(64, 64, 4, 2, gluon=True), **ok)
+    assert not is_valid_config(PrefillConfig(128, 64, 4, 2, gluon=True), **ok)
+    assert not is_valid_config(PrefillConfig(128, 64, 8, 1, gluon=True), **ok)
+    assert not is_valid_config(PrefillConfig(128, 32, 8, 2, gluon=True), **ok)
+
+
+# (head size, group, page size, config, (query_len, kv_len) rows)
+GPU_CASES = [
+    (128, 4, 64, GLUON_TILE, [(1, 1), (37, 100), (200, 200), (64, 1000), (513, 2000)]),
+    (128, 7, 64, GLUON_TILE, [(1, 70), (300, 300), (129, 640)]),
+    (128, 5, 128, PrefillConfig(128, 128, 8, 2, gluon=True), [(100, 4000), (999, 999)]),
+    (128, 1, 64, PrefillConfig(128, 64, 8, 3, gluon=True), [(700, 700), (5, 64)]),
+    (64, 8, 64, PrefillConfig(128, 128, 8, 3, gluon=True), [(257, 257), (33, 999)]),
+    (64, 1, 64, PrefillConfig(64, 64, 4, 2, gluon=True), [(130, 1000), (1, 1)]),
+    (128, 2, 16, GLUON_TILE, [(77, 300), (250, 250)]),
+    (256, 2, 64, PrefillConfig(64, 64, 4, 2, gluon=True), [(300, 300), (70, 1000)]),
+]
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel runs on sm_90 only")
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+def test_matches_reference_on_hopper(case, q_dtype):
+    head_size, group, block_size, config, seqs = case
+    batch = make_paged_batch(
+        seqs=seqs,
+        num_q_heads=2 * group,
+        num_kv_heads=2,
+        head_size=head_size,
+        block_size=block_size,
+        q_dtype=q_dtype,
+        seed=group,
+        device=DEVICE,
+    )
+    assert _refusal(batch.query, batch.kv_cache, config) is None
+    output = torch.full_like(batch.query, float("nan"))
+    prefix_prefill_attention(
+        query=batch.query,
+        key_cache=batch.key_cache,
+        value_cache=batch.value_cache,
+        output=output,
+        block_table=batch.block_table,
+        query_start_loc=batch.query_start_loc,
+        seq_lens=batch.seq_lens,
+        max_query_len=batch.max_query_len,
+        softmax_scale=head_size**-0.5,
+        config=config,
+        num_splits=1,
+    )
+    expected = ref_paged_attention(**batch.ref_kwargs(), softmax_scale=head_size**-0.5)
+    _, atol, rtol = TOLERANCES[q_dtype]
+    assert_close(output, expected, dtype=q_dtype, atol=atol, rtol=rtol)

@@ -1,0 +1,390 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Prefix prefill for NVIDIA Hopper (sm_90), written in Gluon.
+
+The same contract as ``prefix_prefill.py`` (query rows over the paged KV cache,
+causal, the new tokens' K/V already in the cache) for the common case: a 16-bit
+cache of the query's dtype, head size 64, 128 or 256, no sliding window, soft-cap,
+ALiBi or sinks, K/V tiles that are slices of one page, no KV split. Everything else
+runs in the portable Triton kernel; ``prefix_prefill_attention`` is the one place
+that chooses (``hopper_kernel_refusal``), from the launch config's ``gluon`` flag.
+
+Why a second kernel: Triton 3.6 issues each ``tl.dot`` of the portable kernel as a
+wgmma and waits for it where it is issued, so a warpgroup's GEMMs and its softmax
+never overlap. Gluon states the schedule explicitly:
+
+* Work split as in the portable kernel: one program per ``BLOCK_M`` packed query
+  rows (token-major, the group's heads inside, no padding rows) of one KV head of
+  one sequence. Grid ``(num_seqs * num_kv_heads, row_tiles)``, axis 1 walked from
+  the last row tile (the most keys) to the first, so long programs start first.
+* The query tile is loaded once into shared memory in the wgmma operand layout.
+* K and V tiles of ``BLOCK_N`` keys are page slices loaded by TMA (one box per
+  page the tile spans) into a ring of ``STAGES`` shared-memory slots; K and V of a
+  slot each complete their own mbarrier, so q.k can start before V has landed.
+* One loop step per key tile j, for one warpgroup per 64 query rows::
+
+      issue S(j+1) = Q K(j+1)^T          (async wgmma)
+      softmax of S(j) -> P(j), alpha     (overlaps S(j+1) on the tensor cores)
+      O = alpha * O
+      issue O += P(j) V(j)               (async wgmma, P from registers)
+      wait S(j+1), then O
+      slot of j takes tile j + STAGES    (TMA)
+
+  Scores are fp32 in log2 units (the softmax scale times log2(e), one multiply);
+  tiles from the first one that reaches the causal diagonal are masked (keys past
+  the row's position or the sequence end), earlier ones are not.
+* Value rows past the sequence end in the last tile are zeroed in shared memory
+  before P.V (a free cache slot may hold NaN, and 0 * NaN is NaN).
+* The accumulator is divided by the row sums and stored through pointers.
+"""
+
+import functools
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from vllm.attention.ops.hardware import nvidia_gpu
+from vllm.attention.ops.triton_attention_common import cache_as_rows
+
+LOG2E = gl.constexpr(1.4426950408889634)
+HEAD_SIZES = (64, 128, 256)
+# Query rows per warpgroup: a wgmma instruction covers 64 rows of 4 warps.
+ROWS_PER_WARPGROUP = 64
+_GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+# The block-wide barrier: ``thread_barrier`` in Triton 3.6, ``barrier`` in 3.8.
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+@gluon.jit
+def _load_kv_tile(
+    k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, table_row_ptr, kv_head, tile,
+    BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
+    ROWS_PER_HEAD: gl.constexpr, STAGES: gl.constexpr,
+):  # fmt: skip
+    """Start the TMA loads of key tile ``tile`` into its ring slot: one box of
+    ``BOX_N`` rows per page the tile spans; each of K and V completes its own
+    barrier when all its bytes have landed."""
+    slot = tile % STAGES
+    BOX_N: gl.constexpr = k_desc.block_type.shape[0]
+    mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes * (BLOCK_N // BOX_N))
+    mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes * (BLOCK_N // BOX_N))
+    for box in gl.static_range(BLOCK_N // BOX_N):
+        key = tile * BLOCK_N + box * BOX_N
+        page = gl.load(table_row_ptr + key // BLOCK_SIZE)
+        row = page * ROWS_PER_BLOCK + kv_head * ROWS_PER_HEAD + key % BLOCK_SIZE
+        k_dst = k_smem.index(slot).slice(box * BOX_N, BOX_N)
+        v_dst = v_smem.index(slot).slice(box * BOX_N, BOX_N)
+        tma.async_copy_global_to_shared(k_desc, [row, 0], k_bars.index(slot), k_dst)
+        tma.async_copy_global_to_shared(v_desc, [row, 0], v_bars.index(slot), v_dst)
+
+
+@gluon.jit
+def _softmax_step(
+    s, m_i, l_i, tile, first_masked, pos, seq_len, scale_log2,
+    S_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr,
+    P_DTYPE: gl.constexpr, BLOCK_N: gl.constexpr,
+):  # fmt: skip
+    """Online softmax over one score tile: the probabilities as the P.V operand
+    (the cache's dtype), the accumulator rows' rescale factor, the new row max and
+    row sum. Tiles from ``first_masked`` on hide keys past each row's position and
+    past the sequence end."""
+    s = s * scale_log2
+    if tile >= first_masked:
+        keys = tile * BLOCK_N + gl.arange(
+            0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT)
+        )
+        visible = gl.expand_dims(keys, 0) <= gl.expand_dims(pos, 1)
+        visible = visible & gl.expand_dims(keys < seq_len, 0)
+        s = gl.where(visible, s, -float("inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - gl.expand_dims(m_new, 1))
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    p = gl.convert_layout(p.to(P_DTYPE), P_LAYOUT)
+    alpha = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def hopper_prefill_kernel(
+    query_ptr, output_ptr, k_desc, v_desc, block_table_ptr, query_start_loc_ptr,
+    seq_lens_ptr, softmax_scale, block_table_stride, seq_start,
+    STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
+    STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
+    NUM_KV_HEADS: gl.constexpr, GROUP_SIZE: gl.constexpr, HEAD_SIZE: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
+    ROWS_PER_HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, num_warps: gl.constexpr,
+):  # fmt: skip
+    gl.static_assert(STAGES >= 2)
+    gl.static_assert(16 * num_warps == BLOCK_M)
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_SIZE, 16]
+    )
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(
+        operand_index=0, parent=O_LAYOUT, k_width=2
+    )
+    # Query / output rows: 8 contiguous elements (16 bytes) per thread.
+    IO_LAYOUT: gl.constexpr = gl.BlockedLayout(
+        [1, 8], [256 // HEAD_SIZE, HEAD_SIZE // 8], [num_warps, 1], [1, 0]
+    )
+    ROW_IO: gl.constexpr = gl.SliceLayout(1, IO_LAYOUT)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+
+    seq = seq_start + gl.program_id(0) // NUM_KV_HEADS
+    kv_head = gl.program_id(0) % NUM_KV_HEADS
+    row_tile = gl.num_programs(1) - 1 - gl.program_id(1)
+    q_start = gl.load(query_start_loc_ptr + seq)
+    q_len = gl.load(query_start_loc_ptr + seq + 1) - q_start
+    row0 = row_tile * BLOCK_M
+    if row0 < q_len * GROUP_SIZE:
+        seq_len = gl.load(seq_lens_ptr + seq)
+        context = seq_len - q_len
+        first_token = row0 // GROUP_SIZE
+        last_token = gl.minimum(q_len - 1, (row0 + BLOCK_M - 1) // GROUP_SIZE)
+        num_tiles = (context + last_token + BLOCK_N) // BLOCK_N
+        first_masked = (context + first_token + 1) // BLOCK_N
+        table_row_ptr = block_table_ptr + seq.to(gl.int64) * block_table_stride
+
+        rows = row0 + gl.arange(0, BLOCK_M, layout=ROW_IO)
+        cols = gl.arange(0, HEAD_SIZE, layout=gl.SliceLayout(0, IO_LAYOUT))
+        token = rows // GROUP_SIZE
+        head = kv_head * GROUP_SIZE + rows % GROUP_SIZE
+        row_valid = gl.expand_dims(token < q_len, 1)
+        q_offsets = (q_start + token).to(gl.int64) * STRIDE_Q_TOKEN
+        q_offsets += head * STRIDE_Q_HEAD
+        q = gl.load(
+            query_ptr + gl.expand_dims(q_offsets, 1) + gl.expand_dims(cols, 0),
+            mask=row_valid,
+            other=0.0,
+        )
+        q_smem = gl.allocate_shared_memory(
+            q.dtype, [BLOCK_M, HEAD_SIZE], k_desc.layout, q
+        )
+        k_smem = gl.allocate_shared_memory(
+            k_desc.dtype, [STAGES, BLOCK_N, HEAD_SIZE], k_desc.layout
+        )
+        v_smem = gl.allocate_shared_memory(
+            v_desc.dtype, [STAGES, BLOCK_N, HEAD_SIZE], v_desc.layout
+        )
+        k_bars = gl.allocate_shared_memory(
+            gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
+        )
+        v_bars = gl.allocate_shared_memory(
+            gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
+        )
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+        fence_async_shared()
+        for t in gl.static_range(STAGES):
+            if t < num_tiles:
+                _load_kv_tile(
+                    k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, table_row_ptr,
+                    kv_head, t, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD,
+                    STAGES,
+                )  # fmt: skip
+
+        scale_log2 = softmax_scale * LOG2E
+        pos = context + (row0 + gl.arange(0, BLOCK_M, layout=ROW_S)) // GROUP_SIZE
+        m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, ROW_S)
+        l_i = gl.zeros([BLOCK_M], gl.float32, ROW_S)
+        s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
+        o = gl.zeros([BLOCK_M, HEAD_SIZE], gl.float32, O_LAYOUT)
+
+        mbarrier.wait(k_bars.index(0), 0)
+        s = warpgroup_mma(
+            q_smem,
+            k_smem.index(0).permute((1, 0)),
+            s_init,
+            use_acc=False,
+            is_async=True,
+        )
+        s = warpgroup_mma_wait(0, deps=[s])
+        for j in range(0, num_tiles - 1):
+            nxt = (j + 1) % STAGES
+            mbarrier.wait(k_bars.index(nxt), ((j + 1) // STAGES) & 1)
+            s_next = warpgroup_mma(
+                q_smem, k_smem.index(nxt).permute((1, 0)), s_init, use_acc=False,
+                is_async=True,
+            )  # fmt: skip
+            p, alpha, m_i, l_i = _softmax_step(
+                s, m_i, l_i, j, first_masked, pos, seq_len, scale_log2,
+                S_LAYOUT, P_LAYOUT, O_LAYOUT, k_desc.dtype, BLOCK_N,
+            )  # fmt: skip
+            o = o * gl.expand_dims(alpha, 1)
+            cur = j % STAGES
+            mbarrier.wait(v_bars.index(cur), (j // STAGES) & 1)
+            o = warpgroup_mma(p, v_smem.index(cur), o, is_async=True)
+            s = warpgroup_mma_wait(1, deps=[s_next])
+            o = warpgroup_mma_wait(0, deps=[o])
+            # Both products of tile j are done: its slot takes tile j + STAGES.
+            if j + STAGES < num_tiles:
+                _load_kv_tile(
+                    k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, table_row_ptr,
+                    kv_head, j + STAGES, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
+                    ROWS_PER_HEAD, STAGES,
+                )  # fmt: skip
+
+        last = num_tiles - 1
+        p, alpha, m_i, l_i = _softmax_step(
+            s, m_i, l_i, last, first_masked, pos, seq_len, scale_log2,
+            S_LAYOUT, P_LAYOUT, O_LAYOUT, k_desc.dtype, BLOCK_N,
+        )  # fmt: skip
+        o = o * gl.expand_dims(alpha, 1)
+        cur = last % STAGES
+        mbarrier.wait(v_bars.index(cur), (last // STAGES) & 1)
+        if (last + 1) * BLOCK_N > seq_len:
+            # Zero the value rows past the sequence end (see the module doc).
+            v_rows = last * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROW_IO)
+            v = v_smem.index(cur).load(IO_LAYOUT)
+            v = gl.where(gl.expand_dims(v_rows < seq_len, 1), v, 0.0)
+            v_smem.index(cur).store(v)
+            fence_async_shared()
+            _cta_barrier()
+        o = warpgroup_mma(p, v_smem.index(cur), o, is_async=True)
+        o = warpgroup_mma_wait(0, deps=[o])
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(k_bars.index(i))
+            mbarrier.invalidate(v_bars.index(i))
+
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_LAYOUT))
+        out = (o / gl.expand_dims(l_o, 1)).to(output_ptr.dtype.element_ty)
+        out = gl.convert_layout(out, IO_LAYOUT)
+        o_offsets = (q_start + token).to(gl.int64) * STRIDE_O_TOKEN
+        o_offsets += head * STRIDE_O_HEAD
+        gl.store(
+            output_ptr + gl.expand_dims(o_offsets, 1) + gl.expand_dims(cols, 0),
+            out,
+            mask=row_valid,
+        )
+
+
+@functools.cache
+def _is_hopper(device: torch.device) -> bool:
+    return nvidia_gpu(device) and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def hopper_kernel_refusal(
+    *,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    block_m: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+    sliding_window: int | None,
+    alibi_slopes: torch.Tensor | None,
+    logits_soft_cap: float | None,
+    sinks: torch.Tensor | None,
+    num_splits: int,
+    device: torch.device | None = None,
+) -> str | None:
+    """Why this kernel cannot run a launch (the portable kernel runs it then), or
+    None when it can. ``device``: where the launch runs (default: the query's)."""
+    head_size = query.shape[2]
+    block_size = key_cache.shape[2]
+    if not _is_hopper(device or query.device):
+        return "not an NVIDIA Hopper (sm_90) GPU"
+    if query.dtype not in _GL_DTYPE or key_cache.dtype != query.dtype:
+        return "the cache is not 16-bit of the query's dtype"
+    if head_size not in HEAD_SIZES:
+        return f"head size {head_size} is not one of {HEAD_SIZES}"
+    if sliding_window or alibi_slopes is not None or sinks is not None:
+        return "sliding window, ALiBi and sinks run in the portable kernel"
+    if logits_soft_cap:
+        return "soft-cap runs in the portable kernel"
+    if num_splits != 1:
+        return "KV splits run in the portable kernel"
+    if block_m != ROWS_PER_WARPGROUP * (num_warps // 4) or num_warps % 4:
+        return f"{block_m} rows need {block_m // 16} warps, not {num_warps}"
+    if num_stages < 2:
+        return "the key loop needs at least 2 stages"
+    box = min(block_n, block_size)
+    if block_n % box or block_size % box or block_n not in (64, 128):
+        return f"{block_n}-key tiles are not whole slices of {block_size}-key pages"
+    if key_cache.stride(0) % head_size or key_cache.stride(1) % head_size:
+        return "cache pages and heads are not whole rows of head_size elements"
+    return None
+
+
+def _cache_descriptor(cache: torch.Tensor, box_n: int) -> TensorDescriptor:
+    """TMA descriptor of a cache view as ``cache_as_rows``'s ``[rows, head_size]``
+    matrix, read in ``[box_n, head_size]`` boxes."""
+    flat = cache_as_rows(cache)
+    layout = gl.NVMMASharedLayout.get_default_for(
+        [box_n, flat.shape[1]], _GL_DTYPE[cache.dtype]
+    )
+    return TensorDescriptor(
+        flat,
+        shape=list(flat.shape),
+        strides=[flat.shape[1], 1],
+        block_shape=[box_n, flat.shape[1]],
+        layout=layout,
+    )
+
+
+def hopper_launch(
+    *,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    output: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    softmax_scale: float,
+    seq_start: int,
+    num_seqs: int,
+    block_m: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+) -> tuple:
+    """``(kernel, grid, keyword arguments)`` of one launch; the caller has checked
+    ``hopper_kernel_refusal``."""
+    num_q_heads, head_size = query.shape[1], query.shape[2]
+    num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    box_n = min(block_n, block_size)
+    grid = (num_seqs * num_kv_heads, triton.cdiv(max_query_len * group, block_m))
+    kwargs = dict(
+        query_ptr=query,
+        output_ptr=output,
+        k_desc=_cache_descriptor(key_cache, box_n),
+        v_desc=_cache_descriptor(value_cache, box_n),
+        block_table_ptr=block_table,
+        query_start_loc_ptr=query_start_loc,
+        seq_lens_ptr=seq_lens,
+        softmax_scale=float(softmax_scale),
+        block_table_stride=block_table.stride(0),
+        seq_start=seq_start,
+        STRIDE_Q_TOKEN=query.stride(0),
+        STRIDE_Q_HEAD=query.stride(1),
+        STRIDE_O_TOKEN=output.stride(0),
+        STRIDE_O_HEAD=output.stride(1),
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP_SIZE=group,
+        HEAD_SIZE=head_size,
+        BLOCK_SIZE=block_size,
+        ROWS_PER_BLOCK=key_cache.stride(0) // head_size,
+        ROWS_PER_HEAD=key_cache.stride(1) // head_size,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        STAGES=num_stages,
+        num_warps=num_warps,
+    )
+    return hopper_prefill_kernel, grid, kwargs
