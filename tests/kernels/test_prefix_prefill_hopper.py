@@ -161,8 +161,9 @@ def test_launch_grid_walks_every_head_and_row_tile(pretend_hopper):
         num_warps=8,
         num_stages=2,
     )
-    # 2 sequences x 2 KV heads; 100 tokens x 7 heads in rows of 128.
-    assert grid == (4, 6)
+    # 100 tokens x 7 heads in 6 tiles of 128 rows, for 2 sequences x 2 KV heads.
+    assert grid == (6 * 4,)
+    assert kwargs["num_seqs"] == 2
     # Pages of the [blocks, 2, heads, slots, head] cache, as rows of the K view.
     assert kwargs["ROWS_PER_BLOCK"] == 2 * 2 * 64
     assert kwargs["ROWS_PER_HEAD"] == 64

@@ -14,8 +14,9 @@ never overlap. Gluon states the schedule explicitly:
 
 * Work split as in the portable kernel: one program per ``BLOCK_M`` packed query
   rows (token-major, the group's heads inside, no padding rows) of one KV head of
-  one sequence. Grid ``(num_seqs * num_kv_heads, row_tiles)``, axis 1 walked from
-  the last row tile (the most keys) to the first, so long programs start first.
+  one sequence. A 1D grid of ``row_tiles * num_seqs * num_kv_heads`` programs:
+  every head and sequence's last row tile (the most keys) first, then the one
+  before it, so long programs start first.
 * The query tile is loaded once into shared memory in the wgmma operand layout.
 * K and V tiles of ``BLOCK_N`` keys are page slices loaded by TMA (one box per
   page the tile spans) into a ring of ``STAGES`` shared-memory slots; K and V of a
@@ -114,10 +115,10 @@ def _softmax_step(
     return p, alpha, m_new, l_i
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["seq_start", "num_seqs"])
 def hopper_prefill_kernel(
     query_ptr, output_ptr, k_desc, v_desc, block_table_ptr, query_start_loc_ptr,
-    seq_lens_ptr, softmax_scale, block_table_stride, seq_start,
+    seq_lens_ptr, softmax_scale, block_table_stride, seq_start, num_seqs,
     STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
     STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
     NUM_KV_HEADS: gl.constexpr, GROUP_SIZE: gl.constexpr, HEAD_SIZE: gl.constexpr,
@@ -143,9 +144,10 @@ def hopper_prefill_kernel(
     ROW_IO: gl.constexpr = gl.SliceLayout(1, IO_LAYOUT)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
 
-    seq = seq_start + gl.program_id(0) // NUM_KV_HEADS
+    heads = num_seqs * NUM_KV_HEADS
+    row_tile = gl.num_programs(0) // heads - 1 - gl.program_id(0) // heads
+    seq = seq_start + (gl.program_id(0) % heads) // NUM_KV_HEADS
     kv_head = gl.program_id(0) % NUM_KV_HEADS
-    row_tile = gl.num_programs(1) - 1 - gl.program_id(1)
     q_start = gl.load(query_start_loc_ptr + seq)
     q_len = gl.load(query_start_loc_ptr + seq + 1) - q_start
     row0 = row_tile * BLOCK_M
@@ -360,7 +362,8 @@ def hopper_launch(
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
     group = num_q_heads // num_kv_heads
     box_n = min(block_n, block_size)
-    grid = (num_seqs * num_kv_heads, triton.cdiv(max_query_len * group, block_m))
+    row_tiles = triton.cdiv(max_query_len * group, block_m)
+    grid = (row_tiles * num_seqs * num_kv_heads,)
     kwargs = dict(
         query_ptr=query,
         output_ptr=output,
@@ -372,6 +375,7 @@ def hopper_launch(
         softmax_scale=float(softmax_scale),
         block_table_stride=block_table.stride(0),
         seq_start=seq_start,
+        num_seqs=num_seqs,
         STRIDE_Q_TOKEN=query.stride(0),
         STRIDE_Q_HEAD=query.stride(1),
         STRIDE_O_TOKEN=output.stride(0),
