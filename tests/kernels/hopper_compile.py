@@ -501,6 +501,9 @@ def hopper_kernel_cases():
                 )  # fmt: skip
                 tile = f"{block_m}x{block_n}-w{num_warps}-s{num_stages}"
                 yield f"hopper d{head_size}-bs{block_size}-{tile}", kwargs
+                # A sliding window: masks at its edge, the loop from its first tile.
+                name = f"hopper d{head_size}-bs{block_size}-{tile} window"
+                yield name, {**kwargs, "USE_WINDOW": True}
 
 
 def _cache_write_cases(*cache_dtypes):

@@ -81,7 +81,7 @@ def test_refuses_off_hopper():
         ({"head_size": 256, "group": 1}, {}, None),
         ({"head_size": 96}, {}, "head size 96"),
         ({"dtype": torch.float8_e4m3fn}, {}, "16-bit"),
-        ({}, {"sliding_window": 128}, "sliding window"),
+        ({}, {"sliding_window": 128}, None),
         ({}, {"alibi_slopes": torch.ones(8)}, "ALiBi"),
         ({}, {"sinks": torch.ones(8)}, "sinks"),
         ({}, {"logits_soft_cap": 30.0}, "soft-cap"),
@@ -133,7 +133,10 @@ def _launch_kernels(config, **features):
 def test_launch_takes_the_gluon_kernel_only_where_it_applies(pretend_hopper):
     assert _launch_kernels(GLUON_TILE) == [hopper.hopper_prefill_kernel]
     portable = [prefix_prefill._prefix_prefill_kernel]
-    assert _launch_kernels(GLUON_TILE, sliding_window=64) == portable
+    assert _launch_kernels(GLUON_TILE, logits_soft_cap=5.0) == portable
+    assert _launch_kernels(GLUON_TILE, sliding_window=64) == [
+        hopper.hopper_prefill_kernel
+    ]
     no_flag = PrefillConfig(128, 64, 8, 2)
     assert _launch_kernels(no_flag) == portable
 
@@ -179,7 +182,7 @@ def test_valid_gluon_configs_have_a_warpgroup_per_64_rows():
     assert not is_valid_config(PrefillConfig(128, 32, 8, 2, gluon=True), **ok)
 
 
-# (head size, group, page size, config, (query_len, kv_len) rows)
+# (head size, group, page size, config, (query_len, kv_len) rows, sliding window)
 GPU_CASES = [
     (128, 4, 64, GLUON_TILE, [(1, 1), (37, 100), (200, 200), (64, 1000), (513, 2000)]),
     (128, 7, 64, GLUON_TILE, [(1, 70), (300, 300), (129, 640)]),
@@ -189,6 +192,11 @@ GPU_CASES = [
     (64, 1, 64, PrefillConfig(64, 64, 4, 2, gluon=True), [(130, 1000), (1, 1)]),
     (128, 2, 16, GLUON_TILE, [(77, 300), (250, 250)]),
     (256, 2, 64, PrefillConfig(64, 64, 4, 2, gluon=True), [(300, 300), (70, 1000)]),
+    # Windows: wider than a tile, narrower than one, a single key, on pages of 16.
+    (128, 4, 64, GLUON_TILE, [(64, 1000), (513, 2000), (300, 300)], 200),
+    (128, 7, 64, GLUON_TILE, [(129, 640), (1, 70), (400, 400)], 50),
+    (64, 1, 64, PrefillConfig(64, 64, 4, 2, gluon=True), [(130, 1000)], 1),
+    (128, 2, 16, GLUON_TILE, [(77, 300), (250, 250)], 100),
 ]
 
 
@@ -196,7 +204,8 @@ GPU_CASES = [
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("case", GPU_CASES, ids=str)
 def test_matches_reference_on_hopper(case, q_dtype):
-    head_size, group, block_size, config, seqs = case
+    head_size, group, block_size, config, seqs, *window = case
+    window = window[0] if window else None
     batch = make_paged_batch(
         seqs=seqs,
         num_q_heads=2 * group,
@@ -207,7 +216,7 @@ def test_matches_reference_on_hopper(case, q_dtype):
         seed=group,
         device=DEVICE,
     )
-    assert _refusal(batch.query, batch.kv_cache, config) is None
+    assert _refusal(batch.query, batch.kv_cache, config, sliding_window=window) is None
     output = torch.full_like(batch.query, float("nan"))
     prefix_prefill_attention(
         query=batch.query,
@@ -219,9 +228,12 @@ def test_matches_reference_on_hopper(case, q_dtype):
         seq_lens=batch.seq_lens,
         max_query_len=batch.max_query_len,
         softmax_scale=head_size**-0.5,
+        sliding_window=window,
         config=config,
         num_splits=1,
     )
-    expected = ref_paged_attention(**batch.ref_kwargs(), softmax_scale=head_size**-0.5)
+    expected = ref_paged_attention(
+        **batch.ref_kwargs(), softmax_scale=head_size**-0.5, sliding_window=window
+    )
     _, atol, rtol = TOLERANCES[q_dtype]
     assert_close(output, expected, dtype=q_dtype, atol=atol, rtol=rtol)

@@ -892,6 +892,7 @@ def _launches(
                     block_n=config.block_n,
                     num_warps=config.num_warps,
                     num_stages=config.num_stages,
+                    sliding_window=sliding_window,
                 )
             ]
     num_q_heads, head_size = query.shape[1], query.shape[2]

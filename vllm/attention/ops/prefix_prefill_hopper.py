@@ -3,10 +3,11 @@
 
 The same contract as ``prefix_prefill.py`` (query rows over the paged KV cache,
 causal, the new tokens' K/V already in the cache) for the common case: a 16-bit
-cache of the query's dtype, head size 64, 128 or 256, no sliding window, soft-cap,
-ALiBi or sinks, K/V tiles that are slices of one page, no KV split. Everything else
-runs in the portable Triton kernel; ``prefix_prefill_attention`` is the one place
-that chooses (``hopper_kernel_refusal``), from the launch config's ``gluon`` flag.
+cache of the query's dtype, head size 64, 128 or 256, a sliding window or none,
+no soft-cap, ALiBi or sinks, K/V tiles that are whole slices of pages, no KV
+split. Everything else runs in the portable Triton kernel;
+``prefix_prefill_attention`` is the one place that chooses
+(``hopper_kernel_refusal``), from the launch config's ``gluon`` flag.
 
 Why a second kernel: Triton 3.6 issues each ``tl.dot`` of the portable kernel as a
 wgmma and waits for it where it is issued, so a warpgroup's GEMMs and its softmax
@@ -68,13 +69,13 @@ _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 @gluon.jit
 def _load_kv_tile(
     k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, table_row_ptr, kv_head, tile,
-    BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
-    ROWS_PER_HEAD: gl.constexpr, STAGES: gl.constexpr,
+    step, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+    ROWS_PER_BLOCK: gl.constexpr, ROWS_PER_HEAD: gl.constexpr, STAGES: gl.constexpr,
 ):  # fmt: skip
-    """Start the TMA loads of key tile ``tile`` into its ring slot: one box of
-    ``BOX_N`` rows per page the tile spans; each of K and V completes its own
-    barrier when all its bytes have landed."""
-    slot = tile % STAGES
+    """Start the TMA loads of key tile ``tile``, the loop's step ``step``, into
+    that step's ring slot: one box of ``BOX_N`` rows per page the tile spans; each
+    of K and V completes its own barrier when all its bytes have landed."""
+    slot = step % STAGES
     BOX_N: gl.constexpr = k_desc.block_type.shape[0]
     mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes * (BLOCK_N // BOX_N))
     mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes * (BLOCK_N // BOX_N))
@@ -90,25 +91,35 @@ def _load_kv_tile(
 
 @gluon.jit
 def _softmax_step(
-    s, m_i, l_i, tile, first_masked, pos, seq_len, scale_log2,
-    S_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr,
-    P_DTYPE: gl.constexpr, BLOCK_N: gl.constexpr,
+    s, m_i, l_i, tile, first_masked, window_full, pos, seq_len, sliding_window,
+    scale_log2, S_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
+    O_LAYOUT: gl.constexpr, P_DTYPE: gl.constexpr, BLOCK_N: gl.constexpr,
+    USE_WINDOW: gl.constexpr,
 ):  # fmt: skip
     """Online softmax over one score tile: the probabilities as the P.V operand
     (the cache's dtype), the accumulator rows' rescale factor, the new row max and
     row sum. Tiles from ``first_masked`` on hide keys past each row's position and
-    past the sequence end."""
+    past the sequence end; with a window, tiles before ``window_full`` hide keys
+    at or beyond ``sliding_window`` behind the row."""
     s = s * scale_log2
-    if tile >= first_masked:
+    if (tile >= first_masked) | (tile < window_full):
         keys = tile * BLOCK_N + gl.arange(
             0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT)
         )
-        visible = gl.expand_dims(keys, 0) <= gl.expand_dims(pos, 1)
-        visible = visible & gl.expand_dims(keys < seq_len, 0)
+        keys = gl.expand_dims(keys, 0)
+        visible = (keys <= gl.expand_dims(pos, 1)) & (keys < seq_len)
+        if USE_WINDOW:
+            visible = visible & (gl.expand_dims(pos, 1) - keys < sliding_window)
         s = gl.where(visible, s, -float("inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1))
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s - gl.expand_dims(m_new, 1))
+    if USE_WINDOW:  # noqa: SIM108
+        # A row whose window starts past every key seen so far has no max yet:
+        # exponentiate against 0 so its terms are 0, not NaN.
+        m_ref = gl.where(m_new == -float("inf"), 0.0, m_new)
+    else:
+        m_ref = m_new  # key 0, in the first tile, is visible to every row
+    alpha = gl.exp2(m_i - m_ref)
+    p = gl.exp2(s - gl.expand_dims(m_ref, 1))
     l_i = l_i * alpha + gl.sum(p, axis=1)
     p = gl.convert_layout(p.to(P_DTYPE), P_LAYOUT)
     alpha = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
@@ -118,13 +129,13 @@ def _softmax_step(
 @gluon.jit(do_not_specialize=["seq_start", "num_seqs"])
 def hopper_prefill_kernel(
     query_ptr, output_ptr, k_desc, v_desc, block_table_ptr, query_start_loc_ptr,
-    seq_lens_ptr, softmax_scale, block_table_stride, seq_start, num_seqs,
-    STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
+    seq_lens_ptr, softmax_scale, sliding_window, block_table_stride, seq_start,
+    num_seqs, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
     STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
     NUM_KV_HEADS: gl.constexpr, GROUP_SIZE: gl.constexpr, HEAD_SIZE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
     ROWS_PER_HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, USE_WINDOW: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(STAGES >= 2)
     gl.static_assert(16 * num_warps == BLOCK_M)
@@ -156,8 +167,19 @@ def hopper_prefill_kernel(
         context = seq_len - q_len
         first_token = row0 // GROUP_SIZE
         last_token = gl.minimum(q_len - 1, (row0 + BLOCK_M - 1) // GROUP_SIZE)
+        # Key tiles [first_tile, num_tiles): from the first row's window start to
+        # the last row's position. Tiles in [window_full, first_masked) are
+        # visible to every row of the program; the others are masked.
         num_tiles = (context + last_token + BLOCK_N) // BLOCK_N
         first_masked = (context + first_token + 1) // BLOCK_N
+        first_tile = 0
+        window_full = 0
+        if USE_WINDOW:
+            first_tile = gl.maximum(context + first_token - sliding_window + 1, 0)
+            first_tile = first_tile // BLOCK_N
+            window_full = gl.maximum(context + last_token - sliding_window + 1, 0)
+            window_full = (window_full + BLOCK_N - 1) // BLOCK_N
+        steps = num_tiles - first_tile
         table_row_ptr = block_table_ptr + seq.to(gl.int64) * block_table_stride
 
         rows = row0 + gl.arange(0, BLOCK_M, layout=ROW_IO)
@@ -192,11 +214,11 @@ def hopper_prefill_kernel(
             mbarrier.init(v_bars.index(i), count=1)
         fence_async_shared()
         for t in gl.static_range(STAGES):
-            if t < num_tiles:
+            if t < steps:
                 _load_kv_tile(
                     k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, table_row_ptr,
-                    kv_head, t, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD,
-                    STAGES,
+                    kv_head, first_tile + t, t, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
+                    ROWS_PER_HEAD, STAGES,
                 )  # fmt: skip
 
         scale_log2 = softmax_scale * LOG2E
@@ -215,39 +237,43 @@ def hopper_prefill_kernel(
             is_async=True,
         )
         s = warpgroup_mma_wait(0, deps=[s])
-        for j in range(0, num_tiles - 1):
-            nxt = (j + 1) % STAGES
-            mbarrier.wait(k_bars.index(nxt), ((j + 1) // STAGES) & 1)
+        for t in range(0, steps - 1):
+            # Step t attends to key tile j = first_tile + t, held in slot t % STAGES.
+            j = first_tile + t
+            nxt = (t + 1) % STAGES
+            mbarrier.wait(k_bars.index(nxt), ((t + 1) // STAGES) & 1)
             s_next = warpgroup_mma(
                 q_smem, k_smem.index(nxt).permute((1, 0)), s_init, use_acc=False,
                 is_async=True,
             )  # fmt: skip
             p, alpha, m_i, l_i = _softmax_step(
-                s, m_i, l_i, j, first_masked, pos, seq_len, scale_log2,
-                S_LAYOUT, P_LAYOUT, O_LAYOUT, k_desc.dtype, BLOCK_N,
+                s, m_i, l_i, j, first_masked, window_full, pos, seq_len,
+                sliding_window, scale_log2, S_LAYOUT, P_LAYOUT, O_LAYOUT,
+                k_desc.dtype, BLOCK_N, USE_WINDOW,
             )  # fmt: skip
             o = o * gl.expand_dims(alpha, 1)
-            cur = j % STAGES
-            mbarrier.wait(v_bars.index(cur), (j // STAGES) & 1)
+            cur = t % STAGES
+            mbarrier.wait(v_bars.index(cur), (t // STAGES) & 1)
             o = warpgroup_mma(p, v_smem.index(cur), o, is_async=True)
             s = warpgroup_mma_wait(1, deps=[s_next])
             o = warpgroup_mma_wait(0, deps=[o])
-            # Both products of tile j are done: its slot takes tile j + STAGES.
-            if j + STAGES < num_tiles:
+            # Both products of step t are done: its slot takes step t + STAGES.
+            if t + STAGES < steps:
                 _load_kv_tile(
                     k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, table_row_ptr,
-                    kv_head, j + STAGES, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
-                    ROWS_PER_HEAD, STAGES,
+                    kv_head, j + STAGES, t + STAGES, BLOCK_N, BLOCK_SIZE,
+                    ROWS_PER_BLOCK, ROWS_PER_HEAD, STAGES,
                 )  # fmt: skip
 
         last = num_tiles - 1
         p, alpha, m_i, l_i = _softmax_step(
-            s, m_i, l_i, last, first_masked, pos, seq_len, scale_log2,
-            S_LAYOUT, P_LAYOUT, O_LAYOUT, k_desc.dtype, BLOCK_N,
+            s, m_i, l_i, last, first_masked, window_full, pos, seq_len,
+            sliding_window, scale_log2, S_LAYOUT, P_LAYOUT, O_LAYOUT, k_desc.dtype,
+            BLOCK_N, USE_WINDOW,
         )  # fmt: skip
         o = o * gl.expand_dims(alpha, 1)
-        cur = last % STAGES
-        mbarrier.wait(v_bars.index(cur), (last // STAGES) & 1)
+        cur = (steps - 1) % STAGES
+        mbarrier.wait(v_bars.index(cur), ((steps - 1) // STAGES) & 1)
         if (last + 1) * BLOCK_N > seq_len:
             # Zero the value rows past the sequence end (see the module doc).
             v_rows = last * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROW_IO)
@@ -304,8 +330,8 @@ def hopper_kernel_refusal(
         return "the cache is not 16-bit of the query's dtype"
     if head_size not in HEAD_SIZES:
         return f"head size {head_size} is not one of {HEAD_SIZES}"
-    if sliding_window or alibi_slopes is not None or sinks is not None:
-        return "sliding window, ALiBi and sinks run in the portable kernel"
+    if alibi_slopes is not None or sinks is not None:
+        return "ALiBi and sinks run in the portable kernel"
     if logits_soft_cap:
         return "soft-cap runs in the portable kernel"
     if num_splits != 1:
@@ -355,6 +381,7 @@ def hopper_launch(
     block_n: int,
     num_warps: int,
     num_stages: int,
+    sliding_window: int | None = None,
 ) -> tuple:
     """``(kernel, grid, keyword arguments)`` of one launch; the caller has checked
     ``hopper_kernel_refusal``."""
@@ -373,6 +400,7 @@ def hopper_launch(
         query_start_loc_ptr=query_start_loc,
         seq_lens_ptr=seq_lens,
         softmax_scale=float(softmax_scale),
+        sliding_window=int(sliding_window or 0),
         block_table_stride=block_table.stride(0),
         seq_start=seq_start,
         num_seqs=num_seqs,
@@ -389,6 +417,7 @@ def hopper_launch(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         STAGES=num_stages,
+        USE_WINDOW=bool(sliding_window),
         num_warps=num_warps,
     )
     return hopper_prefill_kernel, grid, kwargs

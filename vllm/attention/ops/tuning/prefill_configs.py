@@ -114,7 +114,7 @@ class PrefillConfig:
         overlapping q.k of the next) with these tiles, one warpgroup per 64 query
         rows (``block_m = 16 * num_warps``). Honoured where that kernel applies
         (``hopper_kernel_refusal``: sm_90, a 16-bit cache, head size 64, 128 or
-        256, no window, soft-cap, ALiBi or sinks, no KV split); elsewhere the
+        256, no soft-cap, ALiBi or sinks, no KV split); elsewhere the
         portable kernel runs the same config, with the same result.
     """
 
