@@ -37,6 +37,13 @@ from vllm.attention.ops.tuning.tables import (
 # prefill (hundreds to thousands of tokens), which want different tiles.
 QUERY_LEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384)
 
+# Head sizes whose heuristic tile carries the head in two unpadded column tiles
+# (``split_head``): timed on an H200 against the padded tile at every head-96 point
+# of the kernel matrix (pages of 64, groups 1/4/7), 1.12-1.38x faster
+# (benchmarks/results/kernels/2026-12-03-prefill-split-head-ab.json). 80, 160 and
+# 192 also split but are untimed.
+SPLIT_HEAD_SIZES = (96,)
+
 # The sweep of a tuning run (candidates violating `is_valid_config` are skipped).
 PREFILL_CONFIG_SPACE = {
     # 256 rows need 8 warps: two warpgroups of 128 rows sharing each K/V tile.
@@ -199,7 +206,8 @@ def heuristic_prefill_config(
       * otherwise 64 keys per tile with TMA where the launch allows it (a head
         size below its power of two included: 80, 96 and 112 load padded boxes), one
         warpgroup (4 warps) up to head size 128 and two beyond (a warpgroup holds
-        at most a 128 x 128 fp32 accumulator), 2 stages.
+        at most a 128 x 128 fp32 accumulator), 2 stages; head sizes in
+        ``SPLIT_HEAD_SIZES`` (96) in two unpadded column tiles (``split_head``).
     Never ``fp8_qk``: it rounds the query to fp8, a trade only a tuned entry makes.
     ``block_m`` is a multiple of 64 and ``num_warps`` of 4, so both ``tl.dot``
     lower to wgmma on Hopper.
@@ -221,6 +229,7 @@ def heuristic_prefill_config(
         num_warps=4 if head_pad <= 128 else 8,
         num_stages=2,
         use_tma=True,
+        split_head=head_size in SPLIT_HEAD_SIZES,
     )
 
 
