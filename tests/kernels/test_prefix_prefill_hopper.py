@@ -8,6 +8,8 @@ compile test). On an sm_90 GPU: results against ``ref_paged_attention`` on batch
 whose unused cache slots are NaN, through the public function.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -37,6 +39,7 @@ ON_HOPPER = (
     and (torch.version.hip is None)
 )
 GLUON_TILE = PrefillConfig(128, 64, 8, 2, gluon=True)
+WS_TILE = PrefillConfig(128, 128, 4, 2, gluon=True, warp_specialize=True)
 
 
 def _tensors(head_size=128, group=4, block_size=64, dtype=torch.bfloat16):
@@ -49,11 +52,7 @@ def _refusal(query, cache, config=GLUON_TILE, **overrides):
     args = dict(
         query=query,
         key_cache=cache[:, 0],
-        block_m=config.block_m,
-        block_n=config.block_n,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        sliding_window=None,
+        config=config,
         alibi_slopes=None,
         logits_soft_cap=None,
         sinks=None,
@@ -73,6 +72,10 @@ def test_refuses_off_hopper():
     assert "Hopper" in _refusal(query, cache)
 
 
+def _tile(**fields):
+    return {"config": dataclasses.replace(GLUON_TILE, **fields)}
+
+
 @pytest.mark.parametrize(
     "tensors, overrides, match",
     [
@@ -81,15 +84,18 @@ def test_refuses_off_hopper():
         ({"head_size": 256, "group": 1}, {}, None),
         ({"head_size": 96}, {}, "head size 96"),
         ({"dtype": torch.float8_e4m3fn}, {}, "16-bit"),
-        ({}, {"sliding_window": 128}, None),
         ({}, {"alibi_slopes": torch.ones(8)}, "ALiBi"),
         ({}, {"sinks": torch.ones(8)}, "sinks"),
         ({}, {"logits_soft_cap": 30.0}, "soft-cap"),
         ({}, {"num_splits": 2}, "KV splits"),
-        ({}, {"num_warps": 4}, "128 rows need 8 warps"),
-        ({}, {"num_stages": 1}, "2 stages"),
+        ({}, _tile(num_warps=4), "128 rows need 8 warps"),
+        ({}, _tile(num_stages=1), "2 stages"),
         ({"block_size": 16}, {}, None),  # a 64-key tile in four TMA boxes
-        ({}, {"block_n": 32}, "32-key tiles"),
+        ({}, _tile(block_n=32), "32-key tiles"),
+        ({}, {"config": WS_TILE}, None),
+        ({"head_size": 256, "block_size": 16}, {"config": WS_TILE}, None),
+        ({}, _tile(warp_specialize=True), "128 rows on 4 warps, not 128 on 8"),
+        ({}, _tile(warp_specialize=True, block_m=64, num_warps=4), "not 64 on 4"),
     ],
 )
 def test_refusal_names_what_the_portable_kernel_keeps(
@@ -137,6 +143,8 @@ def test_launch_takes_the_gluon_kernel_only_where_it_applies(pretend_hopper):
     assert _launch_kernels(GLUON_TILE, sliding_window=64) == [
         hopper.hopper_prefill_kernel
     ]
+    assert _launch_kernels(WS_TILE) == [hopper.hopper_prefill_ws_kernel]
+    assert _launch_kernels(WS_TILE, sinks=torch.ones(8)) == portable
     no_flag = PrefillConfig(128, 64, 8, 2)
     assert _launch_kernels(no_flag) == portable
 
@@ -159,10 +167,7 @@ def test_launch_grid_walks_every_head_and_row_tile(pretend_hopper):
         softmax_scale=0.1,
         seq_start=1,
         num_seqs=2,
-        block_m=128,
-        block_n=64,
-        num_warps=8,
-        num_stages=2,
+        config=GLUON_TILE,
     )
     # 100 tokens x 7 heads in 6 tiles of 128 rows, for 2 sequences x 2 KV heads.
     assert grid == (6 * 4,)
@@ -182,6 +187,16 @@ def test_valid_gluon_configs_have_a_warpgroup_per_64_rows():
     assert not is_valid_config(PrefillConfig(128, 32, 8, 2, gluon=True), **ok)
 
 
+def test_valid_warp_specialised_configs_are_two_warpgroups_of_64_rows():
+    ok = dict(head_size=128, kv_dtype=torch.bfloat16)
+    assert is_valid_config(WS_TILE, **ok)
+    assert is_valid_config(dataclasses.replace(WS_TILE, block_n=64), **ok)
+    assert not is_valid_config(dataclasses.replace(WS_TILE, num_warps=8), **ok)
+    assert not is_valid_config(dataclasses.replace(WS_TILE, block_m=64), **ok)
+    assert not is_valid_config(dataclasses.replace(WS_TILE, num_stages=1), **ok)
+    assert not is_valid_config(dataclasses.replace(WS_TILE, gluon=False), **ok)
+
+
 # (head size, group, page size, config, (query_len, kv_len) rows, sliding window)
 GPU_CASES = [
     (128, 4, 64, GLUON_TILE, [(1, 1), (37, 100), (200, 200), (64, 1000), (513, 2000)]),
@@ -197,6 +212,23 @@ GPU_CASES = [
     (128, 7, 64, GLUON_TILE, [(129, 640), (1, 70), (400, 400)], 50),
     (64, 1, 64, PrefillConfig(64, 64, 4, 2, gluon=True), [(130, 1000)], 1),
     (128, 2, 16, GLUON_TILE, [(77, 300), (250, 250)], 100),
+    # Warp-specialised: a second warpgroup with no row of the query (1 token x 4
+    # heads), tails shorter than a page slice, pages of 16 and 128, windows.
+    (128, 4, 64, WS_TILE, [(1, 1), (37, 100), (200, 200), (64, 1000), (513, 2000)]),
+    (128, 7, 128, WS_TILE, [(1, 70), (300, 300), (129, 640)]),
+    (
+        128,
+        1,
+        64,
+        dataclasses.replace(WS_TILE, block_n=64, num_stages=3),
+        [(700, 700), (5, 64)],
+    ),
+    (64, 8, 64, dataclasses.replace(WS_TILE, num_stages=3), [(257, 257), (33, 999)]),
+    (256, 2, 64, dataclasses.replace(WS_TILE, block_n=64), [(300, 300), (70, 1000)]),
+    (128, 2, 16, WS_TILE, [(77, 300), (250, 250)]),
+    (128, 4, 64, WS_TILE, [(64, 1000), (513, 2000), (300, 300)], 200),
+    (128, 7, 64, WS_TILE, [(129, 640), (1, 70), (400, 400)], 50),
+    (64, 1, 64, dataclasses.replace(WS_TILE, num_stages=3), [(130, 1000)], 1),
 ]
 
 
@@ -216,7 +248,7 @@ def test_matches_reference_on_hopper(case, q_dtype):
         seed=group,
         device=DEVICE,
     )
-    assert _refusal(batch.query, batch.kv_cache, config, sliding_window=window) is None
+    assert _refusal(batch.query, batch.kv_cache, config) is None
     output = torch.full_like(batch.query, float("nan"))
     prefix_prefill_attention(
         query=batch.query,

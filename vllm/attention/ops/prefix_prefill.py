@@ -862,39 +862,20 @@ def _launches(
         from vllm.attention.ops import prefix_prefill_hopper as hopper
 
         refusal = hopper.hopper_kernel_refusal(
-            query=query,
-            key_cache=key_cache,
-            block_m=config.block_m,
-            block_n=config.block_n,
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
-            sliding_window=sliding_window,
-            alibi_slopes=alibi_slopes,
-            logits_soft_cap=logits_soft_cap,
-            sinks=sinks,
+            query=query, key_cache=key_cache, config=config,
+            alibi_slopes=alibi_slopes, logits_soft_cap=logits_soft_cap, sinks=sinks,
             num_splits=num_splits,
-        )
+        )  # fmt: skip
         if refusal is None:
-            return [
-                hopper.hopper_launch(
-                    query=query,
-                    key_cache=key_cache,
-                    value_cache=value_cache,
-                    output=output,
-                    block_table=block_table,
-                    query_start_loc=query_start_loc,
-                    seq_lens=seq_lens,
-                    max_query_len=max_query_len,
-                    softmax_scale=softmax_scale,
-                    seq_start=seq_start,
-                    num_seqs=num_seqs,
-                    block_m=config.block_m,
-                    block_n=config.block_n,
-                    num_warps=config.num_warps,
-                    num_stages=config.num_stages,
-                    sliding_window=sliding_window,
-                )
-            ]
+            launch = hopper.hopper_launch(
+                query=query, key_cache=key_cache, value_cache=value_cache,
+                output=output, block_table=block_table,
+                query_start_loc=query_start_loc, seq_lens=seq_lens,
+                max_query_len=max_query_len, softmax_scale=softmax_scale,
+                seq_start=seq_start, num_seqs=num_seqs, config=config,
+                sliding_window=sliding_window,
+            )  # fmt: skip
+            return [launch]
     num_q_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
     group_size = num_q_heads // num_kv_heads

@@ -61,6 +61,9 @@ LOG2E = gl.constexpr(1.4426950408889634)
 HEAD_SIZES = (64, 128, 256)
 # Query rows per warpgroup: a wgmma instruction covers 64 rows of 4 warps.
 ROWS_PER_WARPGROUP = 64
+_WG_ROWS = gl.constexpr(ROWS_PER_WARPGROUP)
+# Rows of a warp-specialised program: two consumer warpgroups.
+WS_BLOCK_M = 2 * ROWS_PER_WARPGROUP
 _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # The block-wide barrier: ``thread_barrier`` in Triton 3.6, ``barrier`` in 3.8.
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -300,6 +303,313 @@ def hopper_prefill_kernel(
         )
 
 
+@gluon.jit
+def _ws_producer(
+    k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, empty_bars, table_row_ptr,
+    kv_head, first_tile, steps, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+    ROWS_PER_BLOCK: gl.constexpr, ROWS_PER_HEAD: gl.constexpr,
+    STAGES: gl.constexpr,
+):  # fmt: skip
+    """The load warp: key tile ``first_tile + t`` into ring slot ``t % STAGES``
+    once both consumer warpgroups have released the slot's previous tile."""
+    for t in range(steps):
+        if t >= STAGES:
+            mbarrier.wait(empty_bars.index(t % STAGES), (t // STAGES - 1) & 1)
+        _load_kv_tile(
+            k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, table_row_ptr, kv_head,
+            first_tile + t, t, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD,
+            STAGES,
+        )  # fmt: skip
+
+
+@gluon.jit
+def _ws_consumer(
+    query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars,
+    turn_bars, tail_bar, q_start, q_len, seq_len, row0, kv_head, first_tile,
+    steps, scale_log2, sliding_window, STRIDE_Q_TOKEN: gl.constexpr,
+    STRIDE_Q_HEAD: gl.constexpr, STRIDE_O_TOKEN: gl.constexpr,
+    STRIDE_O_HEAD: gl.constexpr, GROUP_SIZE: gl.constexpr,
+    HEAD_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    USE_WINDOW: gl.constexpr, WG: gl.constexpr,
+):  # fmt: skip
+    """One consumer warpgroup: 64 query rows from ``row0 + 64 * WG``. Its q.k and
+    p.v are issued in turns with the other warpgroup's (``turn_bars``), so one's
+    softmax runs while the other's products occupy the tensor cores."""
+    M: gl.constexpr = _WG_ROWS
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_SIZE, 16]
+    )
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(
+        operand_index=0, parent=O_LAYOUT, k_width=2
+    )
+    IO_LAYOUT: gl.constexpr = gl.BlockedLayout(
+        [1, 8], [256 // HEAD_SIZE, HEAD_SIZE // 8], [4, 1], [1, 0]
+    )
+    ROW_IO: gl.constexpr = gl.SliceLayout(1, IO_LAYOUT)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+    P_DTYPE: gl.constexpr = k_smem.dtype
+    other: gl.constexpr = 1 - WG
+
+    first_row = row0 + WG * M
+    context = seq_len - q_len
+    first_token = first_row // GROUP_SIZE
+    last_token = gl.minimum(q_len - 1, (first_row + M - 1) // GROUP_SIZE)
+    first_masked = (context + first_token + 1) // BLOCK_N
+    window_full = 0
+    if USE_WINDOW:
+        window_full = gl.maximum(context + last_token - sliding_window + 1, 0)
+        window_full = (window_full + BLOCK_N - 1) // BLOCK_N
+
+    rows = first_row + gl.arange(0, M, layout=ROW_IO)
+    cols = gl.arange(0, HEAD_SIZE, layout=gl.SliceLayout(0, IO_LAYOUT))
+    token = rows // GROUP_SIZE
+    head = kv_head * GROUP_SIZE + rows % GROUP_SIZE
+    row_valid = gl.expand_dims(token < q_len, 1)
+    q_offsets = (q_start + token).to(gl.int64) * STRIDE_Q_TOKEN + head * STRIDE_Q_HEAD
+    q = gl.load(
+        query_ptr + gl.expand_dims(q_offsets, 1) + gl.expand_dims(cols, 0),
+        mask=row_valid,
+        other=0.0,
+    )
+    q_tile = q_smem.index(WG)
+    q_tile.store(q)
+    fence_async_shared()
+    _cta_barrier()  # the warpgroup's own barrier inside a partition
+
+    pos = context + (first_row + gl.arange(0, M, layout=ROW_S)) // GROUP_SIZE
+    m_i = gl.full([M], -float("inf"), gl.float32, ROW_S)
+    l_i = gl.zeros([M], gl.float32, ROW_S)
+    s_init = gl.zeros([M, BLOCK_N], gl.float32, S_LAYOUT)
+    o = gl.zeros([M, HEAD_SIZE], gl.float32, O_LAYOUT)
+
+    if WG == 1:
+        mbarrier.arrive(turn_bars.index(0))  # warpgroup 0 issues first
+    mbarrier.wait(turn_bars.index(WG), 0)
+    mbarrier.wait(k_bars.index(0), 0)
+    s = warpgroup_mma(
+        q_tile, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True
+    )
+    mbarrier.arrive(turn_bars.index(other))
+    s = warpgroup_mma_wait(0, deps=[s])
+    p, alpha, m_i, l_i = _softmax_step(
+        s, m_i, l_i, first_tile, first_masked, window_full, pos, seq_len,
+        sliding_window, scale_log2, S_LAYOUT, P_LAYOUT, O_LAYOUT, P_DTYPE, BLOCK_N,
+        USE_WINDOW,
+    )  # fmt: skip
+    for t in range(1, steps):
+        # Issue q.k of tile t and p.v of tile t - 1 in this warpgroup's turn.
+        cur = t % STAGES
+        prev = (t - 1) % STAGES
+        mbarrier.wait(turn_bars.index(WG), t & 1)
+        mbarrier.wait(k_bars.index(cur), (t // STAGES) & 1)
+        s_tok = warpgroup_mma(
+            q_tile, k_smem.index(cur).permute((1, 0)), s_init, use_acc=False,
+            is_async=True,
+        )  # fmt: skip
+        mbarrier.wait(v_bars.index(prev), ((t - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
+        mbarrier.arrive(turn_bars.index(other))
+        # The softmax of tile t runs while p.v of tile t - 1 is in flight.
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        p_next, alpha, m_i, l_i = _softmax_step(
+            s, m_i, l_i, first_tile + t, first_masked, window_full, pos, seq_len,
+            sliding_window, scale_log2, S_LAYOUT, P_LAYOUT, O_LAYOUT, P_DTYPE,
+            BLOCK_N, USE_WINDOW,
+        )  # fmt: skip
+        o, p = warpgroup_mma_wait(0, deps=[o_tok, p])
+        mbarrier.arrive(empty_bars.index(prev))
+        o = o * gl.expand_dims(alpha, 1)
+        p = p_next
+
+    last = first_tile + steps - 1
+    cur = (steps - 1) % STAGES
+    mbarrier.wait(v_bars.index(cur), ((steps - 1) // STAGES) & 1)
+    if (last + 1) * BLOCK_N > seq_len:
+        # Zero the value rows past the sequence end (see the module doc): one
+        # warpgroup writes, the other waits for it.
+        if WG == 0:
+            v_rows = last * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROW_IO)
+            v = v_smem.index(cur).load(IO_LAYOUT)
+            v = gl.where(gl.expand_dims(v_rows < seq_len, 1), v, 0.0)
+            v_smem.index(cur).store(v)
+            fence_async_shared()
+            _cta_barrier()
+            mbarrier.arrive(tail_bar)
+        else:
+            mbarrier.wait(tail_bar, 0)
+    o_tok = warpgroup_mma(p, v_smem.index(cur), o, is_async=True)
+    o, p = warpgroup_mma_wait(0, deps=[o_tok, p])
+
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_LAYOUT))
+    out = (o / gl.expand_dims(l_o, 1)).to(output_ptr.dtype.element_ty)
+    out = gl.convert_layout(out, IO_LAYOUT)
+    o_offsets = (q_start + token).to(gl.int64) * STRIDE_O_TOKEN + head * STRIDE_O_HEAD
+    gl.store(
+        output_ptr + gl.expand_dims(o_offsets, 1) + gl.expand_dims(cols, 0),
+        out,
+        mask=row_valid,
+    )
+
+
+@gluon.jit(do_not_specialize=["seq_start", "num_seqs"])
+def hopper_prefill_ws_kernel(
+    query_ptr, output_ptr, k_desc, v_desc, block_table_ptr, query_start_loc_ptr,
+    seq_lens_ptr, softmax_scale, sliding_window, block_table_stride, seq_start,
+    num_seqs, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
+    STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
+    NUM_KV_HEADS: gl.constexpr, GROUP_SIZE: gl.constexpr, HEAD_SIZE: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
+    ROWS_PER_HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, USE_WINDOW: gl.constexpr, num_warps: gl.constexpr,
+):  # fmt: skip
+    gl.static_assert(STAGES >= 2)
+    gl.static_assert(num_warps == 4)
+    gl.static_assert(BLOCK_M == 2 * _WG_ROWS)
+    heads = num_seqs * NUM_KV_HEADS
+    row_tile = gl.num_programs(0) // heads - 1 - gl.program_id(0) // heads
+    seq = seq_start + (gl.program_id(0) % heads) // NUM_KV_HEADS
+    kv_head = gl.program_id(0) % NUM_KV_HEADS
+    q_start = gl.load(query_start_loc_ptr + seq)
+    q_len = gl.load(query_start_loc_ptr + seq + 1) - q_start
+    row0 = row_tile * BLOCK_M
+    if row0 < q_len * GROUP_SIZE:
+        seq_len = gl.load(seq_lens_ptr + seq)
+        context = seq_len - q_len
+        first_token = row0 // GROUP_SIZE
+        last_token = gl.minimum(q_len - 1, (row0 + BLOCK_M - 1) // GROUP_SIZE)
+        num_tiles = (context + last_token + BLOCK_N) // BLOCK_N
+        first_tile = 0
+        if USE_WINDOW:
+            first_tile = gl.maximum(context + first_token - sliding_window + 1, 0)
+            first_tile = first_tile // BLOCK_N
+        steps = num_tiles - first_tile
+        table_row_ptr = block_table_ptr + seq.to(gl.int64) * block_table_stride
+
+        q_smem = gl.allocate_shared_memory(
+            k_desc.dtype, [2, _WG_ROWS, HEAD_SIZE], k_desc.layout
+        )
+        k_smem = gl.allocate_shared_memory(
+            k_desc.dtype, [STAGES, BLOCK_N, HEAD_SIZE], k_desc.layout
+        )
+        v_smem = gl.allocate_shared_memory(
+            v_desc.dtype, [STAGES, BLOCK_N, HEAD_SIZE], v_desc.layout
+        )
+        bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+        empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+        turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+        tail_bar = gl.allocate_shared_memory(gl.int64, [1, 1], bar_layout)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+            mbarrier.init(empty_bars.index(i), count=2)
+        for i in gl.static_range(2):
+            mbarrier.init(turn_bars.index(i), count=1)
+        mbarrier.init(tail_bar.index(0), count=1)
+        fence_async_shared()
+
+        scale_log2 = softmax_scale * LOG2E
+        gl.warp_specialize(
+            [
+                (
+                    _ws_consumer,
+                    (
+                        query_ptr,
+                        output_ptr,
+                        q_smem,
+                        k_smem,
+                        v_smem,
+                        k_bars,
+                        v_bars,
+                        empty_bars,
+                        turn_bars,
+                        tail_bar.index(0),
+                        q_start,
+                        q_len,
+                        seq_len,
+                        row0,
+                        kv_head,
+                        first_tile,
+                        steps,
+                        scale_log2,
+                        sliding_window,
+                        STRIDE_Q_TOKEN,
+                        STRIDE_Q_HEAD,
+                        STRIDE_O_TOKEN,
+                        STRIDE_O_HEAD,
+                        GROUP_SIZE,
+                        HEAD_SIZE,
+                        BLOCK_N,
+                        STAGES,
+                        USE_WINDOW,
+                        0,
+                    ),  # fmt: skip
+                ),
+                (
+                    _ws_consumer,
+                    (
+                        query_ptr,
+                        output_ptr,
+                        q_smem,
+                        k_smem,
+                        v_smem,
+                        k_bars,
+                        v_bars,
+                        empty_bars,
+                        turn_bars,
+                        tail_bar.index(0),
+                        q_start,
+                        q_len,
+                        seq_len,
+                        row0,
+                        kv_head,
+                        first_tile,
+                        steps,
+                        scale_log2,
+                        sliding_window,
+                        STRIDE_Q_TOKEN,
+                        STRIDE_Q_HEAD,
+                        STRIDE_O_TOKEN,
+                        STRIDE_O_HEAD,
+                        GROUP_SIZE,
+                        HEAD_SIZE,
+                        BLOCK_N,
+                        STAGES,
+                        USE_WINDOW,
+                        1,
+                    ),  # fmt: skip
+                ),
+                (
+                    _ws_producer,
+                    (
+                        k_desc,
+                        v_desc,
+                        k_smem,
+                        v_smem,
+                        k_bars,
+                        v_bars,
+                        empty_bars,
+                        table_row_ptr,
+                        kv_head,
+                        first_tile,
+                        steps,
+                        BLOCK_N,
+                        BLOCK_SIZE,
+                        ROWS_PER_BLOCK,
+                        ROWS_PER_HEAD,
+                        STAGES,
+                    ),  # fmt: skip
+                ),
+            ],
+            [4, 1],
+            [240, 24],
+        )
+
+
 @functools.cache
 def _is_hopper(device: torch.device) -> bool:
     return nvidia_gpu(device) and torch.cuda.get_device_capability(device)[0] == 9
@@ -309,21 +619,19 @@ def hopper_kernel_refusal(
     *,
     query: torch.Tensor,
     key_cache: torch.Tensor,
-    block_m: int,
-    block_n: int,
-    num_warps: int,
-    num_stages: int,
-    sliding_window: int | None,
+    config,
     alibi_slopes: torch.Tensor | None,
     logits_soft_cap: float | None,
     sinks: torch.Tensor | None,
     num_splits: int,
     device: torch.device | None = None,
 ) -> str | None:
-    """Why this kernel cannot run a launch (the portable kernel runs it then), or
-    None when it can. ``device``: where the launch runs (default: the query's)."""
+    """Why this module cannot run a launch of ``config`` (a ``PrefillConfig``; the
+    portable kernel runs it then), or None when it can. ``device``: where the
+    launch runs (default: the query's)."""
     head_size = query.shape[2]
     block_size = key_cache.shape[2]
+    block_m, block_n, num_warps = config.block_m, config.block_n, config.num_warps
     if not _is_hopper(device or query.device):
         return "not an NVIDIA Hopper (sm_90) GPU"
     if query.dtype not in _GL_DTYPE or key_cache.dtype != query.dtype:
@@ -336,9 +644,15 @@ def hopper_kernel_refusal(
         return "soft-cap runs in the portable kernel"
     if num_splits != 1:
         return "KV splits run in the portable kernel"
-    if block_m != ROWS_PER_WARPGROUP * (num_warps // 4) or num_warps % 4:
+    if config.warp_specialize:
+        if (block_m, num_warps) != (WS_BLOCK_M, 4):
+            return (
+                f"the warp-specialised kernel takes {WS_BLOCK_M} rows on 4 warps, "
+                f"not {block_m} on {num_warps}"
+            )
+    elif block_m != ROWS_PER_WARPGROUP * (num_warps // 4) or num_warps % 4:
         return f"{block_m} rows need {block_m // 16} warps, not {num_warps}"
-    if num_stages < 2:
+    if config.num_stages < 2:
         return "the key loop needs at least 2 stages"
     box = min(block_n, block_size)
     if block_n % box or block_size % box or block_n not in (64, 128):
@@ -377,20 +691,20 @@ def hopper_launch(
     softmax_scale: float,
     seq_start: int,
     num_seqs: int,
-    block_m: int,
-    block_n: int,
-    num_warps: int,
-    num_stages: int,
+    config,
     sliding_window: int | None = None,
 ) -> tuple:
-    """``(kernel, grid, keyword arguments)`` of one launch; the caller has checked
-    ``hopper_kernel_refusal``."""
+    """``(kernel, grid, keyword arguments)`` of one launch of ``config`` (a
+    ``PrefillConfig``); the caller has checked ``hopper_kernel_refusal``."""
     num_q_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
     group = num_q_heads // num_kv_heads
-    box_n = min(block_n, block_size)
-    row_tiles = triton.cdiv(max_query_len * group, block_m)
+    box_n = min(config.block_n, block_size)
+    row_tiles = triton.cdiv(max_query_len * group, config.block_m)
     grid = (row_tiles * num_seqs * num_kv_heads,)
+    kernel = (
+        hopper_prefill_ws_kernel if config.warp_specialize else hopper_prefill_kernel
+    )
     kwargs = dict(
         query_ptr=query,
         output_ptr=output,
@@ -414,10 +728,10 @@ def hopper_launch(
         BLOCK_SIZE=block_size,
         ROWS_PER_BLOCK=key_cache.stride(0) // head_size,
         ROWS_PER_HEAD=key_cache.stride(1) // head_size,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        STAGES=num_stages,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        STAGES=config.num_stages,
         USE_WINDOW=bool(sliding_window),
-        num_warps=num_warps,
+        num_warps=config.num_warps,
     )
-    return hopper_prefill_kernel, grid, kwargs
+    return kernel, grid, kwargs
