@@ -31,7 +31,8 @@ never overlap. Gluon states the schedule explicitly:
       wait S(j+1), then O
       slot of j takes tile j + STAGES    (TMA)
 
-  Scores are fp32 in log2 units (the softmax scale times log2(e), one multiply);
+  Row maxima are fp32 in log2 units (the softmax scale times log2(e)); each
+  probability is the exponential of one fused multiply-add of its raw score;
   tiles from the first one that reaches the causal diagonal are masked (keys past
   the row's position or the sequence end), earlier ones are not.
 * Value rows past the sequence end in the last tile are zeroed in shared memory
@@ -99,12 +100,11 @@ def _softmax_step(
     O_LAYOUT: gl.constexpr, P_DTYPE: gl.constexpr, BLOCK_N: gl.constexpr,
     USE_WINDOW: gl.constexpr,
 ):  # fmt: skip
-    """Online softmax over one score tile: the probabilities as the P.V operand
-    (the cache's dtype), the accumulator rows' rescale factor, the new row max and
-    row sum. Tiles from ``first_masked`` on hide keys past each row's position and
-    past the sequence end; with a window, tiles before ``window_full`` hide keys
-    at or beyond ``sliding_window`` behind the row."""
-    s = s * scale_log2
+    """Online softmax over one tile of raw scores: the probabilities as the P.V
+    operand (the cache's dtype), the accumulator rows' rescale factor, the new row
+    max (log2 units) and row sum. Tiles from ``first_masked`` on hide keys past
+    each row's position and past the sequence end; with a window, tiles before
+    ``window_full`` hide keys at or beyond ``sliding_window`` behind the row."""
     if (tile >= first_masked) | (tile < window_full):
         keys = tile * BLOCK_N + gl.arange(
             0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT)
@@ -114,7 +114,9 @@ def _softmax_step(
         if USE_WINDOW:
             visible = visible & (gl.expand_dims(pos, 1) - keys < sliding_window)
         s = gl.where(visible, s, -float("inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    # The scale is positive: scale the row max, not the tile, and fold the scale
+    # into the exponent's argument (one fused multiply-add per score).
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)
     if USE_WINDOW:  # noqa: SIM108
         # A row whose window starts past every key seen so far has no max yet:
         # exponentiate against 0 so its terms are 0, not NaN.
@@ -122,7 +124,7 @@ def _softmax_step(
     else:
         m_ref = m_new  # key 0, in the first tile, is visible to every row
     alpha = gl.exp2(m_i - m_ref)
-    p = gl.exp2(s - gl.expand_dims(m_ref, 1))
+    p = gl.exp2(gl.fma(s, scale_log2, -gl.expand_dims(m_ref, 1)))
     l_i = l_i * alpha + gl.sum(p, axis=1)
     p = gl.convert_layout(p.to(P_DTYPE), P_LAYOUT)
     alpha = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
