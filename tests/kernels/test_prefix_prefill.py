@@ -8,6 +8,7 @@ rows. GPU with ``GPU_FULL=1``: the ``full_matrix`` tests add the cross product,
 128k contexts and a cache whose block offsets pass 2**31 elements.
 """
 
+import dataclasses
 import functools
 import math
 import os
@@ -1263,6 +1264,24 @@ def test_auto_split_count_is_bounded_by_the_window(window, splits):
         config=config, max_query_len=2048, group=1, num_seqs=1, num_kv_heads=8,
         max_seq_len=None, sliding_window=window, num_sms=132,
     ) == 1  # fmt: skip
+
+
+def test_a_warp_specialised_program_counts_as_a_whole_sm():
+    """The 2k chunk over 32k of group 1 that splits in two with the portable
+    kernel's 4-warp tile fills the SMs once with warp-specialised programs (one
+    per SM): no split, so the Gluon kernel (which takes none) runs it. Half as
+    many programs still split."""
+    ws = PrefillConfig(128, 64, 4, 3, use_tma=True, gluon=True, warp_specialize=True)
+    launch = dict(
+        max_query_len=2048, group=1, num_seqs=1, max_seq_len=34_816,
+        sliding_window=None, num_sms=132,
+    )  # fmt: skip
+    assert prefix_prefill.auto_num_splits(config=ws, num_kv_heads=8, **launch) == 1
+    portable = dataclasses.replace(ws, gluon=False, warp_specialize=False)
+    assert (
+        prefix_prefill.auto_num_splits(config=portable, num_kv_heads=8, **launch) == 2
+    )
+    assert prefix_prefill.auto_num_splits(config=ws, num_kv_heads=4, **launch) == 2
 
 
 def test_split_decision_is_decided_by_the_smallest_launch():

@@ -75,6 +75,7 @@ of a Triton Attention Kernel", arXiv 2511.11581):
   no autotuning and no host sync at launch (``max_query_len`` is a host int).
 """
 
+import functools
 import math
 
 import torch
@@ -800,7 +801,8 @@ def auto_num_splits(
 ) -> int:
     """The KV splits a launch takes when the caller gives none: 1 without
     ``max_seq_len``, else ``choose_num_splits`` over the launch's programs and the
-    keys one program can see (at most ``sliding_window + block_m`` with a window)."""
+    keys one program can see (at most ``sliding_window + block_m`` with a window).
+    A warp-specialised config's program counts as one per SM."""
     if max_seq_len is None:
         return 1
     keys = max_seq_len
@@ -813,9 +815,13 @@ def auto_num_splits(
         num_seqs=num_seqs,
         num_kv_heads=num_kv_heads,
     )
+    # A warp-specialised Gluon program holds an SM on its own (two consumer
+    # warpgroups, a load warp and most of the shared memory): count it as a full
+    # SM's warp slots, so that a launch that fills the SMs once is not split.
+    warps = SPLIT_WARPS_PER_SM if config.gluon and config.warp_specialize else None
     return choose_num_splits(
         programs=programs,
-        num_warps=config.num_warps,
+        num_warps=warps or config.num_warps,
         max_seq_len=keys,
         num_sms=num_sms,
     )
@@ -828,6 +834,17 @@ def compile_options(config: PrefillConfig, device: torch.device) -> dict:
     if config.maxnreg and nvidia_gpu(device):
         options["maxnreg"] = config.maxnreg
     return options
+
+
+@functools.cache
+def _hopper_kernels():
+    """The Gluon kernels' module (``prefix_prefill_hopper``), or None where this
+    Triton has no Gluon: the portable kernel then runs every launch."""
+    try:
+        from vllm.attention.ops import prefix_prefill_hopper
+    except ImportError:
+        return None
+    return prefix_prefill_hopper
 
 
 def _launches(
@@ -858,9 +875,8 @@ def _launches(
     the tensors; no checks. ``workspace``: ``split_workspace_shape``, fp32, when
     ``num_splits > 1``. Separate from the launch so the offline compile check builds
     exactly what a launch would."""
-    if config.gluon:
-        from vllm.attention.ops import prefix_prefill_hopper as hopper
-
+    hopper = _hopper_kernels() if config.gluon else None
+    if hopper is not None:
         refusal = hopper.hopper_kernel_refusal(
             query=query, key_cache=key_cache, config=config,
             alibi_slopes=alibi_slopes, logits_soft_cap=logits_soft_cap, sinks=sinks,
