@@ -184,6 +184,7 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         "longest_first": (True,),
         "split_head": (False, True),
         "gluon": (False,),
+        "warp_specialize": (False,),
     }
     got = list(tune._candidates(128, torch.bfloat16, 4, 64, space))
     assert got == [
@@ -210,6 +211,17 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         tune._candidates(128, torch.bfloat16, 4, 64, {**space, "gluon": (True,)})
     )
     assert got == [PrefillConfig(64, 128, 4, 2, True, gluon=True)]
+    # warp_specialize: with gluon only, on 128-row tiles of 4 warps (the kernel
+    # adds the second consumer warpgroup and the load warp).
+    ws_space = {**space, "block_m": (64, 128), "warp_specialize": (False, True)}
+    got = list(tune._candidates(128, torch.bfloat16, 4, 64, ws_space))
+    assert not [c for c in got if c.warp_specialize]
+    got = list(
+        tune._candidates(128, torch.bfloat16, 4, 64, {**ws_space, "gluon": (True,)})
+    )
+    assert [c for c in got if c.warp_specialize] == [
+        PrefillConfig(128, 128, 4, 2, True, gluon=True, warp_specialize=True)
+    ]
 
 
 def test_tuning_always_times_the_heuristic_and_the_previous_entry(monkeypatch):
