@@ -326,18 +326,23 @@ def _ws_producer(
 
 @gluon.jit
 def _ws_consumer(
-    query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars,
-    turn_bars, tail_bar, q_start, q_len, seq_len, row0, kv_head, first_tile,
-    steps, scale_log2, sliding_window, STRIDE_Q_TOKEN: gl.constexpr,
-    STRIDE_Q_HEAD: gl.constexpr, STRIDE_O_TOKEN: gl.constexpr,
-    STRIDE_O_HEAD: gl.constexpr, GROUP_SIZE: gl.constexpr,
-    HEAD_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    USE_WINDOW: gl.constexpr, WG: gl.constexpr,
+    args, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
+    STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
+    GROUP_SIZE: gl.constexpr, USE_WINDOW: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """One consumer warpgroup: 64 query rows from ``row0 + 64 * WG``. Its q.k and
     p.v are issued in turns with the other warpgroup's (``turn_bars``), so one's
-    softmax runs while the other's products occupy the tensor cores."""
+    softmax runs while the other's products occupy the tensor cores. ``args``: the
+    values both warpgroups share (``hopper_prefill_ws_kernel``)."""
+    (
+        query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars,
+        turn_bars, tail_bar, q_start, q_len, seq_len, row0, kv_head, first_tile,
+        steps, scale_log2, sliding_window,
+    ) = args  # fmt: skip
     M: gl.constexpr = _WG_ROWS
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    HEAD_SIZE: gl.constexpr = k_smem.shape[2]
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
     )
@@ -515,38 +520,24 @@ def hopper_prefill_ws_kernel(
         fence_async_shared()
 
         scale_log2 = softmax_scale * LOG2E
+        # What both consumer warpgroups take: the values (one tuple), then the
+        # compile-time constants and the warpgroup (its rows from ``64 * WG``).
+        consumer = (
+            query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars,
+            empty_bars, turn_bars, tail_bar.index(0), q_start, q_len, seq_len, row0,
+            kv_head, first_tile, steps, scale_log2, sliding_window,
+        )  # fmt: skip
         gl.warp_specialize(
             [
                 (
                     _ws_consumer,
                     (
-                        query_ptr,
-                        output_ptr,
-                        q_smem,
-                        k_smem,
-                        v_smem,
-                        k_bars,
-                        v_bars,
-                        empty_bars,
-                        turn_bars,
-                        tail_bar.index(0),
-                        q_start,
-                        q_len,
-                        seq_len,
-                        row0,
-                        kv_head,
-                        first_tile,
-                        steps,
-                        scale_log2,
-                        sliding_window,
+                        consumer,
                         STRIDE_Q_TOKEN,
                         STRIDE_Q_HEAD,
                         STRIDE_O_TOKEN,
                         STRIDE_O_HEAD,
                         GROUP_SIZE,
-                        HEAD_SIZE,
-                        BLOCK_N,
-                        STAGES,
                         USE_WINDOW,
                         0,
                     ),  # fmt: skip
@@ -554,33 +545,12 @@ def hopper_prefill_ws_kernel(
                 (
                     _ws_consumer,
                     (
-                        query_ptr,
-                        output_ptr,
-                        q_smem,
-                        k_smem,
-                        v_smem,
-                        k_bars,
-                        v_bars,
-                        empty_bars,
-                        turn_bars,
-                        tail_bar.index(0),
-                        q_start,
-                        q_len,
-                        seq_len,
-                        row0,
-                        kv_head,
-                        first_tile,
-                        steps,
-                        scale_log2,
-                        sliding_window,
+                        consumer,
                         STRIDE_Q_TOKEN,
                         STRIDE_Q_HEAD,
                         STRIDE_O_TOKEN,
                         STRIDE_O_HEAD,
                         GROUP_SIZE,
-                        HEAD_SIZE,
-                        BLOCK_N,
-                        STAGES,
                         USE_WINDOW,
                         1,
                     ),  # fmt: skip
