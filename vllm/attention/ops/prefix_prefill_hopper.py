@@ -131,6 +131,48 @@ def _softmax_step(
     return p, alpha, m_new, l_i
 
 
+@gluon.jit
+def _program_rows(
+    query_start_loc_ptr, seq_start, num_seqs, NUM_KV_HEADS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+):  # fmt: skip
+    """This program's sequence, KV head, the sequence's query start and length,
+    and its first packed query row. The 1D grid holds ``row_tiles * num_seqs *
+    num_kv_heads`` programs: every head and sequence's last row tile (the most
+    keys) first, then the one before it."""
+    heads = num_seqs * NUM_KV_HEADS
+    row_tile = gl.num_programs(0) // heads - 1 - gl.program_id(0) // heads
+    seq = seq_start + (gl.program_id(0) % heads) // NUM_KV_HEADS
+    kv_head = gl.program_id(0) % NUM_KV_HEADS
+    q_start = gl.load(query_start_loc_ptr + seq)
+    q_len = gl.load(query_start_loc_ptr + seq + 1) - q_start
+    return seq, kv_head, q_start, q_len, row_tile * BLOCK_M
+
+
+@gluon.jit
+def _key_tiles(
+    q_len, seq_len, row0, sliding_window, ROWS: gl.constexpr,
+    GROUP_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, USE_WINDOW: gl.constexpr,
+):  # fmt: skip
+    """The key tiles of packed query rows ``[row0, row0 + ROWS)``:
+    ``[first_tile, num_tiles)`` from the first row's window start to the last
+    row's position. Tiles in ``[window_full, first_masked)`` are visible to every
+    row; the others are masked."""
+    context = seq_len - q_len
+    first_token = row0 // GROUP_SIZE
+    last_token = gl.minimum(q_len - 1, (row0 + ROWS - 1) // GROUP_SIZE)
+    num_tiles = (context + last_token + BLOCK_N) // BLOCK_N
+    first_masked = (context + first_token + 1) // BLOCK_N
+    first_tile = 0
+    window_full = 0
+    if USE_WINDOW:
+        first_tile = gl.maximum(context + first_token - sliding_window + 1, 0)
+        first_tile = first_tile // BLOCK_N
+        window_full = gl.maximum(context + last_token - sliding_window + 1, 0)
+        window_full = (window_full + BLOCK_N - 1) // BLOCK_N
+    return first_tile, num_tiles, first_masked, window_full
+
+
 @gluon.jit(do_not_specialize=["seq_start", "num_seqs"])
 def hopper_prefill_kernel(
     query_ptr, output_ptr, k_desc, v_desc, block_table_ptr, query_start_loc_ptr,
@@ -160,30 +202,16 @@ def hopper_prefill_kernel(
     ROW_IO: gl.constexpr = gl.SliceLayout(1, IO_LAYOUT)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
 
-    heads = num_seqs * NUM_KV_HEADS
-    row_tile = gl.num_programs(0) // heads - 1 - gl.program_id(0) // heads
-    seq = seq_start + (gl.program_id(0) % heads) // NUM_KV_HEADS
-    kv_head = gl.program_id(0) % NUM_KV_HEADS
-    q_start = gl.load(query_start_loc_ptr + seq)
-    q_len = gl.load(query_start_loc_ptr + seq + 1) - q_start
-    row0 = row_tile * BLOCK_M
+    seq, kv_head, q_start, q_len, row0 = _program_rows(
+        query_start_loc_ptr, seq_start, num_seqs, NUM_KV_HEADS, BLOCK_M
+    )
     if row0 < q_len * GROUP_SIZE:
         seq_len = gl.load(seq_lens_ptr + seq)
         context = seq_len - q_len
-        first_token = row0 // GROUP_SIZE
-        last_token = gl.minimum(q_len - 1, (row0 + BLOCK_M - 1) // GROUP_SIZE)
-        # Key tiles [first_tile, num_tiles): from the first row's window start to
-        # the last row's position. Tiles in [window_full, first_masked) are
-        # visible to every row of the program; the others are masked.
-        num_tiles = (context + last_token + BLOCK_N) // BLOCK_N
-        first_masked = (context + first_token + 1) // BLOCK_N
-        first_tile = 0
-        window_full = 0
-        if USE_WINDOW:
-            first_tile = gl.maximum(context + first_token - sliding_window + 1, 0)
-            first_tile = first_tile // BLOCK_N
-            window_full = gl.maximum(context + last_token - sliding_window + 1, 0)
-            window_full = (window_full + BLOCK_N - 1) // BLOCK_N
+        first_tile, num_tiles, first_masked, window_full = _key_tiles(
+            q_len, seq_len, row0, sliding_window, BLOCK_M, GROUP_SIZE, BLOCK_N,
+            USE_WINDOW,
+        )  # fmt: skip
         steps = num_tiles - first_tile
         table_row_ptr = block_table_ptr + seq.to(gl.int64) * block_table_stride
 
@@ -362,13 +390,9 @@ def _ws_consumer(
 
     first_row = row0 + WG * M
     context = seq_len - q_len
-    first_token = first_row // GROUP_SIZE
-    last_token = gl.minimum(q_len - 1, (first_row + M - 1) // GROUP_SIZE)
-    first_masked = (context + first_token + 1) // BLOCK_N
-    window_full = 0
-    if USE_WINDOW:
-        window_full = gl.maximum(context + last_token - sliding_window + 1, 0)
-        window_full = (window_full + BLOCK_N - 1) // BLOCK_N
+    _, _, first_masked, window_full = _key_tiles(
+        q_len, seq_len, first_row, sliding_window, M, GROUP_SIZE, BLOCK_N, USE_WINDOW
+    )
 
     rows = first_row + gl.arange(0, M, layout=ROW_IO)
     cols = gl.arange(0, HEAD_SIZE, layout=gl.SliceLayout(0, IO_LAYOUT))
@@ -475,23 +499,15 @@ def hopper_prefill_ws_kernel(
     gl.static_assert(STAGES >= 2)
     gl.static_assert(num_warps == 4)
     gl.static_assert(BLOCK_M == 2 * _WG_ROWS)
-    heads = num_seqs * NUM_KV_HEADS
-    row_tile = gl.num_programs(0) // heads - 1 - gl.program_id(0) // heads
-    seq = seq_start + (gl.program_id(0) % heads) // NUM_KV_HEADS
-    kv_head = gl.program_id(0) % NUM_KV_HEADS
-    q_start = gl.load(query_start_loc_ptr + seq)
-    q_len = gl.load(query_start_loc_ptr + seq + 1) - q_start
-    row0 = row_tile * BLOCK_M
+    seq, kv_head, q_start, q_len, row0 = _program_rows(
+        query_start_loc_ptr, seq_start, num_seqs, NUM_KV_HEADS, BLOCK_M
+    )
     if row0 < q_len * GROUP_SIZE:
         seq_len = gl.load(seq_lens_ptr + seq)
-        context = seq_len - q_len
-        first_token = row0 // GROUP_SIZE
-        last_token = gl.minimum(q_len - 1, (row0 + BLOCK_M - 1) // GROUP_SIZE)
-        num_tiles = (context + last_token + BLOCK_N) // BLOCK_N
-        first_tile = 0
-        if USE_WINDOW:
-            first_tile = gl.maximum(context + first_token - sliding_window + 1, 0)
-            first_tile = first_tile // BLOCK_N
+        first_tile, num_tiles, _, _ = _key_tiles(
+            q_len, seq_len, row0, sliding_window, BLOCK_M, GROUP_SIZE, BLOCK_N,
+            USE_WINDOW,
+        )  # fmt: skip
         steps = num_tiles - first_tile
         table_row_ptr = block_table_ptr + seq.to(gl.int64) * block_table_stride
 
