@@ -197,6 +197,37 @@ def test_valid_warp_specialised_configs_are_two_warpgroups_of_64_rows():
     assert not is_valid_config(dataclasses.replace(WS_TILE, gluon=False), **ok)
 
 
+def test_shipped_gluon_entries_run_the_gluon_kernel(pretend_hopper):
+    """Every table entry that sets ``gluon`` is one the Gluon kernel takes for
+    its key's shape (on Hopper, without soft-cap, ALiBi, sinks or a split): no
+    shipped entry falls back to the portable kernel unnoticed."""
+    import json
+
+    from vllm.attention.ops.tuning import tables
+    from vllm.attention.ops.tuning.prefill_configs import PREFILL_TABLE
+
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+    entries = 0
+    for path in sorted(tables.TUNING_DIR.glob("prefix_prefill_*.json")):
+        gpu = json.loads(path.read_text())["provenance"]["gpu"]
+        for key, config in PREFILL_TABLE.load(gpu).items():
+            if not config.gluon:
+                continue
+            fields = dict(zip(PREFILL_TABLE.key_fields, key))
+            assert fields["kv_dtype"] == fields["q_dtype"], (path.name, key)
+            dtype = dtypes[fields["q_dtype"]]
+            query, cache = _tensors(
+                head_size=fields["head_size"],
+                group=fields["group"],
+                block_size=fields["block_size"],
+                dtype=dtype,
+            )
+            query = query.to(dtype)
+            assert _refusal(query, cache, config) is None, (path.name, key, config)
+            entries += 1
+    assert entries > 0
+
+
 # (head size, group, page size, config, (query_len, kv_len) rows, sliding window)
 GPU_CASES = [
     (128, 4, 64, GLUON_TILE, [(1, 1), (37, 100), (200, 200), (64, 1000), (513, 2000)]),

@@ -22,21 +22,39 @@ never overlap. Gluon states the schedule explicitly:
 * K and V tiles of ``BLOCK_N`` keys are page slices loaded by TMA (one box per
   page the tile spans) into a ring of ``STAGES`` shared-memory slots; K and V of a
   slot each complete their own mbarrier, so q.k can start before V has landed.
-* One loop step per key tile j, for one warpgroup per 64 query rows::
+* Two forms of the key loop, chosen by the config's ``warp_specialize``:
 
-      issue S(j+1) = Q K(j+1)^T          (async wgmma)
-      softmax of S(j) -> P(j), alpha     (overlaps S(j+1) on the tensor cores)
-      O = alpha * O
-      issue O += P(j) V(j)               (async wgmma, P from registers)
-      wait S(j+1), then O
-      slot of j takes tile j + STAGES    (TMA)
+  - ``hopper_prefill_ws_kernel`` (warp-specialised; what the tables use): a
+    program of 128 rows forks into a load warp (``_ws_producer``: TMA into the
+    ring, each slot refilled once both consumers release it) and two consumer
+    warpgroups of 64 rows (``_ws_consumer``). A consumer's step t::
+
+        wait for its turn
+        issue S(t) = Q K(t)^T, then O += P(t-1) V(t-1)   (async wgmma)
+        let the other warpgroup issue
+        wait S(t); softmax of S(t) -> P(t), alpha        (overlaps P(t-1) V(t-1))
+        wait O; release the slot of t-1; O = alpha * O
+
+    The turns (two mbarriers) make one warpgroup's softmax run while the other's
+    products occupy the tensor cores (FlashAttention-3's ping-pong).
+  - ``hopper_prefill_kernel`` (plain): one warpgroup per 64 rows, every warp
+    doing the same work. A step j::
+
+        issue S(j+1) = Q K(j+1)^T          (async wgmma)
+        softmax of S(j) -> P(j), alpha     (overlaps S(j+1) on the tensor cores)
+        O = alpha * O
+        issue O += P(j) V(j)               (async wgmma, P from registers)
+        wait S(j+1), then O
+        slot of j takes tile j + STAGES    (TMA)
 
   Row maxima are fp32 in log2 units (the softmax scale times log2(e)); each
   probability is the exponential of one fused multiply-add of its raw score;
   tiles from the first one that reaches the causal diagonal are masked (keys past
   the row's position or the sequence end), earlier ones are not.
 * Value rows past the sequence end in the last tile are zeroed in shared memory
-  before P.V (a free cache slot may hold NaN, and 0 * NaN is NaN).
+  before P.V (a free cache slot may hold NaN, and 0 * NaN is NaN); in the
+  warp-specialised form the first consumer zeroes them and the second waits on a
+  barrier for it.
 * The accumulator is divided by the row sums and stored through pointers.
 """
 
