@@ -184,7 +184,6 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         "longest_first": (True,),
         "split_head": (False, True),
         "gluon": (False,),
-        "warp_specialize": (False,),
     }
     got = list(tune._candidates(128, torch.bfloat16, 4, 64, space))
     assert got == [
@@ -205,23 +204,11 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         PrefillConfig(64, 32, 4, 2, True, split_head=True),
         PrefillConfig(64, 128, 4, 2, False, split_head=True),
     ]
-    # gluon: one candidate per valid tile (64 or 128 keys, a warpgroup per 64
-    # rows), with TMA for the launches the portable kernel keeps.
-    got = list(
-        tune._candidates(128, torch.bfloat16, 4, 64, {**space, "gluon": (True,)})
-    )
-    assert got == [PrefillConfig(64, 128, 4, 2, True, gluon=True)]
-    # warp_specialize: with gluon only, on 128-row tiles of 4 warps (the kernel
-    # adds the second consumer warpgroup and the load warp).
-    ws_space = {**space, "block_m": (64, 128), "warp_specialize": (False, True)}
-    got = list(tune._candidates(128, torch.bfloat16, 4, 64, ws_space))
-    assert not [c for c in got if c.warp_specialize]
-    got = list(
-        tune._candidates(128, torch.bfloat16, 4, 64, {**ws_space, "gluon": (True,)})
-    )
-    assert [c for c in got if c.warp_specialize] == [
-        PrefillConfig(128, 128, 4, 2, True, gluon=True, warp_specialize=True)
-    ]
+    # gluon: one candidate per valid tile (128 rows on 4 warps, 64 or 128 keys),
+    # with TMA for the launches the portable kernel keeps.
+    gluon_space = {**space, "block_m": (64, 128), "gluon": (True,)}
+    got = list(tune._candidates(128, torch.bfloat16, 4, 64, gluon_space))
+    assert got == [PrefillConfig(128, 128, 4, 2, True, gluon=True)]
 
 
 def test_tuning_always_times_the_heuristic_and_the_previous_entry(monkeypatch):

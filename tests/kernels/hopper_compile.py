@@ -217,8 +217,8 @@ def _amd_prefix_prefill_kwargs():
     return kwargs
 
 
-# Stack frame the Gluon builds may keep up to head size 128: the warp-specialised
-# 128 x 128 tile at head size 128 spills one 8-byte register (Triton 3.6).
+# Stack frame the Gluon builds may keep up to head size 128: the 128 x 128 tile at
+# head size 128 spills one 8-byte register (Triton 3.6).
 MAX_GLUON_STACK_BYTES = 8
 # Marks the cases that are H200 table entries a GPU sweep chose by timing.
 TIMED = "[timed H200 table entry]"
@@ -484,28 +484,16 @@ def _prefix_prefill_cases():
 
 
 def hopper_kernel_cases():
-    """Launches of the Gluon Hopper kernels on CPU tensors (2 KV heads, 4
-    sequences), as ``(name, kernel, kwargs)``: the tiles its tests and the tuning
-    sweep use, per head size, in the plain and the warp-specialised form."""
+    """Launches of the Gluon Hopper kernel on CPU tensors (2 KV heads, 4
+    sequences), as ``(name, kernel, kwargs)``: the tiles (block_n, num_stages) its
+    tests, the tuning sweep and the H200 table use, per head size."""
     from vllm.attention.ops import prefix_prefill_hopper as hopper
     from vllm.attention.ops.tuning.prefill_configs import PrefillConfig
 
-    ws = dict(gluon=True, warp_specialize=True)
-    tiles = {
-        64: [(128, 128, 8, 3), (64, 64, 4, 2), PrefillConfig(128, 128, 4, 3, **ws)],
-        128: [
-            (128, 64, 8, 2),
-            (128, 64, 8, 3),
-            (64, 64, 4, 2),
-            PrefillConfig(128, 128, 4, 2, **ws),
-            PrefillConfig(128, 64, 4, 3, **ws),
-        ],
-        256: [(64, 64, 4, 2), PrefillConfig(128, 64, 4, 2, **ws)],
-    }
+    tiles = {64: [(128, 3)], 128: [(128, 2), (64, 3)], 256: [(64, 2)]}
     for head_size, head_tiles in tiles.items():
-        for tile in head_tiles:
-            if not isinstance(tile, PrefillConfig):
-                tile = PrefillConfig(*tile, gluon=True)
+        for block_n, num_stages in head_tiles:
+            tile = PrefillConfig(128, block_n, 4, num_stages, gluon=True)
             for block_size in (16, 64, 128):
                 query = torch.empty((64, 8, head_size), dtype=torch.bfloat16)
                 cache = torch.empty((8, 2, 2, block_size, head_size), dtype=query.dtype)
@@ -517,9 +505,7 @@ def hopper_kernel_cases():
                     seq_lens=torch.zeros(4, dtype=torch.int32), max_query_len=16,
                     softmax_scale=0.1, seq_start=0, num_seqs=4, config=tile,
                 )  # fmt: skip
-                name = f"{tile.block_m}x{tile.block_n}-w{tile.num_warps}"
-                name += f"-s{tile.num_stages}" + ("-ws" if tile.warp_specialize else "")
-                name = f"hopper d{head_size}-bs{block_size}-{name}"
+                name = f"hopper d{head_size}-bs{block_size}-128x{block_n}-s{num_stages}"
                 yield name, kernel, kwargs
                 # A sliding window: masks at its edge, the loop from its first tile.
                 yield f"{name} window", kernel, {**kwargs, "USE_WINDOW": True}

@@ -1266,18 +1266,18 @@ def test_auto_split_count_is_bounded_by_the_window(window, splits):
     ) == 1  # fmt: skip
 
 
-def test_a_warp_specialised_program_counts_as_a_whole_sm():
+def test_a_gluon_program_counts_as_a_whole_sm():
     """The 2k chunk over 32k of group 1 that splits in two with the portable
-    kernel's 4-warp tile fills the SMs once with warp-specialised programs (one
-    per SM): no split, so the Gluon kernel (which takes none) runs it. Half as
-    many programs still split."""
-    ws = PrefillConfig(128, 64, 4, 3, use_tma=True, gluon=True, warp_specialize=True)
+    kernel's 4-warp tile fills the SMs once with Gluon programs (one per SM): no
+    split, so the Gluon kernel (which takes none) runs it. Half as many programs
+    still split."""
+    ws = PrefillConfig(128, 64, 4, 3, use_tma=True, gluon=True)
     launch = dict(
         max_query_len=2048, group=1, num_seqs=1, max_seq_len=34_816,
         sliding_window=None, num_sms=132,
     )  # fmt: skip
     assert prefix_prefill.auto_num_splits(config=ws, num_kv_heads=8, **launch) == 1
-    portable = dataclasses.replace(ws, gluon=False, warp_specialize=False)
+    portable = dataclasses.replace(ws, gluon=False)
     assert (
         prefix_prefill.auto_num_splits(config=portable, num_kv_heads=8, **launch) == 2
     )

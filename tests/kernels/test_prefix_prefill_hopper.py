@@ -38,8 +38,7 @@ ON_HOPPER = (
     and torch.cuda.get_device_capability()[0] == 9
     and (torch.version.hip is None)
 )
-GLUON_TILE = PrefillConfig(128, 64, 8, 2, gluon=True)
-WS_TILE = PrefillConfig(128, 128, 4, 2, gluon=True, warp_specialize=True)
+GLUON_TILE = PrefillConfig(128, 128, 4, 2, gluon=True)
 
 
 def _tensors(head_size=128, group=4, block_size=64, dtype=torch.bfloat16):
@@ -88,14 +87,12 @@ def _tile(**fields):
         ({}, {"sinks": torch.ones(8)}, "sinks"),
         ({}, {"logits_soft_cap": 30.0}, "soft-cap"),
         ({}, {"num_splits": 2}, "KV splits"),
-        ({}, _tile(num_warps=4), "128 rows need 8 warps"),
         ({}, _tile(num_stages=1), "2 stages"),
-        ({"block_size": 16}, {}, None),  # a 64-key tile in four TMA boxes
+        ({"block_size": 16}, {}, None),  # a 128-key tile in eight TMA boxes
         ({}, _tile(block_n=32), "32-key tiles"),
-        ({}, {"config": WS_TILE}, None),
-        ({"head_size": 256, "block_size": 16}, {"config": WS_TILE}, None),
-        ({}, _tile(warp_specialize=True), "128 rows on 4 warps, not 128 on 8"),
-        ({}, _tile(warp_specialize=True, block_m=64, num_warps=4), "not 64 on 4"),
+        ({"head_size": 256, "block_size": 16}, _tile(block_n=64), None),
+        ({}, _tile(num_warps=8), "128 rows on 4 warps (two consumer warpgroups"),
+        ({}, _tile(block_m=64), "not 64 on 4"),
     ],
 )
 def test_refusal_names_what_the_portable_kernel_keeps(
@@ -143,9 +140,8 @@ def test_launch_takes_the_gluon_kernel_only_where_it_applies(pretend_hopper):
     assert _launch_kernels(GLUON_TILE, sliding_window=64) == [
         hopper.hopper_prefill_kernel
     ]
-    assert _launch_kernels(WS_TILE) == [hopper.hopper_prefill_ws_kernel]
-    assert _launch_kernels(WS_TILE, sinks=torch.ones(8)) == portable
-    no_flag = PrefillConfig(128, 64, 8, 2)
+    assert _launch_kernels(GLUON_TILE, sinks=torch.ones(8)) == portable
+    no_flag = dataclasses.replace(GLUON_TILE, gluon=False)
     assert _launch_kernels(no_flag) == portable
 
 
@@ -178,23 +174,14 @@ def test_launch_grid_walks_every_head_and_row_tile(pretend_hopper):
     assert kwargs["seq_start"] == 1
 
 
-def test_valid_gluon_configs_have_a_warpgroup_per_64_rows():
+def test_valid_gluon_configs_are_two_warpgroups_of_64_rows():
     ok = dict(head_size=128, kv_dtype=torch.bfloat16)
     assert is_valid_config(GLUON_TILE, **ok)
-    assert is_valid_config(PrefillConfig(64, 64, 4, 2, gluon=True), **ok)
-    assert not is_valid_config(PrefillConfig(128, 64, 4, 2, gluon=True), **ok)
-    assert not is_valid_config(PrefillConfig(128, 64, 8, 1, gluon=True), **ok)
-    assert not is_valid_config(PrefillConfig(128, 32, 8, 2, gluon=True), **ok)
-
-
-def test_valid_warp_specialised_configs_are_two_warpgroups_of_64_rows():
-    ok = dict(head_size=128, kv_dtype=torch.bfloat16)
-    assert is_valid_config(WS_TILE, **ok)
-    assert is_valid_config(dataclasses.replace(WS_TILE, block_n=64), **ok)
-    assert not is_valid_config(dataclasses.replace(WS_TILE, num_warps=8), **ok)
-    assert not is_valid_config(dataclasses.replace(WS_TILE, block_m=64), **ok)
-    assert not is_valid_config(dataclasses.replace(WS_TILE, num_stages=1), **ok)
-    assert not is_valid_config(dataclasses.replace(WS_TILE, gluon=False), **ok)
+    assert is_valid_config(dataclasses.replace(GLUON_TILE, block_n=64), **ok)
+    assert not is_valid_config(dataclasses.replace(GLUON_TILE, num_warps=8), **ok)
+    assert not is_valid_config(dataclasses.replace(GLUON_TILE, block_m=64), **ok)
+    assert not is_valid_config(dataclasses.replace(GLUON_TILE, num_stages=1), **ok)
+    assert not is_valid_config(dataclasses.replace(GLUON_TILE, block_n=32), **ok)
 
 
 def test_shipped_gluon_entries_run_the_gluon_kernel(pretend_hopper):
@@ -230,36 +217,23 @@ def test_shipped_gluon_entries_run_the_gluon_kernel(pretend_hopper):
 
 # (head size, group, page size, config, (query_len, kv_len) rows, sliding window)
 GPU_CASES = [
+    # A second warpgroup with no row of the query (1 token x 4 heads), tails
+    # shorter than a page slice, pages of 16 and 128, windows.
     (128, 4, 64, GLUON_TILE, [(1, 1), (37, 100), (200, 200), (64, 1000), (513, 2000)]),
-    (128, 7, 64, GLUON_TILE, [(1, 70), (300, 300), (129, 640)]),
-    (128, 5, 128, PrefillConfig(128, 128, 8, 2, gluon=True), [(100, 4000), (999, 999)]),
-    (128, 1, 64, PrefillConfig(128, 64, 8, 3, gluon=True), [(700, 700), (5, 64)]),
-    (64, 8, 64, PrefillConfig(128, 128, 8, 3, gluon=True), [(257, 257), (33, 999)]),
-    (64, 1, 64, PrefillConfig(64, 64, 4, 2, gluon=True), [(130, 1000), (1, 1)]),
-    (128, 2, 16, GLUON_TILE, [(77, 300), (250, 250)]),
-    (256, 2, 64, PrefillConfig(64, 64, 4, 2, gluon=True), [(300, 300), (70, 1000)]),
-    # Windows: wider than a tile, narrower than one, a single key, on pages of 16.
-    (128, 4, 64, GLUON_TILE, [(64, 1000), (513, 2000), (300, 300)], 200),
-    (128, 7, 64, GLUON_TILE, [(129, 640), (1, 70), (400, 400)], 50),
-    (64, 1, 64, PrefillConfig(64, 64, 4, 2, gluon=True), [(130, 1000)], 1),
-    (128, 2, 16, GLUON_TILE, [(77, 300), (250, 250)], 100),
-    # Warp-specialised: a second warpgroup with no row of the query (1 token x 4
-    # heads), tails shorter than a page slice, pages of 16 and 128, windows.
-    (128, 4, 64, WS_TILE, [(1, 1), (37, 100), (200, 200), (64, 1000), (513, 2000)]),
-    (128, 7, 128, WS_TILE, [(1, 70), (300, 300), (129, 640)]),
+    (128, 7, 128, GLUON_TILE, [(1, 70), (300, 300), (129, 640)]),
     (
         128,
         1,
         64,
-        dataclasses.replace(WS_TILE, block_n=64, num_stages=3),
+        dataclasses.replace(GLUON_TILE, block_n=64, num_stages=3),
         [(700, 700), (5, 64)],
     ),
-    (64, 8, 64, dataclasses.replace(WS_TILE, num_stages=3), [(257, 257), (33, 999)]),
-    (256, 2, 64, dataclasses.replace(WS_TILE, block_n=64), [(300, 300), (70, 1000)]),
-    (128, 2, 16, WS_TILE, [(77, 300), (250, 250)]),
-    (128, 4, 64, WS_TILE, [(64, 1000), (513, 2000), (300, 300)], 200),
-    (128, 7, 64, WS_TILE, [(129, 640), (1, 70), (400, 400)], 50),
-    (64, 1, 64, dataclasses.replace(WS_TILE, num_stages=3), [(130, 1000)], 1),
+    (64, 8, 64, dataclasses.replace(GLUON_TILE, num_stages=3), [(257, 257), (33, 999)]),
+    (256, 2, 64, dataclasses.replace(GLUON_TILE, block_n=64), [(300, 300), (70, 1000)]),
+    (128, 2, 16, GLUON_TILE, [(77, 300), (250, 250)]),
+    (128, 4, 64, GLUON_TILE, [(64, 1000), (513, 2000), (300, 300)], 200),
+    (128, 7, 64, GLUON_TILE, [(129, 640), (1, 70), (400, 400)], 50),
+    (64, 1, 64, dataclasses.replace(GLUON_TILE, num_stages=3), [(130, 1000)], 1),
 ]
 
 

@@ -802,7 +802,7 @@ def auto_num_splits(
     """The KV splits a launch takes when the caller gives none: 1 without
     ``max_seq_len``, else ``choose_num_splits`` over the launch's programs and the
     keys one program can see (at most ``sliding_window + block_m`` with a window).
-    A warp-specialised config's program counts as one per SM."""
+    A Gluon config's program counts as one per SM."""
     if max_seq_len is None:
         return 1
     keys = max_seq_len
@@ -815,10 +815,10 @@ def auto_num_splits(
         num_seqs=num_seqs,
         num_kv_heads=num_kv_heads,
     )
-    # A warp-specialised Gluon program holds an SM on its own (two consumer
-    # warpgroups, a load warp and most of the shared memory): count it as a full
-    # SM's warp slots, so that a launch that fills the SMs once is not split.
-    warps = SPLIT_WARPS_PER_SM if config.gluon and config.warp_specialize else None
+    # A Gluon program holds an SM on its own (two consumer warpgroups, a load
+    # warp and most of the shared memory): count it as a full SM's warp slots,
+    # so that a launch that fills the SMs once is not split.
+    warps = SPLIT_WARPS_PER_SM if config.gluon else None
     return choose_num_splits(
         programs=programs,
         num_warps=warps or config.num_warps,

@@ -13,48 +13,35 @@ Why a second kernel: Triton 3.6 issues each ``tl.dot`` of the portable kernel as
 wgmma and waits for it where it is issued, so a warpgroup's GEMMs and its softmax
 never overlap. Gluon states the schedule explicitly:
 
-* Work split as in the portable kernel: one program per ``BLOCK_M`` packed query
-  rows (token-major, the group's heads inside, no padding rows) of one KV head of
-  one sequence. A 1D grid of ``row_tiles * num_seqs * num_kv_heads`` programs:
+* Work split as in the portable kernel: one program per 128 packed query rows
+  (token-major, the group's heads inside, no padding rows) of one KV head of one
+  sequence. A 1D grid of ``row_tiles * num_seqs * num_kv_heads`` programs:
   every head and sequence's last row tile (the most keys) first, then the one
   before it, so long programs start first.
-* The query tile is loaded once into shared memory in the wgmma operand layout.
 * K and V tiles of ``BLOCK_N`` keys are page slices loaded by TMA (one box per
   page the tile spans) into a ring of ``STAGES`` shared-memory slots; K and V of a
   slot each complete their own mbarrier, so q.k can start before V has landed.
-* Two forms of the key loop, chosen by the config's ``warp_specialize``:
+* A program forks (``gl.warp_specialize``) into a load warp (``_producer``: TMA
+  into the ring, each slot refilled once both consumers have released it) and
+  two consumer warpgroups of 64 rows (``_consumer``). A consumer loads its query
+  rows once into shared memory in the wgmma operand layout; its step t::
 
-  - ``hopper_prefill_ws_kernel`` (warp-specialised; what the tables use): a
-    program of 128 rows forks into a load warp (``_ws_producer``: TMA into the
-    ring, each slot refilled once both consumers release it) and two consumer
-    warpgroups of 64 rows (``_ws_consumer``). A consumer's step t::
+      wait for its turn
+      issue S(t) = Q K(t)^T, then O += P(t-1) V(t-1)   (async wgmma)
+      let the other warpgroup issue
+      wait S(t); softmax of S(t) -> P(t), alpha        (overlaps P(t-1) V(t-1))
+      wait O; release the slot of t-1; O = alpha * O
 
-        wait for its turn
-        issue S(t) = Q K(t)^T, then O += P(t-1) V(t-1)   (async wgmma)
-        let the other warpgroup issue
-        wait S(t); softmax of S(t) -> P(t), alpha        (overlaps P(t-1) V(t-1))
-        wait O; release the slot of t-1; O = alpha * O
-
-    The turns (two mbarriers) make one warpgroup's softmax run while the other's
-    products occupy the tensor cores (FlashAttention-3's ping-pong).
-  - ``hopper_prefill_kernel`` (plain): one warpgroup per 64 rows, every warp
-    doing the same work. A step j::
-
-        issue S(j+1) = Q K(j+1)^T          (async wgmma)
-        softmax of S(j) -> P(j), alpha     (overlaps S(j+1) on the tensor cores)
-        O = alpha * O
-        issue O += P(j) V(j)               (async wgmma, P from registers)
-        wait S(j+1), then O
-        slot of j takes tile j + STAGES    (TMA)
+  The turns (two mbarriers) make one warpgroup's softmax run while the other's
+  products occupy the tensor cores (FlashAttention-3's ping-pong).
 
   Row maxima are fp32 in log2 units (the softmax scale times log2(e)); each
   probability is the exponential of one fused multiply-add of its raw score;
   tiles from the first one that reaches the causal diagonal are masked (keys past
   the row's position or the sequence end), earlier ones are not.
 * Value rows past the sequence end in the last tile are zeroed in shared memory
-  before P.V (a free cache slot may hold NaN, and 0 * NaN is NaN); in the
-  warp-specialised form the first consumer zeroes them and the second waits on a
-  barrier for it.
+  before P.V (a free cache slot may hold NaN, and 0 * NaN is NaN): the first
+  consumer zeroes them, the second waits on a barrier for it.
 * The accumulator is divided by the row sums and stored through pointers.
 """
 
@@ -81,8 +68,8 @@ HEAD_SIZES = (64, 128, 256)
 # Query rows per warpgroup: a wgmma instruction covers 64 rows of 4 warps.
 ROWS_PER_WARPGROUP = 64
 _WG_ROWS = gl.constexpr(ROWS_PER_WARPGROUP)
-# Rows of a warp-specialised program: two consumer warpgroups.
-WS_BLOCK_M = 2 * ROWS_PER_WARPGROUP
+# Query rows of a program: two consumer warpgroups of 64.
+PROGRAM_ROWS = 2 * ROWS_PER_WARPGROUP
 _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # The block-wide barrier: ``thread_barrier`` in Triton 3.6, ``barrier`` in 3.8.
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -191,168 +178,8 @@ def _key_tiles(
     return first_tile, num_tiles, first_masked, window_full
 
 
-@gluon.jit(do_not_specialize=["seq_start", "num_seqs"])
-def hopper_prefill_kernel(
-    query_ptr, output_ptr, k_desc, v_desc, block_table_ptr, query_start_loc_ptr,
-    seq_lens_ptr, softmax_scale, sliding_window, block_table_stride, seq_start,
-    num_seqs, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
-    STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
-    NUM_KV_HEADS: gl.constexpr, GROUP_SIZE: gl.constexpr, HEAD_SIZE: gl.constexpr,
-    BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
-    ROWS_PER_HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, USE_WINDOW: gl.constexpr, num_warps: gl.constexpr,
-):  # fmt: skip
-    gl.static_assert(STAGES >= 2)
-    gl.static_assert(16 * num_warps == BLOCK_M)
-    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
-    )
-    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_SIZE, 16]
-    )
-    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(
-        operand_index=0, parent=O_LAYOUT, k_width=2
-    )
-    # Query / output rows: 8 contiguous elements (16 bytes) per thread.
-    IO_LAYOUT: gl.constexpr = gl.BlockedLayout(
-        [1, 8], [256 // HEAD_SIZE, HEAD_SIZE // 8], [num_warps, 1], [1, 0]
-    )
-    ROW_IO: gl.constexpr = gl.SliceLayout(1, IO_LAYOUT)
-    ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
-
-    seq, kv_head, q_start, q_len, row0 = _program_rows(
-        query_start_loc_ptr, seq_start, num_seqs, NUM_KV_HEADS, BLOCK_M
-    )
-    if row0 < q_len * GROUP_SIZE:
-        seq_len = gl.load(seq_lens_ptr + seq)
-        context = seq_len - q_len
-        first_tile, num_tiles, first_masked, window_full = _key_tiles(
-            q_len, seq_len, row0, sliding_window, BLOCK_M, GROUP_SIZE, BLOCK_N,
-            USE_WINDOW,
-        )  # fmt: skip
-        steps = num_tiles - first_tile
-        table_row_ptr = block_table_ptr + seq.to(gl.int64) * block_table_stride
-
-        rows = row0 + gl.arange(0, BLOCK_M, layout=ROW_IO)
-        cols = gl.arange(0, HEAD_SIZE, layout=gl.SliceLayout(0, IO_LAYOUT))
-        token = rows // GROUP_SIZE
-        head = kv_head * GROUP_SIZE + rows % GROUP_SIZE
-        row_valid = gl.expand_dims(token < q_len, 1)
-        q_offsets = (q_start + token).to(gl.int64) * STRIDE_Q_TOKEN
-        q_offsets += head * STRIDE_Q_HEAD
-        q = gl.load(
-            query_ptr + gl.expand_dims(q_offsets, 1) + gl.expand_dims(cols, 0),
-            mask=row_valid,
-            other=0.0,
-        )
-        q_smem = gl.allocate_shared_memory(
-            q.dtype, [BLOCK_M, HEAD_SIZE], k_desc.layout, q
-        )
-        k_smem = gl.allocate_shared_memory(
-            k_desc.dtype, [STAGES, BLOCK_N, HEAD_SIZE], k_desc.layout
-        )
-        v_smem = gl.allocate_shared_memory(
-            v_desc.dtype, [STAGES, BLOCK_N, HEAD_SIZE], v_desc.layout
-        )
-        k_bars = gl.allocate_shared_memory(
-            gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
-        )
-        v_bars = gl.allocate_shared_memory(
-            gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
-        )
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_bars.index(i), count=1)
-            mbarrier.init(v_bars.index(i), count=1)
-        fence_async_shared()
-        for t in gl.static_range(STAGES):
-            if t < steps:
-                _load_kv_tile(
-                    k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, table_row_ptr,
-                    kv_head, first_tile + t, t, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
-                    ROWS_PER_HEAD, STAGES,
-                )  # fmt: skip
-
-        scale_log2 = softmax_scale * LOG2E
-        pos = context + (row0 + gl.arange(0, BLOCK_M, layout=ROW_S)) // GROUP_SIZE
-        m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, ROW_S)
-        l_i = gl.zeros([BLOCK_M], gl.float32, ROW_S)
-        s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
-        o = gl.zeros([BLOCK_M, HEAD_SIZE], gl.float32, O_LAYOUT)
-
-        mbarrier.wait(k_bars.index(0), 0)
-        s = warpgroup_mma(
-            q_smem,
-            k_smem.index(0).permute((1, 0)),
-            s_init,
-            use_acc=False,
-            is_async=True,
-        )
-        s = warpgroup_mma_wait(0, deps=[s])
-        for t in range(0, steps - 1):
-            # Step t attends to key tile j = first_tile + t, held in slot t % STAGES.
-            j = first_tile + t
-            nxt = (t + 1) % STAGES
-            mbarrier.wait(k_bars.index(nxt), ((t + 1) // STAGES) & 1)
-            s_next = warpgroup_mma(
-                q_smem, k_smem.index(nxt).permute((1, 0)), s_init, use_acc=False,
-                is_async=True,
-            )  # fmt: skip
-            p, alpha, m_i, l_i = _softmax_step(
-                s, m_i, l_i, j, first_masked, window_full, pos, seq_len,
-                sliding_window, scale_log2, S_LAYOUT, P_LAYOUT, O_LAYOUT,
-                k_desc.dtype, BLOCK_N, USE_WINDOW,
-            )  # fmt: skip
-            o = o * gl.expand_dims(alpha, 1)
-            cur = t % STAGES
-            mbarrier.wait(v_bars.index(cur), (t // STAGES) & 1)
-            o = warpgroup_mma(p, v_smem.index(cur), o, is_async=True)
-            s = warpgroup_mma_wait(1, deps=[s_next])
-            o = warpgroup_mma_wait(0, deps=[o])
-            # Both products of step t are done: its slot takes step t + STAGES.
-            if t + STAGES < steps:
-                _load_kv_tile(
-                    k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, table_row_ptr,
-                    kv_head, j + STAGES, t + STAGES, BLOCK_N, BLOCK_SIZE,
-                    ROWS_PER_BLOCK, ROWS_PER_HEAD, STAGES,
-                )  # fmt: skip
-
-        last = num_tiles - 1
-        p, alpha, m_i, l_i = _softmax_step(
-            s, m_i, l_i, last, first_masked, window_full, pos, seq_len,
-            sliding_window, scale_log2, S_LAYOUT, P_LAYOUT, O_LAYOUT, k_desc.dtype,
-            BLOCK_N, USE_WINDOW,
-        )  # fmt: skip
-        o = o * gl.expand_dims(alpha, 1)
-        cur = (steps - 1) % STAGES
-        mbarrier.wait(v_bars.index(cur), ((steps - 1) // STAGES) & 1)
-        if (last + 1) * BLOCK_N > seq_len:
-            # Zero the value rows past the sequence end (see the module doc).
-            v_rows = last * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROW_IO)
-            v = v_smem.index(cur).load(IO_LAYOUT)
-            v = gl.where(gl.expand_dims(v_rows < seq_len, 1), v, 0.0)
-            v_smem.index(cur).store(v)
-            fence_async_shared()
-            _cta_barrier()
-        o = warpgroup_mma(p, v_smem.index(cur), o, is_async=True)
-        o = warpgroup_mma_wait(0, deps=[o])
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(k_bars.index(i))
-            mbarrier.invalidate(v_bars.index(i))
-
-        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_LAYOUT))
-        out = (o / gl.expand_dims(l_o, 1)).to(output_ptr.dtype.element_ty)
-        out = gl.convert_layout(out, IO_LAYOUT)
-        o_offsets = (q_start + token).to(gl.int64) * STRIDE_O_TOKEN
-        o_offsets += head * STRIDE_O_HEAD
-        gl.store(
-            output_ptr + gl.expand_dims(o_offsets, 1) + gl.expand_dims(cols, 0),
-            out,
-            mask=row_valid,
-        )
-
-
 @gluon.jit
-def _ws_producer(
+def _producer(
     k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, empty_bars, table_row_ptr,
     kv_head, first_tile, steps, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr,
     ROWS_PER_BLOCK: gl.constexpr, ROWS_PER_HEAD: gl.constexpr,
@@ -371,7 +198,7 @@ def _ws_producer(
 
 
 @gluon.jit
-def _ws_consumer(
+def _consumer(
     args, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
     STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
     GROUP_SIZE: gl.constexpr, USE_WINDOW: gl.constexpr, WG: gl.constexpr,
@@ -379,7 +206,7 @@ def _ws_consumer(
     """One consumer warpgroup: 64 query rows from ``row0 + 64 * WG``. Its q.k and
     p.v are issued in turns with the other warpgroup's (``turn_bars``), so one's
     softmax runs while the other's products occupy the tensor cores. ``args``: the
-    values both warpgroups share (``hopper_prefill_ws_kernel``)."""
+    values both warpgroups share (``hopper_prefill_kernel``)."""
     (
         query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars,
         turn_bars, tail_bar, q_start, q_len, seq_len, row0, kv_head, first_tile,
@@ -504,7 +331,7 @@ def _ws_consumer(
 
 
 @gluon.jit(do_not_specialize=["seq_start", "num_seqs"])
-def hopper_prefill_ws_kernel(
+def hopper_prefill_kernel(
     query_ptr, output_ptr, k_desc, v_desc, block_table_ptr, query_start_loc_ptr,
     seq_lens_ptr, softmax_scale, sliding_window, block_table_stride, seq_start,
     num_seqs, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
@@ -561,59 +388,22 @@ def hopper_prefill_ws_kernel(
             empty_bars, turn_bars, tail_bar.index(0), q_start, q_len, seq_len, row0,
             kv_head, first_tile, steps, scale_log2, sliding_window,
         )  # fmt: skip
+        # fmt: off
         gl.warp_specialize(
             [
-                (
-                    _ws_consumer,
-                    (
-                        consumer,
-                        STRIDE_Q_TOKEN,
-                        STRIDE_Q_HEAD,
-                        STRIDE_O_TOKEN,
-                        STRIDE_O_HEAD,
-                        GROUP_SIZE,
-                        USE_WINDOW,
-                        0,
-                    ),  # fmt: skip
-                ),
-                (
-                    _ws_consumer,
-                    (
-                        consumer,
-                        STRIDE_Q_TOKEN,
-                        STRIDE_Q_HEAD,
-                        STRIDE_O_TOKEN,
-                        STRIDE_O_HEAD,
-                        GROUP_SIZE,
-                        USE_WINDOW,
-                        1,
-                    ),  # fmt: skip
-                ),
-                (
-                    _ws_producer,
-                    (
-                        k_desc,
-                        v_desc,
-                        k_smem,
-                        v_smem,
-                        k_bars,
-                        v_bars,
-                        empty_bars,
-                        table_row_ptr,
-                        kv_head,
-                        first_tile,
-                        steps,
-                        BLOCK_N,
-                        BLOCK_SIZE,
-                        ROWS_PER_BLOCK,
-                        ROWS_PER_HEAD,
-                        STAGES,
-                    ),  # fmt: skip
-                ),
+                (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
+                             STRIDE_O_HEAD, GROUP_SIZE, USE_WINDOW, 0)),
+                (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
+                             STRIDE_O_HEAD, GROUP_SIZE, USE_WINDOW, 1)),
+                (_producer, (k_desc, v_desc, k_smem, v_smem, k_bars, v_bars,
+                             empty_bars, table_row_ptr, kv_head, first_tile, steps,
+                             BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD,
+                             STAGES)),
             ],
-            [4, 1],
-            [240, 24],
+            [4, 1],  # warps of the second consumer and of the load warp
+            [240, 24],  # their registers (setmaxnreg)
         )
+        # fmt: on
 
 
 @functools.cache
@@ -650,14 +440,11 @@ def hopper_kernel_refusal(
         return "soft-cap runs in the portable kernel"
     if num_splits != 1:
         return "KV splits run in the portable kernel"
-    if config.warp_specialize:
-        if (block_m, num_warps) != (WS_BLOCK_M, 4):
-            return (
-                f"the warp-specialised kernel takes {WS_BLOCK_M} rows on 4 warps, "
-                f"not {block_m} on {num_warps}"
-            )
-    elif block_m != ROWS_PER_WARPGROUP * (num_warps // 4) or num_warps % 4:
-        return f"{block_m} rows need {block_m // 16} warps, not {num_warps}"
+    if (block_m, num_warps) != (PROGRAM_ROWS, 4):
+        return (
+            f"the Hopper kernel takes {PROGRAM_ROWS} rows on 4 warps (two consumer "
+            f"warpgroups; it adds its own warps), not {block_m} on {num_warps}"
+        )
     if config.num_stages < 2:
         return "the key loop needs at least 2 stages"
     box = min(block_n, block_size)
@@ -708,9 +495,6 @@ def hopper_launch(
     box_n = min(config.block_n, block_size)
     row_tiles = triton.cdiv(max_query_len * group, config.block_m)
     grid = (row_tiles * num_seqs * num_kv_heads,)
-    kernel = (
-        hopper_prefill_ws_kernel if config.warp_specialize else hopper_prefill_kernel
-    )
     kwargs = dict(
         query_ptr=query,
         output_ptr=output,
@@ -740,4 +524,4 @@ def hopper_launch(
         USE_WINDOW=bool(sliding_window),
         num_warps=config.num_warps,
     )
-    return kernel, grid, kwargs
+    return hopper_prefill_kernel, grid, kwargs

@@ -2,9 +2,8 @@
 """Launch configurations of the prefix-prefill kernel: table lookup + heuristic.
 
 A configuration is ``(block_m, block_n, num_warps, num_stages, use_tma, maxnreg,
-fp8_qk, lazy_rescale, fast_exp, longest_first, split_head, gluon,
-warp_specialize)``. It is chosen per *problem key*, the properties that change which
-tiles are fast:
+fp8_qk, lazy_rescale, fast_exp, longest_first, split_head, gluon)``. It is chosen
+per *problem key*, the properties that change which tiles are fast:
 
     head_size, q_dtype, kv_dtype, group (q heads per KV head), block_size,
     max_query_len bucket (QUERY_LEN_BUCKETS)
@@ -67,11 +66,9 @@ PREFILL_CONFIG_SPACE = {
     # Head sizes that are two powers of two (96 = 64 + 32) in two unpadded column
     # tiles instead of one padded one (--split-head 0 1).
     "split_head": (False,),
-    # The Hopper kernel in Gluon where it applies (--gluon 0 1).
+    # The Hopper kernel in Gluon where it applies (--gluon 0 1; 128 x 64 and
+    # 128 x 128 tiles on 4 warps only).
     "gluon": (False,),
-    # Its warp-specialised form: a load warp and two consumer warpgroups taking
-    # turns (--warp-specialize 0 1, with --gluon 1).
-    "warp_specialize": (False,),
 }
 
 
@@ -120,20 +117,16 @@ class PrefillConfig:
         tile's multiply-adds and the accumulator is 96 columns instead of 128.
         Only where ``head_split`` applies and without ``lazy_rescale``.
     gluon: run the launch in the Hopper kernel written in Gluon
-        (``prefix_prefill_hopper.py``: TMA page slices into a ring of
-        ``num_stages`` slots, asynchronous wgmma, the softmax of one key tile
-        overlapping q.k of the next) with these tiles, one warpgroup per 64 query
-        rows (``block_m = 16 * num_warps``). Honoured where that kernel applies
-        (``hopper_kernel_refusal``: sm_90, a 16-bit cache, head size 64, 128 or
-        256, no soft-cap, ALiBi or sinks, no KV split); elsewhere the
-        portable kernel runs the same config, with the same result.
-    warp_specialize: with ``gluon``, the kernel's warp-specialised form: one load
-        warp issues the TMA copies, and two consumer warpgroups of 64 rows each
-        (``block_m`` 128; ``num_warps`` 4 are the first consumer's warps, the
-        kernel adds the others) issue their products in turns, so that one's
-        softmax runs while the other's q.k and p.v occupy the tensor cores
+        (``prefix_prefill_hopper.py``) with these tiles: a load warp fills a ring
+        of ``num_stages`` TMA slots, and two consumer warpgroups of 64 rows each
+        (``block_m`` 128; ``num_warps`` 4 are one consumer's warps, the kernel
+        adds the others) issue their products in turns, so that one's softmax
+        runs while the other's q.k and p.v occupy the tensor cores
         (FlashAttention-3's ping-pong); within a warpgroup, p.v of one key tile
-        overlaps the softmax of the next.
+        overlaps the softmax of the next. Honoured where that kernel applies
+        (``hopper_kernel_refusal``: sm_90, a 16-bit cache, head size 64, 128 or
+        256, no soft-cap, ALiBi or sinks, no KV split); elsewhere the portable
+        kernel runs the same config, with the same result.
     """
 
     block_m: int
@@ -148,7 +141,6 @@ class PrefillConfig:
     longest_first: bool = True
     split_head: bool = False
     gluon: bool = False
-    warp_specialize: bool = False
 
 
 def query_len_bucket(max_query_len: int) -> int:
@@ -189,16 +181,11 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         and not (
             config.gluon
             and (
-                config.num_stages < 2
+                (config.block_m, config.num_warps) != (128, 4)
+                or config.num_stages < 2
                 or config.block_n not in (64, 128)
-                or (
-                    (config.block_m, config.num_warps) != (128, 4)
-                    if config.warp_specialize
-                    else config.block_m != 16 * config.num_warps
-                )
             )
         )
-        and not (config.warp_specialize and not config.gluon)
     )
 
 
