@@ -838,7 +838,7 @@ def compile_options(config: PrefillConfig, device: torch.device) -> dict:
 
 @functools.cache
 def _hopper_kernels():
-    """The Gluon kernels' module (``prefix_prefill_hopper``), or None where this
+    """The Gluon kernel's module (``prefix_prefill_hopper``), or None where this
     Triton has no Gluon: the portable kernel then runs every launch."""
     try:
         from vllm.attention.ops import prefix_prefill_hopper
