@@ -739,6 +739,17 @@ def _cache_descriptor(
     )
 
 
+@functools.cache
+def _hopper_kernels():
+    """The Gluon kernel's module (``prefix_prefill_hopper``), or None where this
+    Triton has no Gluon: the portable kernel then runs every launch."""
+    try:
+        from vllm.attention.ops import prefix_prefill_hopper
+    except ImportError:
+        return None
+    return prefix_prefill_hopper
+
+
 def picked_config(device: torch.device, **key) -> PrefillConfig:
     """The launch config of a problem key on ``device`` (``config=None``): the
     device's tuning-table entry, else the heuristic, fitted to its shared memory per
@@ -815,13 +826,12 @@ def auto_num_splits(
         num_seqs=num_seqs,
         num_kv_heads=num_kv_heads,
     )
-    # A Gluon program holds an SM on its own (two consumer warpgroups, a load
-    # warp and most of the shared memory): count it as a full SM's warp slots,
-    # so that a launch that fills the SMs once is not split.
-    warps = SPLIT_WARPS_PER_SM if config.gluon else None
     return choose_num_splits(
         programs=programs,
-        num_warps=warps or config.num_warps,
+        # A Gluon program holds an SM on its own (two consumer warpgroups, a load
+        # warp, most of the shared memory): a full SM's warp slots, so that a
+        # launch that fills the SMs once is not split.
+        num_warps=SPLIT_WARPS_PER_SM if config.gluon else config.num_warps,
         max_seq_len=keys,
         num_sms=num_sms,
     )
@@ -834,17 +844,6 @@ def compile_options(config: PrefillConfig, device: torch.device) -> dict:
     if config.maxnreg and nvidia_gpu(device):
         options["maxnreg"] = config.maxnreg
     return options
-
-
-@functools.cache
-def _hopper_kernels():
-    """The Gluon kernel's module (``prefix_prefill_hopper``), or None where this
-    Triton has no Gluon: the portable kernel then runs every launch."""
-    try:
-        from vllm.attention.ops import prefix_prefill_hopper
-    except ImportError:
-        return None
-    return prefix_prefill_hopper
 
 
 def _launches(

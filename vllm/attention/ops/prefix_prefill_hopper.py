@@ -62,14 +62,14 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from vllm.attention.ops.hardware import nvidia_gpu
 from vllm.attention.ops.triton_attention_common import cache_as_rows
+from vllm.attention.ops.tuning.prefill_configs import PrefillConfig
 
 LOG2E = gl.constexpr(1.4426950408889634)
 HEAD_SIZES = (64, 128, 256)
-# Query rows per warpgroup: a wgmma instruction covers 64 rows of 4 warps.
-ROWS_PER_WARPGROUP = 64
-_WG_ROWS = gl.constexpr(ROWS_PER_WARPGROUP)
-# Query rows of a program: two consumer warpgroups of 64.
-PROGRAM_ROWS = 2 * ROWS_PER_WARPGROUP
+# Query rows per consumer warpgroup: a wgmma instruction covers 64 rows of 4 warps.
+_WG_ROWS = gl.constexpr(64)
+# Query rows of a program: two consumer warpgroups.
+PROGRAM_ROWS = 2 * _WG_ROWS.value
 _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # The block-wide barrier: ``thread_barrier`` in Triton 3.6, ``barrier`` in 3.8.
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -415,15 +415,15 @@ def hopper_kernel_refusal(
     *,
     query: torch.Tensor,
     key_cache: torch.Tensor,
-    config,
+    config: PrefillConfig,
     alibi_slopes: torch.Tensor | None,
     logits_soft_cap: float | None,
     sinks: torch.Tensor | None,
     num_splits: int,
     device: torch.device | None = None,
 ) -> str | None:
-    """Why this module cannot run a launch of ``config`` (a ``PrefillConfig``; the
-    portable kernel runs it then), or None when it can. ``device``: where the
+    """Why this module cannot run a launch of ``config`` (the portable kernel runs
+    it then), or None when it can. ``device``: where the
     launch runs (default: the query's)."""
     head_size = query.shape[2]
     block_size = key_cache.shape[2]
@@ -484,11 +484,11 @@ def hopper_launch(
     softmax_scale: float,
     seq_start: int,
     num_seqs: int,
-    config,
+    config: PrefillConfig,
     sliding_window: int | None = None,
 ) -> tuple:
-    """``(kernel, grid, keyword arguments)`` of one launch of ``config`` (a
-    ``PrefillConfig``); the caller has checked ``hopper_kernel_refusal``."""
+    """``(kernel, grid, keyword arguments)`` of one launch of ``config``; the
+    caller has checked ``hopper_kernel_refusal``."""
     num_q_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
     group = num_q_heads // num_kv_heads
