@@ -48,7 +48,6 @@ never overlap. Gluon states the schedule explicitly:
 import functools
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -61,6 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from vllm.attention.ops.hardware import nvidia_gpu
+from vllm.attention.ops.prefix_prefill import unsplit_programs
 from vllm.attention.ops.triton_attention_common import cache_as_rows
 from vllm.attention.ops.tuning.prefill_configs import PrefillConfig
 
@@ -493,8 +493,13 @@ def hopper_launch(
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
     group = num_q_heads // num_kv_heads
     box_n = min(config.block_n, block_size)
-    row_tiles = triton.cdiv(max_query_len * group, config.block_m)
-    grid = (row_tiles * num_seqs * num_kv_heads,)
+    programs = unsplit_programs(
+        max_query_len=max_query_len,
+        group=group,
+        block_m=config.block_m,
+        num_seqs=num_seqs,
+        num_kv_heads=num_kv_heads,
+    )
     kwargs = dict(
         query_ptr=query,
         output_ptr=output,
@@ -524,4 +529,4 @@ def hopper_launch(
         USE_WINDOW=bool(sliding_window),
         num_warps=config.num_warps,
     )
-    return hopper_prefill_kernel, grid, kwargs
+    return hopper_prefill_kernel, (programs,), kwargs
