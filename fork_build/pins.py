@@ -46,14 +46,14 @@ SUPPORTED: dict[str, Upstream] = {
     u.version: u
     for u in (
         Upstream(
-            version="0.26.0",
-            wheel="vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+            version="0.34.0",
+            wheel="vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl",
             wheel_sha256=(
-                "adb1e4c9b46d0dfdb094121ae5aad670a42412dd813ed4e5db069ed6a15006de"
+                "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2"
             ),
-            sdist="vllm-0.26.0.tar.gz",
+            sdist="vllm-0.34.0.tar.gz",
             sdist_sha256=(
-                "23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502"
+                "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113"
             ),
         ),
         Upstream(

@@ -2,9 +2,9 @@
 
 `compute_changes(read_upstream)` takes a function that returns the bytes of an
 upstream file (or None when the file does not exist) and returns the full list of
-`Change`s: overlay files (new, or replacing an upstream file), upstream files edited
-by the anchored edits of `envs_patch/`, and optionally a regenerated
-`vllm/_version.py`. Every anchor is checked and every new content is computed here,
+`Change`s: overlay files (new, or replacing an upstream file), upstream files kept
+under another name (`KEPT_UPSTREAM_FILES`), upstream files edited by the anchored
+edits of `envs_patch/`, and optionally a regenerated `vllm/_version.py`. Every anchor is checked and every new content is computed here,
 so a caller that gets the list back can write it without further failures.
 """
 
@@ -23,6 +23,17 @@ EDIT_MODES = ("insert_after", "insert_before", "replace")
 # Overlay files that deliberately replace an upstream file of the same path. Any
 # other overlay file that exists upstream is an error (an accidental shadowing).
 REPLACED_UPSTREAM_FILES = frozenset({"vllm/v1/attention/backends/triton_attn.py"})
+# Upstream files that the overlay replaces and the build keeps, unchanged, under
+# another path (upstream path -> kept path): stock's Triton backend, on upstream's
+# unified-attention kernel, stays importable as `triton_unified_attn` for the
+# upstream modules built on its classes (envs_patch/unified_backend.toml points
+# them at it). Read from the release being built; nothing of it is in this
+# repository.
+KEPT_UPSTREAM_FILES = {
+    "vllm/v1/attention/backends/triton_attn.py": (
+        "vllm/v1/attention/backends/triton_unified_attn.py"
+    ),
+}
 VERSION_FILE = "vllm/_version.py"
 
 
@@ -37,10 +48,14 @@ class Edit:
     why: str
     source: str  # the .toml file that declares it, for messages
     source_only: bool = False  # a build file: only in source trees, not installs
-    versions: tuple[str, ...] | None = None  # upstream releases it applies to; all
+    # Supported releases the edit does not apply to, each with the reason. Every
+    # other supported release must hold the anchor exactly once; a skipped one
+    # must not hold it at all (`apply_edits`), so a new release is checked
+    # against every edit before it builds.
+    skip: tuple[tuple[str, str], ...] = ()
 
     def applies_to(self, version: str) -> bool:
-        return self.versions is None or version in self.versions
+        return version not in dict(self.skip)
 
 
 @dataclass(frozen=True)
@@ -48,7 +63,7 @@ class Change:
     path: str  # posix path in the vLLM tree, e.g. "vllm/envs.py"
     old: bytes | None  # upstream content, None for a new file
     new: bytes
-    kind: str  # "added", "replaced", "edited" or "version"
+    kind: str  # "added", "replaced", "kept", "edited" or "version"
 
 
 def load_edits(root: Path = REPO_ROOT) -> list[Edit]:
@@ -66,7 +81,7 @@ def load_edits(root: Path = REPO_ROOT) -> list[Edit]:
         for i, item in enumerate(data.get("edit", [])):
             where = f"{source.name} edit #{i + 1}"
             modes = [m for m in EDIT_MODES if m in item]
-            known = {"file", "anchor", "why", "source_only", "versions", *EDIT_MODES}
+            known = {"file", "anchor", "why", "source_only", "skip", *EDIT_MODES}
             unknown = set(item) - known
             if len(modes) != 1 or unknown or not item.get("file"):
                 raise BuildError(
@@ -75,11 +90,19 @@ def load_edits(root: Path = REPO_ROOT) -> list[Edit]:
                 )
             if not item.get("anchor"):
                 raise BuildError(f"{where}: empty anchor")
-            versions = item.get("versions")
-            if versions is not None and not set(versions) <= set(pins.SUPPORTED):
+            skip = item.get("skip", {})
+            if not isinstance(skip, dict) or not all(
+                isinstance(why, str) and why.strip() for why in skip.values()
+            ):
                 raise BuildError(
-                    f"{where}: versions {versions} name a release that is not in "
-                    f"fork_build/pins.py (supported: {pins.supported_text()})"
+                    f"{where}: `skip` must map each release it skips to the reason, "
+                    f'e.g. skip = {{ "0.33.0" = "the file does not exist there" }}'
+                )
+            unknown_releases = sorted(set(skip) - set(pins.SUPPORTED))
+            if unknown_releases:
+                raise BuildError(
+                    f"{where}: `skip` names {unknown_releases}, not a supported "
+                    f"release (fork_build/pins.py: {pins.supported_text()})"
                 )
             edits.append(
                 Edit(
@@ -90,7 +113,7 @@ def load_edits(root: Path = REPO_ROOT) -> list[Edit]:
                     why=item.get("why", ""),
                     source=source.name,
                     source_only=bool(item.get("source_only", False)),
-                    versions=None if versions is None else tuple(versions),
+                    skip=tuple(sorted(skip.items())),
                 )
             )
     return edits
@@ -132,7 +155,8 @@ def apply_edits(
             errors.append(
                 f"vLLM {version}, {path}: anchor {first_line!r} ({edit.source}) "
                 f"{problem}; it must occur exactly once. Update the anchor in "
-                f"envs_patch/{edit.source}, or limit the edit's `versions`."
+                f"envs_patch/{edit.source}, or add vLLM {version} to the edit's "
+                f"`skip` with the reason."
             )
             continue
         start = text.index(edit.anchor)
@@ -157,6 +181,33 @@ def apply_edits(
         pos = end
     out.append(text[pos:])
     return "".join(out), []
+
+
+def skipped_anchor_errors(
+    read_upstream: Callable[[str], bytes | None],
+    target: pins.Upstream,
+    root: Path = REPO_ROOT,
+    *,
+    source: bool = False,
+) -> list[str]:
+    """The edits that skip `target` although their anchor is in its tree: a skip
+    says the edit cannot apply there, so a present anchor means the skip is stale
+    (or the edit was never checked against that release)."""
+    errors = []
+    for edit in load_edits(root):
+        if edit.applies_to(target.version) or (edit.source_only and not source):
+            continue
+        old = read_upstream(edit.file)
+        if old is not None and edit.anchor in old.decode("utf-8"):
+            first_line = edit.anchor.strip().splitlines()[0]
+            why = dict(edit.skip)[target.version]
+            errors.append(
+                f"vLLM {target.version}, {edit.file}: anchor {first_line!r} "
+                f"({edit.source}) is present, but the edit skips {target.version} "
+                f"({why!r}); remove {target.version} from its `skip` so it applies, "
+                f"or change the anchor."
+            )
+    return errors
 
 
 def overlay_files(root: Path = REPO_ROOT) -> dict[str, Path]:
@@ -228,6 +279,20 @@ def compute_changes(
             )
         kind = "added" if old is None else "replaced"
         changes.append(Change(path, old, local.read_bytes(), kind))
+    for upstream_path, path in KEPT_UPSTREAM_FILES.items():
+        if upstream_path not in overlay:
+            continue
+        kept = read_upstream(upstream_path)
+        if path in overlay or read_upstream(path) is not None:
+            errors.append(f"{path}: the kept copy of {upstream_path} already exists")
+        elif kept is None:
+            errors.append(
+                f"vLLM {target.version}, {upstream_path}: upstream file not found "
+                f"(kept as {path})"
+            )
+        else:
+            changes.append(Change(path, None, kept, "kept"))
+    errors.extend(skipped_anchor_errors(read_upstream, target, root, source=source))
     for path in sorted({edit.file for edit in edits}):
         if path in overlay:
             errors.append(f"{path} is both an overlay file and edited by envs_patch/")

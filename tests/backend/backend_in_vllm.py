@@ -15,12 +15,45 @@ from types import SimpleNamespace
 # The checkout: the directory that holds the `tests` package this file is in.
 REPO = next(p.parent for p in Path(__file__).resolve().parents if p.name == "tests")
 OUR_FILE = REPO / "vllm" / "v1" / "attention" / "backends" / "triton_attn.py"
-# Stock modules that import names from triton_attn.py; every name must resolve.
-IMPORTERS = (
-    "vllm/v1/attention/backends/triton_attn_diffkv.py",
-    "vllm/v1/spec_decode/llm_base_proposer.py",
-    "vllm/model_executor/models/whisper_causal.py",
-)
+OURS = "vllm.v1.attention.backends.triton_attn"
+UNIFIED = "vllm.v1.attention.backends.triton_unified_attn"  # stock's, kept by the build
+# Upstream modules that import from triton_attn.py only to recognise the backend in
+# use (isinstance / issubclass of the selected backend), so they must see ours.
+# Every other upstream importer builds on stock's classes and must import from the
+# kept stock module instead (envs_patch/unified_backend.toml).
+REFERS_TO_SELECTED_BACKEND = {
+    "vllm/v1/spec_decode/llm_base_proposer.py": "isinstance of the draft metadata",
+    "vllm/model_executor/models/whisper_causal.py": "issubclass of the selected "
+    "backend, which its block pooling then subclasses",
+}
+
+
+def _imports_from(tree, module: str) -> list[str]:
+    import ast
+
+    return [
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == module
+        for alias in node.names
+    ]
+
+
+def _upstream_importers(site: Path, module: str) -> dict[str, list[str]]:
+    """Every module of the installed release that imports from ``module``, with the
+    names it imports (a scan of the whole tree, not a list kept by hand)."""
+    import ast
+
+    needle = module.encode()
+    found = {}
+    for path in sorted((site / "vllm").rglob("*.py")):
+        data = path.read_bytes()
+        if needle not in data:
+            continue
+        names = _imports_from(ast.parse(data), module)
+        if names:
+            found[path.relative_to(site).as_posix()] = names
+    return found
 
 
 # ----------------------------------------------------------------------------------
@@ -41,17 +74,33 @@ def check_registry():
         f"{ours.__file__} is not this repository's triton_attn.py"
     )
     assert AttentionBackendEnum[cls.get_name()] is AttentionBackendEnum.TRITON_ATTN
+    assert ours.__name__ == OURS
     site = Path(vllm.__file__).parent.parent
-    imported = []
-    for rel in IMPORTERS:
-        tree = ast.parse((site / rel).read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module == ours.__name__:
-                for alias in node.names:
-                    assert hasattr(ours, alias.name), f"{rel} imports {alias.name}"
-                    imported.append(alias.name)
-    assert imported, "no stock module imports from triton_attn.py?"
-    return f"importable: {sorted(set(imported))}"
+    ours_rel = OURS.replace(".", "/") + ".py"
+    importers = _upstream_importers(site, OURS)
+    importers.pop(ours_rel, None)
+    unknown = sorted(set(importers) - set(REFERS_TO_SELECTED_BACKEND))
+    assert not unknown, (
+        f"{unknown} import from triton_attn.py: a module built on stock's classes "
+        f"must be pointed at {UNIFIED} (envs_patch/unified_backend.toml); one that "
+        "only recognises the selected backend goes into REFERS_TO_SELECTED_BACKEND"
+    )
+    for rel, names in importers.items():
+        missing = [name for name in names if not hasattr(ours, name)]
+        assert not missing, f"{rel} imports {missing}, which triton_attn.py lacks"
+        classes = [
+            node
+            for node in ast.walk(ast.parse((site / rel).read_text()))
+            if isinstance(node, ast.ClassDef)
+            and any(isinstance(b, ast.Name) and b.id in names for b in node.bases)
+        ]
+        assert not classes, f"{rel} subclasses {names}: point it at {UNIFIED}"
+    built_on_stock = _upstream_importers(site, UNIFIED)
+    assert built_on_stock, "no upstream module is pointed at the kept stock backend"
+    return (
+        f"refer to ours: {sorted(importers)}; built on stock's: "
+        f"{sorted(built_on_stock)}"
+    )
 
 
 class _Records(logging.Handler):
@@ -221,25 +270,11 @@ def check_selection_on_cuda_platform():
         assert CudaPlatform.get_attn_backend_cls(E.ROCM_ATTN, good) == (
             ours + "RocmAttentionBackend"
         )
-    use_fa_diffkv = "use --attention-backend FLASH_ATTN_DIFFKV"
     refused = [
         (E.TRITON_ATTN, good._replace(kv_cache_dtype="fp8_e5m2"), "fp8_e5m2"),
         (E.TRITON_ATTN, good._replace(attn_type="encoder_only"), "encoder_only"),
         (E.TRITON_ATTN, good._replace(head_size=72), "head_size 72"),
-        (
-            E.TRITON_ATTN_DIFFKV,
-            good._replace(kv_cache_dtype="auto"),
-            use_fa_diffkv,
-        ),
     ]
-    # Stock composites over stock TRITON_ATTN's cache layout (releases that have
-    # them), asked for by name, with and without multimodal prefix-LM attention.
-    composites = [name for name in ("TRITON_FLASH_ATTN", "TRITON_FLASHINFER")
-                  if name in E.__members__]  # fmt: skip
-    for name in composites:
-        assert E[name].get_path().startswith(ours), E[name].get_path()
-        for config in (good, good._replace(head_size=256, use_mm_prefix=True)):
-            refused.append((E[name], config, f"{name} is not available with this"))
     for backend, config, expected in refused:
         try:
             CudaPlatform.get_attn_backend_cls(backend, config)
@@ -248,7 +283,15 @@ def check_selection_on_cuda_platform():
             assert expected in str(e), e
         else:
             raise AssertionError(f"{backend.name} accepted {config}")
-    return f"composites refused: {composites or 'none in this release'}"
+    # Backends built on stock's classes keep stock's own paths and classes.
+    stock_built = [
+        name
+        for name in ("TRITON_ATTN_DIFFKV", "TRITON_FLASH_ATTN", "TRITON_FLASHINFER")
+        if name in E.__members__
+    ]
+    for name in stock_built:
+        assert not E[name].get_path().startswith(ours), E[name].get_path()
+    return f"stock's paths kept: {stock_built}"
 
 
 def check_layout():
@@ -324,21 +367,88 @@ def _check_spec_layout():
     assert B.supports_dcp() is False
 
 
-def check_refuses_stock_subclasses():
+def check_upstream_modules_on_stock_backend():
+    """Upstream modules built on stock's classes run on stock's backend, kept
+    unchanged as triton_unified_attn.py: TRITON_ATTN_DIFFKV, the composites
+    TRITON_FLASH_ATTN / TRITON_FLASHINFER, and (0.34+) DASH attention, whose cache
+    view and metadata builder are checked through the release's own code."""
+    import importlib
+
     import torch
 
+    from vllm.v1.attention.backends import triton_attn as ours
+    from vllm.v1.attention.backends import triton_unified_attn as stock
+
+    assert stock.TritonAttentionBackend is not ours.TritonAttentionBackend
+    assert not issubclass(stock.TritonAttentionBackend, ours.TritonAttentionBackend)
+    assert hasattr(stock, "TritonAttentionImpl") and not hasattr(stock, "paged_attention")
     from vllm.v1.attention.backends import triton_attn_diffkv as diffkv
 
-    reasons = diffkv.TritonAttentionDiffKVBackend.validate_configuration(
-        **_selector_config()
-    )
-    assert any("TRITON_ATTN_DIFFKV" in r and "FLASH_ATTN_DIFFKV" in r for r in reasons)
+    assert issubclass(diffkv.TritonAttentionDiffKVBackend, stock.TritonAttentionBackend)
+    assert issubclass(diffkv.TritonAttentionDiffKVImpl, stock.TritonAttentionImpl)
+    seen = ["TRITON_ATTN_DIFFKV"]
+    for module, name in (
+        ("triton_flash_attn", "TritonFlashAttentionBackend"),
+        ("triton_flashinfer", "TritonFlashInferBackend"),
+    ):
+        try:
+            composite = getattr(
+                importlib.import_module(f"vllm.v1.attention.backends.{module}"), name
+            )
+        except ImportError:  # not in this release
+            continue
+        parts = [
+            value
+            for value in vars(composite).values()
+            if isinstance(value, type) and issubclass(value, stock.TritonAttentionBackend)
+        ]
+        assert parts or issubclass(composite, stock.TritonAttentionBackend), (
+            f"{name} holds no stock TRITON_ATTN component: {vars(composite)}"
+        )
+        assert not any(
+            isinstance(v, type) and issubclass(v, ours.TritonAttentionBackend)
+            for v in vars(composite).values()
+        ), name
+        seen.append(composite.get_name())
     try:
-        diffkv.TritonAttentionDiffKVImpl(8, 128, 0.1, 8, None, None, "auto")
-    except NotImplementedError as e:
-        assert "FLASH_ATTN_DIFFKV" in str(e), e
-    else:
-        raise AssertionError("TritonAttentionDiffKVImpl was constructed")
+        from vllm.model_executor.layers import dash_attention as dash
+    except ImportError:
+        return f"on stock's backend: {seen} (no DASH attention in this release)"
+    seen.append("DASH")
+    assert issubclass(dash.DASHAttentionBackend, stock.TritonAttentionBackend)
+    assert not issubclass(dash.DASHAttentionBackend, ours.TritonAttentionBackend)
+    # The cache view vLLM builds for DASH is stock TRITON_ATTN's, not ours.
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.worker.utils import customize_attention_spec
+
+    spec = FullAttentionSpec(
+        block_size=64, num_kv_heads=NUM_KV_HEADS + 1, head_size=64, dtype=torch.bfloat16
+    )
+    dash_spec = customize_attention_spec(dash.DASHAttentionBackend, spec)
+    assert dash_spec == customize_attention_spec(stock.TritonAttentionBackend, spec)
+    assert dash_spec != customize_attention_spec(ours.TritonAttentionBackend, spec)
+    # Its builder is stock's: metadata with the R-SWA prefix lengths DASH reads.
+    from vllm.config import CUDAGraphMode
+
+    config = _fake_vllm_config()
+    config.model_config.rswa_window = None
+    config.compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+    builder = dash.DASHAttentionMetadataBuilder(
+        dash_spec, ["layers.0.attn"], config, torch.device("cpu")
+    )
+    block_table = torch.tensor([[1, 2], [3, 0]], dtype=torch.int32)
+    cm = _common_metadata([1, 4], [70, 4], block_table, torch.arange(5), 5)
+    if hasattr(cm, "seq_lens_cpu_upper_bound"):
+        cm.seq_lens_cpu_upper_bound = cm.seq_lens.clone()
+    md = builder.build(0, cm)
+    assert isinstance(md, dash.DASHAttentionMetadata)
+    assert isinstance(md, stock.TritonAttentionMetadata)
+    assert hasattr(md, "rswa_prefix_lens") and md.requests == ((0, 0, 1, 70), (1, 1, 5, 4))
+    return f"on stock's backend: {seen}"
+
+
+def check_impl_refusals():
+    import torch
 
     from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
 

@@ -112,6 +112,7 @@ def test_compute_changes_kinds(tmp_path, target):
     assert set(by_path) == {
         "vllm/attention/ops/k.py",
         "vllm/v1/attention/backends/triton_attn.py",
+        plan.KEPT_UPSTREAM_FILES["vllm/v1/attention/backends/triton_attn.py"],
         "vllm/envs.py",
         "vllm/_version.py",
     }
@@ -152,22 +153,21 @@ def test_all_errors_reported_together(tmp_path, target):
     assert f"vLLM {target.version}, vllm/other.py: upstream file not found" in message
 
 
-def _versions_toml(versions: list[str]) -> str:
-    listed = ", ".join(f'"{v}"' for v in versions)
-    return GOOD_TOML + f"versions = [{listed}]\n"
+def _skip_toml(skip: dict[str, str]) -> str:
+    listed = ", ".join(f'"{v}" = "{why}"' for v, why in skip.items())
+    return GOOD_TOML + f"skip = {{ {listed} }}\n"
 
 
-@pytest.mark.parametrize("only", list(pins.SUPPORTED))
-def test_edit_with_versions_applies_to_those_releases_only(tmp_path, only):
-    root = _fake_repo(tmp_path, _versions_toml([only]), {"vllm/a.py": "a\n"})
+@pytest.mark.parametrize("skipped", list(pins.SUPPORTED))
+def test_edit_skips_the_releases_it_names(tmp_path, skipped):
+    root = _fake_repo(tmp_path, _skip_toml({skipped: "no X there"}), {"vllm/a.py": ""})
     (edit,) = plan.load_edits(root)
-    assert edit.versions == (only,)
-    upstream = {"vllm/envs.py": "X = 1\n"}
+    assert edit.skip == ((skipped, "no X there"),)
     for version, release in pins.SUPPORTED.items():
-        applies = version == only
+        applies = version != skipped
+        upstream = {"vllm/envs.py": "X = 1\n" if applies else "no anchor\n"}
         assert edit.applies_to(version) is applies
         assert plan.edits_for(release, root) == ([edit] if applies else [])
-        assert plan.edited_files(release, root) == (["vllm/envs.py"] if applies else [])
         changes = plan.compute_changes(
             _reader(upstream), release, with_version=False, root=root
         )
@@ -175,22 +175,110 @@ def test_edit_with_versions_applies_to_those_releases_only(tmp_path, only):
         assert edited == ({"vllm/envs.py": b"X = 1\nY = 2\n"} if applies else {})
 
 
-def test_edit_without_versions_applies_to_every_release(tmp_path):
+def test_a_skipped_release_that_holds_the_anchor_fails(tmp_path):
+    skipped, release = next(iter(pins.SUPPORTED.items()))
+    root = _fake_repo(tmp_path, _skip_toml({skipped: "not there"}), {"vllm/a.py": ""})
+    with pytest.raises(BuildError) as info:
+        plan.compute_changes(
+            _reader({"vllm/envs.py": "X = 1\n"}), release, with_version=False, root=root
+        )
+    message = str(info.value)
+    assert f"vLLM {skipped}, vllm/envs.py: anchor 'X = 1' (x.toml) is present" in message
+    assert "'not there'" in message and "nothing was written" in message
+
+
+def test_edit_without_skip_applies_to_every_release(tmp_path):
     root = _fake_repo(tmp_path, GOOD_TOML, {"vllm/a.py": "a\n"})
     (edit,) = plan.load_edits(root)
-    assert edit.versions is None
+    assert edit.skip == ()
     assert all(edit.applies_to(v) for v in pins.SUPPORTED)
     assert all(plan.edits_for(r, root) == [edit] for r in pins.SUPPORTED.values())
 
 
-def test_edit_for_an_unknown_release_is_refused(tmp_path):
-    known = next(iter(pins.SUPPORTED))
-    root = _fake_repo(tmp_path, _versions_toml([known, "0.30.0"]), {"vllm/a.py": "a"})
+@pytest.mark.parametrize(
+    ("skip", "expected"),
+    [
+        ({"0.30.0": "old"}, "`skip` names ['0.30.0'], not a supported release"),
+        ({next(iter(pins.SUPPORTED)): " "}, "must map each release it skips to"),
+    ],
+)
+def test_skip_of_an_unknown_release_or_without_reason_is_refused(
+    tmp_path, skip, expected
+):
+    root = _fake_repo(tmp_path, _skip_toml(skip), {"vllm/a.py": "a"})
     with pytest.raises(BuildError) as info:
         plan.load_edits(root)
-    message = str(info.value)
-    assert "x.toml edit #1" in message and "0.30.0" in message
-    assert f"(supported: {', '.join(pins.SUPPORTED)})" in message
+    assert "x.toml edit #1" in str(info.value) and expected in str(info.value)
+
+
+def test_the_old_versions_key_is_refused(tmp_path):
+    toml = GOOD_TOML + 'versions = ["%s"]\n' % next(iter(pins.SUPPORTED))
+    root = _fake_repo(tmp_path, toml, {"vllm/a.py": "a"})
+    with pytest.raises(BuildError, match=r"unknown keys: \['versions'\]"):
+        plan.load_edits(root)
+
+
+def test_a_new_release_builds_only_once_every_edit_is_checked(tmp_path, monkeypatch):
+    """A pin added for a release nobody reviewed (here: a fake 9.9.9 whose tree is
+    the newest release's with one anchor moved): every edit applies to it, so the
+    build stops naming the release, file and anchor until that edit is updated or
+    skips the release with a reason; a skip where the anchor is present stops it
+    too. The real edits of envs_patch/ are used."""
+    import zipfile
+
+    from fork_build import upstream
+    from fork_build.cli import NEWEST
+
+    wheel = upstream.fetch("wheel", pins.SUPPORTED[NEWEST])
+    fake = pins.Upstream("9.9.9", "w.whl", "0" * 64, "s.tar.gz", "0" * 64)
+    monkeypatch.setitem(pins.SUPPORTED, fake.version, fake)
+    with zipfile.ZipFile(wheel) as zf:
+        tree = {name: zf.read(name) for name in zf.namelist() if name.endswith(".py")}
+    edit = next(e for e in plan.load_edits() if e.file == "vllm/envs.py")
+    moved = dict(tree)
+    moved[edit.file] = tree[edit.file].replace(edit.anchor.encode(), b"# moved\n")
+    read = lambda files: files.get  # noqa: E731
+    changes = plan.compute_changes(read(tree), fake, with_version=False)
+    assert {c.path for c in changes if c.kind == "edited"} == set(
+        plan.edited_files(fake)
+    )
+    with pytest.raises(BuildError) as info:
+        plan.compute_changes(read(moved), fake, with_version=False)
+    first_line = edit.anchor.strip().splitlines()[0]
+    expected = f"vLLM 9.9.9, vllm/envs.py: anchor {first_line!r} ({edit.source}) not"
+    assert expected in str(info.value)
+    # Skipping the release, with a reason, is the other way through; a skip is
+    # checked against the tree like the edit itself.
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO / "envs_patch", repo / "envs_patch")
+    shutil.copytree(REPO / "vllm", repo / "vllm")
+    source = repo / "envs_patch" / edit.source
+    text = source.read_text()
+    at = text.index("anchor = '''\n" + edit.anchor + "'''")
+    source.write_text(text[:at] + 'skip = { "9.9.9" = "moved" }\n' + text[at:])
+    changes = plan.compute_changes(read(moved), fake, with_version=False, root=repo)
+    assert edit.file in {c.path for c in changes if c.kind == "edited"}
+    with pytest.raises(BuildError, match="is present, but the edit skips 9.9.9"):
+        plan.compute_changes(read(tree), fake, with_version=False, root=repo)
+
+
+def test_replaced_upstream_backend_is_kept_under_its_own_name(tmp_path, target):
+    stock = "vllm/v1/attention/backends/triton_attn.py"
+    kept = plan.KEPT_UPSTREAM_FILES[stock]
+    root = _fake_repo(tmp_path, GOOD_TOML, {stock: "ours = 1\n"})
+    upstream = {"vllm/envs.py": "X = 1\n", stock: "stock = 1\n"}
+    by_path = {
+        c.path: c
+        for c in plan.compute_changes(
+            _reader(upstream), target, with_version=False, root=root
+        )
+    }
+    assert by_path[kept].kind == "kept" and by_path[kept].old is None
+    assert by_path[kept].new == b"stock = 1\n"
+    assert by_path[stock].new == b"ours = 1\n"
+    upstream[kept] = "already there\n"
+    with pytest.raises(BuildError, match="kept copy of .* already exists"):
+        plan.compute_changes(_reader(upstream), target, with_version=False, root=root)
 
 
 @pytest.mark.parametrize(
@@ -208,18 +296,16 @@ def test_malformed_edit_files_fail(tmp_path, toml):
 
 
 def test_repo_edits_are_well_formed(target):
+    every = plan.load_edits(REPO)
     edits = plan.edits_for(target, REPO, source=True)
-    installed = {
-        "vllm/envs.py",
-        "vllm/config/attention.py",
-        "vllm/engine/arg_utils.py",
-        "vllm/v1/attention/backends/registry.py",
-    }
-    assert {e.file for e in edits} == installed | {"setup.py"}
+    assert edits == [e for e in every if e.applies_to(target.version)]
+    assert all(e.why for e in every)
+    assert all(why for e in every for _, why in e.skip)
+    installed = {e.file for e in edits if not e.source_only}
     assert set(plan.edited_files(target)) == installed
-    assert set(plan.edited_files(target, source=True)) == installed | {"setup.py"}
-    assert all(e.why for e in edits)
-    assert all(e.applies_to(target.version) for e in edits)
+    assert set(plan.edited_files(target, source=True)) == {e.file for e in edits}
+    # Build files (setup.py) are edited in source trees only.
+    assert all(not e.file.startswith("vllm/") for e in edits if e.source_only)
 
 
 def test_overlay_is_the_vllm_directory(tmp_path):

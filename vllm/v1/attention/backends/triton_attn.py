@@ -54,9 +54,12 @@ cache dtype that differs from the model dtype, fp8 below SM 8.9, CUDA below SM 8
 KV connectors (they expect stock's packed layout), batch invariance, ALiBi-sqrt,
 multimodal prefix-LM attention, per-head quant scales, decode/prefill context
 parallelism, device-side query lengths that differ from the host's (adaptive
-speculative verification), stock subclasses built on stock internals
-(TRITON_ATTN_DIFFKV), and stock composites that share stock TRITON_ATTN's cache
-layout with another backend (TRITON_FLASH_ATTN, TRITON_FLASHINFER).
+speculative verification).
+
+Upstream modules built on stock's classes (TRITON_ATTN_DIFFKV, the composites
+TRITON_FLASH_ATTN and TRITON_FLASHINFER, DASH attention) do not use this file: the
+build keeps stock's backend as ``triton_unified_attn.py`` and points them at it
+(``envs_patch/unified_backend.toml``).
 """
 
 import functools
@@ -126,22 +129,6 @@ KV_CACHE_DTYPES: tuple[str, ...] = (
 # CUDA: bf16 tensor-core dots need SM 8.0; Triton's fp8 e4m3 conversions need 8.9.
 MIN_CUDA_CAPABILITY = (8, 0)
 MIN_CUDA_FP8_CAPABILITY = (8, 9)
-
-# Stock modules whose subclasses of our classes reach into stock internals that this
-# file does not have (softmax segment buffers, packed K|V layout): refused.
-_INCOMPATIBLE_SUBCLASS_MODULES = {
-    "vllm.v1.attention.backends.triton_attn_diffkv": (
-        "TRITON_ATTN_DIFFKV (K and V of different head sizes) is built on stock "
-        "vLLM's Triton backend, which this fork replaces; use "
-        "--attention-backend FLASH_ATTN_DIFFKV for models with different K/V head "
-        "sizes"
-    ),
-}
-
-
-def _incompatible_subclass_reason(cls: type) -> str | None:
-    return _INCOMPATIBLE_SUBCLASS_MODULES.get(cls.__module__)
-
 
 # ----------------------------------------------------------------------------------
 # Metadata
@@ -766,10 +753,9 @@ class TritonAttentionBackend(AttentionBackend):
         then all V heads) of ``head_size`` values each, so the view is
         ``[num_blocks, 2 * num_kv_heads, block_size, head_size]`` and page sizes
         equal stock's. Specs this layout does not cover (already customised, K and
-        V of different head sizes, refused subclasses) are returned unchanged."""
+        V of different head sizes) are returned unchanged."""
         if (
-            _incompatible_subclass_reason(cls) is not None
-            or getattr(spec, "num_head_slots", None) is not None
+            getattr(spec, "num_head_slots", None) is not None
             or getattr(spec, "state_content_bytes", None) is not None
             or getattr(spec, "head_size_v", spec.head_size) != spec.head_size
         ):
@@ -836,8 +822,7 @@ class TritonAttentionBackend(AttentionBackend):
     def validate_configuration(cls, **config) -> list[str]:
         """The checks of vLLM (``AttentionBackend.validate_configuration``, called
         with the selector's keyword arguments), each reason saying what is
-        supported instead, plus ours: dtype pairing, fp8 capability, stock
-        subclasses."""
+        supported instead, plus ours: dtype pairing, fp8 capability."""
         reasons = super().validate_configuration(**config)
         head_size = config["head_size"]
         dtype = config["dtype"]
@@ -885,9 +870,6 @@ class TritonAttentionBackend(AttentionBackend):
             "turn it off or use FLASH_ATTN",
         }
         reasons = [explain.get(reason, reason) for reason in reasons]
-        foreign = _incompatible_subclass_reason(cls)
-        if foreign is not None:
-            reasons.append(foreign)
         cache_dtype = _SIXTEEN_BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
         if cache_dtype is not None and cache_dtype != dtype:
             reasons.append(
@@ -946,9 +928,6 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         sinks: torch.Tensor | None = None,  # [num_heads] logits (gpt-oss)
         **unsupported,  # refused below, by name
     ) -> None:
-        foreign = _incompatible_subclass_reason(type(self))
-        if foreign is not None:
-            raise NotImplementedError(foreign + ".")
         # RNJ-1's chunked attention with lookback passes chunk_lookback=-1 when off.
         if unsupported.get("chunk_lookback", -1) == -1:
             unsupported.pop("chunk_lookback", None)
@@ -1131,45 +1110,3 @@ class RocmAttentionBackend(TritonAttentionBackend):
             "and will be removed. Use --attention-backend TRITON_ATTN."
         )
         return TritonAttentionImpl
-
-
-# ----------------------------------------------------------------------------------
-# Stock composites that cannot run on this backend
-# ----------------------------------------------------------------------------------
-
-
-def _unavailable_composite(name: str) -> type[AttentionBackend]:
-    """A stand-in for stock composite backend ``name``, registered in its place on
-    vLLM releases that have it (envs_patch/registry.toml). The composite routes each
-    batch to stock TRITON_ATTN or to another backend over one shared KV cache, so
-    it needs TRITON_ATTN to lay the cache out as the other backend does; this
-    TRITON_ATTN lays it out for its own kernels. Selecting it fails at startup
-    saying so, and vLLM's automatic selection skips it."""
-    reason = (
-        f"{name} is not available with this fork: it shares one KV cache between "
-        "stock TRITON_ATTN and another backend, and this TRITON_ATTN keeps its own "
-        "cache layout; use --attention-backend TRITON_ATTN or FLASH_ATTN"
-    )
-
-    class UnavailableCompositeBackend(AttentionBackend):
-        @staticmethod
-        def get_name() -> str:
-            return name
-
-        @staticmethod
-        def get_impl_cls():
-            raise RuntimeError(reason)
-
-        @staticmethod
-        def get_builder_cls():
-            raise RuntimeError(reason)
-
-        @classmethod
-        def validate_configuration(cls, **config) -> list[str]:
-            return [reason]
-
-    return UnavailableCompositeBackend
-
-
-TritonFlashAttentionUnavailable = _unavailable_composite("TRITON_FLASH_ATTN")
-TritonFlashInferUnavailable = _unavailable_composite("TRITON_FLASHINFER")
