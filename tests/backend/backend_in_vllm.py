@@ -381,7 +381,9 @@ def check_upstream_modules_on_stock_backend():
 
     assert stock.TritonAttentionBackend is not ours.TritonAttentionBackend
     assert not issubclass(stock.TritonAttentionBackend, ours.TritonAttentionBackend)
-    assert hasattr(stock, "TritonAttentionImpl") and not hasattr(stock, "paged_attention")
+    assert hasattr(stock, "TritonAttentionImpl") and not hasattr(
+        stock, "paged_attention"
+    )
     from vllm.v1.attention.backends import triton_attn_diffkv as diffkv
 
     assert issubclass(diffkv.TritonAttentionDiffKVBackend, stock.TritonAttentionBackend)
@@ -400,7 +402,8 @@ def check_upstream_modules_on_stock_backend():
         parts = [
             value
             for value in vars(composite).values()
-            if isinstance(value, type) and issubclass(value, stock.TritonAttentionBackend)
+            if isinstance(value, type)
+            and issubclass(value, stock.TritonAttentionBackend)
         ]
         assert parts or issubclass(composite, stock.TritonAttentionBackend), (
             f"{name} holds no stock TRITON_ATTN component: {vars(composite)}"
@@ -443,7 +446,10 @@ def check_upstream_modules_on_stock_backend():
     md = builder.build(0, cm)
     assert isinstance(md, dash.DASHAttentionMetadata)
     assert isinstance(md, stock.TritonAttentionMetadata)
-    assert hasattr(md, "rswa_prefix_lens") and md.requests == ((0, 0, 1, 70), (1, 1, 5, 4))
+    assert hasattr(md, "rswa_prefix_lens") and md.requests == (
+        (0, 0, 1, 70),
+        (1, 1, 5, 4),
+    )
     return f"on stock's backend: {seen}"
 
 

@@ -183,7 +183,9 @@ def test_a_skipped_release_that_holds_the_anchor_fails(tmp_path):
             _reader({"vllm/envs.py": "X = 1\n"}), release, with_version=False, root=root
         )
     message = str(info.value)
-    assert f"vLLM {skipped}, vllm/envs.py: anchor 'X = 1' (x.toml) is present" in message
+    assert (
+        f"vLLM {skipped}, vllm/envs.py: anchor 'X = 1' (x.toml) is present" in message
+    )
     assert "'not there'" in message and "nothing was written" in message
 
 
