@@ -15,11 +15,25 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from fork_build import pins, plan, upstream, wheel
+from fork_build import BuildError, pins, plan, upstream, wheel
 
 
 def _target(config_settings) -> pins.Upstream:
     return pins.upstream((config_settings or {}).get("vllm-version"))
+
+
+def _installable_target(config_settings) -> pins.Upstream:
+    """The release of a wheel pip is about to install: one whose requirements
+    resolve from PyPI (`pins.Upstream.pypi_blocker`)."""
+    target = _target(config_settings)
+    if target.pypi_blocker:
+        raise BuildError(
+            f"{target.pypi_blocker}, so pip could not install the fork's wheel of "
+            f"it. Install vLLM {pins.DEFAULT_VERSION} (the default: `pip install .`), "
+            f"or patch a vLLM {target.version} you already have in place: "
+            f"`python setup.py patch --site-packages DIR` (docs/install.md)."
+        )
+    return target
 
 
 def _upstream_wheel(config_settings) -> Path:
@@ -36,18 +50,16 @@ def get_requires_for_build_sdist(config_settings=None):
 
 
 def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    target = _installable_target(config_settings)
     return wheel.write_metadata_dir(
-        _upstream_wheel(config_settings),
-        Path(metadata_directory),
-        _target(config_settings),
+        _upstream_wheel(config_settings), Path(metadata_directory), target
     )
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    target = _installable_target(config_settings)
     built = wheel.build_wheel(
-        _upstream_wheel(config_settings),
-        Path(wheel_directory),
-        _target(config_settings),
+        _upstream_wheel(config_settings), Path(wheel_directory), target
     )
     return built.name
 

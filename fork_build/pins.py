@@ -31,6 +31,11 @@ class Upstream:
     wheel_sha256: str
     sdist: str
     sdist_sha256: str
+    # Why `pip install` cannot install this release from PyPI today (its own
+    # requirements do not resolve there), or None. `pip install .` refuses such a
+    # release with this reason; tests/packaging/test_repository.py checks that it
+    # still holds, and that the default release has none.
+    pypi_blocker: str | None = None
 
     @property
     def fork_version(self) -> str:
@@ -55,6 +60,10 @@ SUPPORTED: dict[str, Upstream] = {
             sdist_sha256=(
                 "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113"
             ),
+            pypi_blocker=(
+                "vLLM 0.34.0 requires flashinfer-python==0.7.3, which PyPI does not "
+                "have (it has 0.7.2.post1 and 0.7.4)"
+            ),
         ),
         Upstream(
             version="0.33.0",
@@ -69,8 +78,9 @@ SUPPORTED: dict[str, Upstream] = {
         ),
     )
 }
-# The default target: the release whose GPU checks (kernel tests, serving, greedy
-# agreement with FLASH_ATTN, throughput) have passed on the tuned GPU.
+# The default target: the newest release that installs from PyPI (no
+# `pypi_blocker`) and whose GPU checks (kernel tests, serving, greedy agreement
+# with FLASH_ATTN, throughput) have passed on the tuned GPU.
 DEFAULT_VERSION = "0.33.0"
 
 

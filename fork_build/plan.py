@@ -4,8 +4,9 @@
 upstream file (or None when the file does not exist) and returns the full list of
 `Change`s: overlay files (new, or replacing an upstream file), upstream files kept
 under another name (`KEPT_UPSTREAM_FILES`), upstream files edited by the anchored
-edits of `envs_patch/`, and optionally a regenerated `vllm/_version.py`. Every anchor is checked and every new content is computed here,
-so a caller that gets the list back can write it without further failures.
+edits of `envs_patch/`, and optionally a regenerated `vllm/_version.py`. Every
+anchor is checked and every new content is computed here, so a caller that gets
+the list back can write it without further failures.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def load_edits(root: Path = REPO_ROOT) -> list[Edit]:
             ):
                 raise BuildError(
                     f"{where}: `skip` must map each release it skips to the reason, "
-                    f'e.g. skip = {{ "0.33.0" = "the file does not exist there" }}'
+                    f'e.g. skip = {{ "RELEASE" = "the file does not exist there" }}'
                 )
             unknown_releases = sorted(set(skip) - set(pins.SUPPORTED))
             if unknown_releases:

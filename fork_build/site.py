@@ -9,9 +9,11 @@ and `importlib.metadata` stay right.
 
 It is all-or-nothing: every new content is computed and every anchor checked
 before the first write; originals go into `<site>/.vllm-tritonattn-backup/` with a
-manifest (sha256 before and after) before any file changes; each file is written
-to a temporary file and renamed over the old one; a failure while writing rolls
-back. `revert_site(site)` restores the originals byte for byte.
+manifest (sha256 before and after) before any file changes, with the bytecode
+that pip compiled for the files the fork replaces (moved out of `__pycache__`,
+where it would be stale); each file is written to a temporary file and renamed
+over the old one; a failure while writing rolls back. `revert_site(site)` restores
+the originals and their bytecode byte for byte.
 """
 
 from __future__ import annotations
@@ -152,6 +154,17 @@ def plan_site(site: Path) -> tuple[pins.Upstream, list[_FileChange]]:
     return target, changes
 
 
+def _bytecode_of(site: Path, rel: str) -> list[str]:
+    """The compiled files of the module `rel` (a .py path) in `site`."""
+    file = site / rel
+    if file.suffix != ".py":
+        return []
+    return sorted(
+        _rel(pyc, site)
+        for pyc in (file.parent / "__pycache__").glob(f"{file.stem}.*.pyc")
+    )
+
+
 def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -177,10 +190,14 @@ def patch_site(site: Path) -> list[str]:
             if parent != site and site in parent.parents and not parent.exists()
         }
     )
+    bytecode = [
+        pyc for c in changes if c.old is not None for pyc in _bytecode_of(site, c.path)
+    ]
     manifest = {
         "fork_version": target.fork_version,
         "upstream_version": target.version,
         "created_dirs": created_dirs,
+        "bytecode": bytecode,
         "files": [
             {
                 "path": c.path,
@@ -199,6 +216,10 @@ def patch_site(site: Path) -> list[str]:
                 dest = staging / "files" / c.path
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(site / c.path, dest)
+        for pyc in bytecode:
+            dest = staging / "bytecode" / pyc
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(site / pyc, dest)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         os.replace(staging, site / BACKUP_DIR)
     except BaseException:
@@ -206,6 +227,8 @@ def patch_site(site: Path) -> list[str]:
         raise
     # 2. The new files; on any failure put the originals back.
     try:
+        for pyc in bytecode:
+            (site / pyc).unlink()
         for c in changes:
             target = site / c.path
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -254,6 +277,9 @@ def revert_site(site: Path, *, allow_partial: bool = False) -> list[str]:
         if file.suffix == ".py":
             for pyc in (file.parent / "__pycache__").glob(f"{file.stem}.*.pyc"):
                 pyc.unlink()
+    for pyc in manifest.get("bytecode", []):
+        if not (site / pyc).exists():
+            shutil.copy2(backup / "bytecode" / pyc, site / pyc)
     for rel in sorted(manifest["created_dirs"], key=lambda d: -d.count("/")):
         directory = site / rel
         shutil.rmtree(directory / "__pycache__", ignore_errors=True)

@@ -957,8 +957,15 @@ def _run_step(
     with_sinks=False,
     with_alibi=False,
     seed=0,
+    uncommitted=0,
 ):
     """One vLLM step through the backend; returns (output, reference, metadata).
+
+    ``uncommitted``: that many blocks after the ones the batch uses stand for the
+    part of an extensible KV cache that is reserved but not yet backed by memory
+    (vLLM 0.34+): they hold NaN, the block-table entries past each request's pages
+    name them, and the step must neither read them (the output stays finite and
+    right) nor write them.
 
     ``seqs`` are ``(query_len, context_len)`` pairs in batch order. Earlier steps'
     K/V are written with do_kv_cache_update (one call for all contexts), then this
@@ -981,7 +988,9 @@ def _run_step(
     max_pages = max(pages) + 1
     # Shuffled pages; block 0 is vLLM's null block and never assigned.
     perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
-    block_table = torch.zeros((len(seq_lens), max_pages), dtype=torch.int32)
+    # Entries past a request's pages: vLLM's null block 0, or an uncommitted one.
+    spare = num_blocks if uncommitted else 0
+    block_table = torch.full((len(seq_lens), max_pages), spare, dtype=torch.int32)
     used = 0
     for s, n in enumerate(pages):
         block_table[s, :n] = torch.tensor(perm[used : used + n], dtype=torch.int32)
@@ -1018,13 +1027,16 @@ def _run_step(
         _v_scale=torch.tensor(0.03 if fp8 else 1.0),
     )
     storage_dtype = torch.uint8 if fp8 else q_dtype  # vLLM allocates fp8 as uint8
-    shape = (num_blocks, 2, NUM_KV_HEADS, block_size, head_size)
+    shape = (num_blocks + uncommitted, 2, NUM_KV_HEADS, block_size, head_size)
     # Stale garbage everywhere: the kernels must never read unwritten slots.
     kv_cache = (
         torch.randint(0, 0x38, shape, dtype=torch.uint8)
         if fp8
         else (torch.randn(shape, generator=gen).to(storage_dtype) * 100)
     )
+    if uncommitted:
+        kv_cache[num_blocks:] = 0x7F if fp8 else float("nan")  # 0x7F: e4m3 NaN
+        untouched = kv_cache[num_blocks:].clone()
 
     # Earlier steps: every sequence's context.
     ctx = [(s, p) for s, (_, c) in enumerate(seqs) for p in range(c)]
@@ -1054,9 +1066,12 @@ def _run_step(
     md = builder.build(0, cm)
     output = torch.full_like(query, float("nan"))
     impl.forward(layer, query, step_k, step_v, kv_cache, md, output)
+    if uncommitted:
+        same = kv_cache[num_blocks:].view(torch.uint8) == untouched.view(torch.uint8)
+        assert same.all(), "a block past the committed ones was written"
 
     # Reference cache, filled by indexing (fp8: stored = x / scale, as e4m3fn).
-    ref_cache = torch.zeros(shape, dtype=torch.float32)
+    ref_cache = torch.zeros((num_blocks, *shape[1:]), dtype=torch.float32)
     for s, n in enumerate(seq_lens):
         for p in range(n):
             b, o = divmod(slot(s, p), block_size)
@@ -1153,6 +1168,29 @@ def check_forward_padded_decode_alibi():
     assert md.num_decodes == 4 and md.num_decode_tokens == 4, md
     _assert_close(out[:n], ref, *_TOLERANCE["bfloat16"], "padded decode batch")
     assert torch.isfinite(out[n:]).all(), "padding rows must not be NaN/inf"
+
+
+def check_extensible_kv_cache():
+    """vLLM 0.34's extensible KV cache backs only a prefix of the blocks during
+    warm-up: decodes (split-KV), prefix-hit chunks, fresh prefills and CUDA-graph
+    padding, bf16 and fp8, read and write only the blocks their requests hold;
+    block-table entries past a request's pages may name any block. The builder's
+    warm-up runs on its own scratch cache, never on the model's."""
+    import torch
+
+    cases = [
+        dict(seqs=[(1, 40), (1, 3), (6, 17), (9, 0)], cache_dtype_str="auto"),
+        dict(seqs=[(1, 70), (4, 30)], cache_dtype_str="fp8", block_size=32),
+        dict(seqs=[(1, 5), (1, 9)], cache_dtype_str="auto", pad_tokens=2, pad_reqs=2),
+    ]
+    for case in cases:
+        q_dtype = torch.float16 if case["cache_dtype_str"] == "fp8" else torch.bfloat16
+        out, ref, md, n = _run_step(q_dtype=q_dtype, uncommitted=3, **case)
+        tolerance = _TOLERANCE["float16" if q_dtype == torch.float16 else "bfloat16"]
+        _assert_close(out[:n], ref, *tolerance, f"uncommitted blocks: {case}")
+    builder = _builder(16, 64, torch.bfloat16)
+    assert builder._scratch_kv_cache(2).shape[0] == 2
+    return f"{len(cases)} batches, no read or write past the committed blocks"
 
 
 def check_forward_profile_run():

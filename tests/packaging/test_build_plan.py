@@ -214,7 +214,7 @@ def test_skip_of_an_unknown_release_or_without_reason_is_refused(
 
 
 def test_the_old_versions_key_is_refused(tmp_path):
-    toml = GOOD_TOML + 'versions = ["%s"]\n' % next(iter(pins.SUPPORTED))
+    toml = GOOD_TOML + f'versions = ["{next(iter(pins.SUPPORTED))}"]\n'
     root = _fake_repo(tmp_path, toml, {"vllm/a.py": "a"})
     with pytest.raises(BuildError, match=r"unknown keys: \['versions'\]"):
         plan.load_edits(root)

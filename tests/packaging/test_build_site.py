@@ -188,26 +188,38 @@ def test_revert_refuses_to_lose_later_edits(fake_site):
         site.revert_site(fake_site)
 
 
-def test_revert_leaves_no_bytecode_of_the_fork(fake_site):
-    changed = site.patch_site(fake_site)
+def _compile(directory: Path) -> None:
     compiled = subprocess.run(
-        [sys.executable, "-m", "compileall", "-q", str(fake_site / "vllm")],
+        [sys.executable, "-m", "compileall", "-q", str(directory)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert compiled.returncode == 0, compiled.stdout + compiled.stderr
-    pycs = [
-        p
-        for rel in changed
-        if rel.endswith(".py")
-        for p in ((fake_site / rel).parent / "__pycache__").glob(
-            f"{Path(rel).stem}.*.pyc"
-        )
-    ]
-    assert pycs, "compileall wrote no bytecode for the patched files"
+
+
+def _bytecode(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*.pyc"))
+    }
+
+
+def test_revert_restores_the_installed_bytecode(fake_site):
+    """pip compiles every module it installs (and lists the .pyc in RECORD): after
+    patch, a run that compiles the fork's modules, and revert, the bytecode is
+    stock's again, byte for byte, and none of the fork's is left."""
+    _compile(fake_site / "vllm")
+    stock = _bytecode(fake_site)
+    changed = site.patch_site(fake_site)
+    replaced = [rel for rel in changed if rel.endswith(".py")]
+    assert all(pyc not in _bytecode(fake_site) for pyc in stock if "envs." in pyc)
+    _compile(fake_site / "vllm")
+    fork = _bytecode(fake_site)
+    assert any(fork.get(pyc) != digest for pyc, digest in stock.items())
+    assert len(fork) > len(stock) and replaced
     site.revert_site(fake_site)
-    assert [p for p in pycs if p.exists()] == []
+    assert _bytecode(fake_site) == stock
 
 
 def test_full_python_tree(stock_vllm_site, target, tmp_path):

@@ -10,6 +10,7 @@ needs a ROCm host (docs/rocm.md).
 import ast
 import compileall
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -228,7 +229,13 @@ def test_source_tree_contents(source_tree, pristine_tree, target):
     assert (source_tree / "requirements-rocm.txt").read_bytes() == (
         REPO / "requirements-rocm.txt"
     ).read_bytes()
-    for rel in ("requirements/rocm.txt", "requirements/build/rocm.txt"):
+    included = [
+        line.split(maxsplit=1)[1]
+        for line in (REPO / "requirements-rocm.txt").read_text().splitlines()
+        if line.startswith("-r ")
+    ]
+    assert included, "requirements-rocm.txt includes none of upstream's lists"
+    for rel in included:
         assert (source_tree / rel).is_file(), f"requirements-rocm.txt needs {rel}"
     setup_py = (source_tree / "setup.py").read_text()
     assert '"attention/ops/tuning/*.json",' in setup_py
@@ -323,3 +330,58 @@ def test_empty_device_build_of_the_source_tree(source_tree, target, tmp_path):
     # Code and tuning tables ship; docs (README.md) stay in the source tree.
     expected = {p for p in plan.overlay_files() if p.endswith((".py", ".json"))}
     assert expected <= names, sorted(expected - names)
+
+
+def _doc_apply_block() -> str:
+    """The shell block of docs/upstream-pr.md that unpacks the sdist and applies."""
+    doc = (REPO / "docs" / "upstream-pr.md").read_text()
+    (block,) = [
+        b for b in re.findall(r"```bash\n(.*?)```", doc, re.S) if "git apply" in b
+    ]
+    return block
+
+
+def test_pr_patch_applies_as_documented(
+    pr_patch, upstream_sdist, pristine_tree, target, tmp_path
+):
+    """docs/upstream-pr.md's commands, run as written (the cache, /tmp/pr and the
+    checkout's dist/ moved into this test's folder), patch the unpacked sdist, and
+    `git am` with the documented option keeps the PR's subject."""
+    if target.version != NEWEST:
+        pytest.skip("the documented commands name the newest release")
+    block = _doc_apply_block()
+    for written, here in (
+        (f"~/.cache/vllm-tritonattn/{target.sdist}", str(upstream_sdist)),
+        ("/tmp/pr", str(tmp_path / "pr")),
+        (f"$PWD/dist/{pr_patch.name}", str(pr_patch)),
+    ):
+        assert written in block, written
+        block = block.replace(written, here)
+    proc = subprocess.run(
+        ["bash", "-euc", block],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tree = tmp_path / "pr" / target.sdist_root
+    for rel, local in plan.overlay_files().items():
+        assert (tree / rel).read_bytes() == local.read_bytes(), rel
+    # The pull request's commit: `git am` with the option the doc names.
+    repo = tmp_path / "am" / target.sdist_root
+    shutil.copytree(pristine_tree, repo, symlinks=True)
+    doc = (REPO / "docs" / "upstream-pr.md").read_text()
+    option = re.search(r"`git am (--[\w-]+)`", doc).group(1)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=0"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
+        done = subprocess.run([*git, *args], cwd=repo, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    done = subprocess.run(
+        [*git, "am", option, str(pr_patch)], cwd=repo, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    subject = subprocess.run(
+        ["git", "log", "-1", "--format=%s"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
+    assert subject == source.SUBJECT, subject

@@ -47,12 +47,25 @@ def pip(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="session")
 def fork_wheel(target, upstream_wheel, tmp_path_factory) -> Path:
     """`pip wheel . --no-deps -w DIR`, as docs/install.md says; the default release
-    without a config setting, another one with `vllm-version`."""
+    without a config setting, another one with `vllm-version`; a release pip could
+    not install from PyPI (`pypi_blocker`) with `setup.py wheel`, which pip refuses
+    (test_pip_refuses_a_release_it_could_not_install)."""
     out = tmp_path_factory.mktemp(f"dist_{target.version}")
-    choose = []
-    if target.version != pins.DEFAULT_VERSION:
-        choose = ["--config-settings", f"vllm-version={target.version}"]
-    pip("wheel", ".", "--no-deps", "--no-cache-dir", "-q", "-w", str(out), *choose)
+    if target.pypi_blocker:
+        command = ["setup.py", "wheel", "--vllm-version", target.version]
+        proc = subprocess.run(
+            [sys.executable, *command, "--out", str(out)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert proc.returncode == 0, proc.stderr
+    else:
+        choose = []
+        if target.version != pins.DEFAULT_VERSION:
+            choose = ["--config-settings", f"vllm-version={target.version}"]
+        pip("wheel", ".", "--no-deps", "--no-cache-dir", "-q", "-w", str(out), *choose)
     built = sorted(out.glob("*.whl"))
     assert [p.name for p in built] == [wheel.wheel_name(target)]
     return built[0]
@@ -167,10 +180,31 @@ def test_installed_wheel_imports_as_the_fork(installed_target, target):
 
 def test_backend_metadata_of_the_chosen_release(upstream_wheel, target, tmp_path):
     settings = {"vllm-version": target.version}
+    if target.pypi_blocker:
+        pytest.skip(f"pip refuses vLLM {target.version}: {target.pypi_blocker}")
     name = backend.prepare_metadata_for_build_wheel(str(tmp_path), settings)
     assert name == fork_dist_info(target)
     metadata = (tmp_path / name / "METADATA").read_text()
     assert f"\nVersion: {target.fork_version}\n" in metadata
+
+
+def test_pip_refuses_a_release_it_could_not_install(tmp_path):
+    """`pip install . --config-settings vllm-version=V` for a release whose own
+    requirements do not resolve from PyPI stops at once with the reason and what to
+    do instead, before anything is built."""
+    blocked = [r for r in pins.SUPPORTED.values() if r.pypi_blocker]
+    if not blocked:
+        pytest.skip("every supported release installs from PyPI")
+    for release in blocked:
+        settings = {"vllm-version": release.version}
+        for build in (backend.prepare_metadata_for_build_wheel, backend.build_wheel):
+            with pytest.raises(BuildError) as info:
+                build(str(tmp_path), settings)
+            message = str(info.value)
+            assert release.pypi_blocker in message
+            assert f"Install vLLM {pins.DEFAULT_VERSION}" in message
+            assert "setup.py patch --site-packages" in message
+        assert list(tmp_path.iterdir()) == []
 
 
 def test_backend_refuses_an_unsupported_release(tmp_path):

@@ -4,10 +4,12 @@
   directory (pytest skips some directory names by default, `build` among them).
 - The test requirements resolve from plain PyPI on Python 3.11 and 3.12, together
   with the pinned vLLM wheel, without changing its torch pin.
-- `import setup` does nothing; the repository is ruff-clean (pyproject's rules).
+- `import setup` does nothing; the repository is ruff-clean (pyproject's rules)
+  and passes every pre-commit hook (`pre-commit run --all-files`).
 """
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -112,6 +114,10 @@ def _pinned(requirement: str, lines: list[str]) -> str:
     return pin
 
 
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
 def test_requirements_resolve_from_pypi_with_the_pinned_vllm(tmp_path):
     """One environment for the fork and its tests: pip resolves the test
     requirements and the default release's pinned vLLM wheel together (Python
@@ -132,7 +138,30 @@ def test_requirements_resolve_from_pypi_with_the_pinned_vllm(tmp_path):
             *(f"--platform={p}" for p in LINUX_PLATFORMS),
         ),
     }
+    # The default is the newest release that installs from PyPI: every newer one
+    # names why it does not (`pypi_blocker`), and that must still hold; once one
+    # resolves, it becomes the default.
+    default = pins.SUPPORTED[pins.DEFAULT_VERSION]
+    assert default.pypi_blocker is None
+    newer = {
+        release.version: _dry_run(
+            tmp_path, release.version, str(upstream.fetch("wheel", release))
+        )
+        for release in pins.SUPPORTED.values()
+        if _release(release.version) > _release(pins.DEFAULT_VERSION)
+    }
+    assert all(pins.SUPPORTED[v].pypi_blocker for v in newer), newer
     resolved = {name: _resolved(tmp_path, name, proc) for name, proc in procs.items()}
+    for version, proc in newer.items():
+        output = proc.communicate(timeout=900)[0]
+        assert proc.returncode != 0, (
+            f"vLLM {version} now installs from PyPI: make it DEFAULT_VERSION in "
+            "fork_build/pins.py (after its GPU checks)"
+        )
+        assert "No matching distribution found" in output, output[-4000:]
+        blocker = pins.SUPPORTED[version].pypi_blocker
+        pinned = re.search(r"requires (\S+==\S+),", blocker)
+        assert pinned and pinned.group(1) in output, output[-4000:]
     with zipfile.ZipFile(upstream_wheel) as zf:
         (metadata,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
         vllm_requires = zf.read(metadata).decode().splitlines()
@@ -170,3 +199,22 @@ def test_repository_is_ruff_clean(command):
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_pre_commit_hooks_pass_on_every_file():
+    """`pre-commit run --all-files`, as a contributor runs it (the hooks install
+    from PyPI into pre-commit's cache on first use). A hook that fixes a file
+    fails the run; the fixed files are left in the checkout to look at."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: pre-commit lists the files with git")
+    pre_commit = shutil.which("pre-commit")
+    assert pre_commit, "pre-commit is in requirements-test.txt"
+    proc = subprocess.run(
+        [pre_commit, "run", "--all-files", "--show-diff-on-failure", "--color=never"],
+        cwd=REPO,
+        env={**os.environ, "SKIP": ""},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
