@@ -34,8 +34,8 @@ BASELINE = "FLASH_ATTN"
 INSTALLS = ("stock", "fork")
 INSTALL_HINT = {
     "fork": "install the fork there with `pip install .` from this repository, or "
-    "`python setup.py patch --site-packages DIR` for an existing vLLM 0.33.0 or 0.26.0",
-    "stock": "install stock vLLM there with `pip install vllm==0.33.0` (or 0.26.0)",
+    "`python setup.py patch --site-packages DIR` for an existing vLLM 0.33.0 or 0.34.0",
+    "stock": "install stock vLLM there with `pip install vllm==0.33.0`",
 }
 
 

@@ -21,10 +21,10 @@ Timing: CUDA graphs (``triton.testing.do_bench_cudagraph``, median) of one pass 
 exceeds twice the 50 MB L2, so no call finds its KV in L2. Falls back to
 ``triton.testing.do_bench`` (median) if a caller cannot be captured.
 
-Imports (ours and stock side by side): stock vLLM 0.26.0 is put first on sys.path
-from ``--stock-site`` and imported as ``vllm``; then the checkout's ``vllm/`` folder
-is inserted at the FRONT of ``vllm.__path__``. ``vllm.attention.ops.*`` (ours; stock
-has no ``vllm/attention``) therefore loads from the checkout, while
+Imports (ours and stock side by side): stock vLLM (a supported release) is put
+first on sys.path from ``--stock-site`` and imported as ``vllm``; then the
+checkout's ``vllm/`` folder is inserted at the FRONT of ``vllm.__path__``.
+``vllm.attention.ops.*`` (ours) therefore loads from the checkout, while
 ``vllm.v1...`` and ``vllm.vllm_flash_attn`` (regular packages of stock) load from
 stock. The JSON records the file of every module used. ``--stock-site`` is required
 when a stock caller (``fa3``, ``stock_triton``) is requested; ``--callers ours`` runs
@@ -1235,8 +1235,8 @@ def main() -> None:
     p.add_argument(
         "--stock-site",
         default=None,
-        help="folder holding stock vLLM 0.26.0 (imported as vllm); required for "
-        "the fa3 and stock_triton callers",
+        help="folder holding a stock vLLM of a supported release (imported as vllm); "
+        "required for the fa3 and stock_triton callers",
     )
     p.add_argument("--results-dir", default=str(REPO / "benchmarks/results/kernels"))
     p.add_argument(
@@ -1297,7 +1297,7 @@ def main() -> None:
     stock_callers = [c for c in args.callers if c in STOCK_CALLERS]
     if stock_callers and args.stock_site is None:
         p.error(
-            f"--stock-site DIR (stock vLLM 0.26.0) is required for the callers "
+            f"--stock-site DIR (a stock vLLM) is required for the callers "
             f"{stock_callers}; or pass --callers ours"
         )
     if not torch.cuda.is_available():

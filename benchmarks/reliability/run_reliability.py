@@ -363,7 +363,7 @@ def preemption(ctx: Ctx) -> tuple[dict, dict, list]:
 
 
 # (case, prompt length from max_model_len L and max_tokens m, max_tokens, status).
-# vLLM 0.26 rejects a prompt of L tokens for generation (the input processor needs
+# vLLM rejects a prompt of L tokens for generation (the input processor needs
 # room for one output token), so that case expects 400 like the longer one.
 LENGTH_CASES = (
     ("L-max_tokens", lambda L, m: L - m, None, 200),

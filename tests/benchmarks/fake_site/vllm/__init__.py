@@ -15,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-# vLLM 0.26's JIT monitor (vllm/utils/jit_monitor.py) in warn mode, as a worker logs it.
+# vLLM's JIT monitor (vllm/utils/jit_monitor.py) in warn mode, as a worker logs it.
 JIT_MONITOR_LINE = (
     "(Worker_TP1 pid=7) WARNING 11-30 12:00:00 [jit_monitor.py:130] Triton kernel JIT "
     "compilation during inference: _prefix_prefill_kernel. This causes a latency "

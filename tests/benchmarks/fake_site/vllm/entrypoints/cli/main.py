@@ -108,7 +108,7 @@ def _tok_per_s(attention_backend, seed):
 
 
 def bench_sweep_serve(argv):
-    """The layout of vLLM 0.26's sweep: OUT/EXP/BENCH--<name>/run=<i>.json, each with
+    """The layout of vLLM's sweep: OUT/EXP/BENCH--<name>/run=<i>.json, each with
     the bench params (``_benchmark_name`` included) merged in."""
     _log(["bench", "sweep", "serve", *argv])
     exp = os.path.join(_arg(argv, "--output-dir"), _arg(argv, "--experiment-name"))
