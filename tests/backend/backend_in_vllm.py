@@ -1171,7 +1171,7 @@ def check_forward_padded_decode_alibi():
 
 
 def check_extensible_kv_cache():
-    """vLLM 0.34's extensible KV cache backs only a prefix of the blocks during
+    """The extensible KV cache (vLLM 0.34+) backs only a prefix of the blocks during
     warm-up: decodes (split-KV), prefix-hit chunks, fresh prefills and CUDA-graph
     padding, bf16 and fp8, read and write only the blocks their requests hold;
     block-table entries past a request's pages may name any block. The builder's
