@@ -31,7 +31,9 @@ def _installable_target(config_settings) -> pins.Upstream:
             f"{target.pypi_blocker}, so pip could not install the fork's wheel of "
             f"it. Install vLLM {pins.DEFAULT_VERSION} (the default: `pip install .`), "
             f"or patch a vLLM {target.version} you already have in place: "
-            f"`python setup.py patch --site-packages DIR` (docs/install.md)."
+            f"`python setup.py patch --site-packages DIR`; `python setup.py wheel "
+            f"--vllm-version {target.version}` builds its wheel for an index that "
+            f"has those requirements (docs/install.md)."
         )
     return target
 
