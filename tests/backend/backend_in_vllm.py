@@ -233,10 +233,25 @@ def check_capabilities():
     ):
         if flag in asked:
             refused.append(({flag: True}, expected))
+    from vllm.v1.attention.backends.triton_unified_attn import (
+        TritonAttentionBackend as Stock,
+    )
+
+    stock_serves = 0
     for overrides, expected in refused:
-        reasons = B.validate_configuration(**_selector_config(**overrides))
+        config = _selector_config(**overrides)
+        reasons = B.validate_configuration(**config)
         assert any(expected in r for r in reasons), (overrides, reasons)
-    return f"{len(accepted)} accepted, {len(refused)} refused"
+        # What stock's backend accepts, our refusal points at (under its name).
+        if Stock.validate_configuration(**config) == []:
+            stock_serves += 1
+            pointed = any("TRITON_UNIFIED_ATTN" in r for r in reasons)
+            assert pointed, (overrides, reasons)
+    assert stock_serves, "stock's backend accepts none of the refused configurations?"
+    return (
+        f"{len(accepted)} accepted, {len(refused)} refused ({stock_serves} of them "
+        "pointed at TRITON_UNIFIED_ATTN, which takes them)"
+    )
 
 
 def check_selection_on_cuda_platform():
@@ -283,6 +298,17 @@ def check_selection_on_cuda_platform():
             assert expected in str(e), e
         else:
             raise AssertionError(f"{backend.name} accepted {config}")
+    # Stock's backend under its own name takes what ours refuses.
+    unified = "vllm.v1.attention.backends.triton_unified_attn.TritonAttentionBackend"
+    assert E.TRITON_UNIFIED_ATTN.get_path() == unified
+    for config in (
+        good._replace(head_size=72),
+        good._replace(attn_type="encoder_only"),
+        good._replace(kv_cache_dtype="fp8_e5m2"),
+    ):
+        assert CudaPlatform.get_attn_backend_cls(E.TRITON_UNIFIED_ATTN, config) == (
+            unified
+        )
     # Backends built on stock's classes keep stock's own paths and classes.
     stock_built = [
         name

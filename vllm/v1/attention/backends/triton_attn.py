@@ -129,6 +129,9 @@ KV_CACHE_DTYPES: tuple[str, ...] = (
 # CUDA: bf16 tensor-core dots need SM 8.0; Triton's fp8 e4m3 conversions need 8.9.
 MIN_CUDA_CAPABILITY = (8, 0)
 MIN_CUDA_FP8_CAPABILITY = (8, 9)
+# What to use for a configuration these kernels do not take: stock vLLM's Triton
+# backend, which the build keeps under this name (triton_unified_attn.py).
+STOCK_BACKEND_HINT = "use --attention-backend TRITON_UNIFIED_ATTN, stock vLLM's Triton"
 
 # ----------------------------------------------------------------------------------
 # Metadata
@@ -585,7 +588,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             raise NotImplementedError(
                 "TRITON_ATTN runs causal attention only; this batch asks for "
                 "non-causal attention (e.g. DFlash drafting). Use "
-                "--attention-backend FLASH_ATTN or FLEX_ATTENTION."
+                "--attention-backend FLASH_ATTN, FLEX_ATTENTION or TRITON_UNIFIED_ATTN."
             )
         return self._metadata(
             cm.query_start_loc_cpu,
@@ -830,44 +833,48 @@ class TritonAttentionBackend(AttentionBackend):
         block_size = config["block_size"]
         capability = config["device_capability"]
         attn_type = config["attn_type"]
+        stock = f"; {STOCK_BACKEND_HINT} backend"
         explain = {
             "head_size not supported": f"head_size {head_size} not supported "
-            f"(supported: {', '.join(map(str, SUPPORTED_HEAD_SIZES))})",
+            f"(supported: {', '.join(map(str, SUPPORTED_HEAD_SIZES))}{stock})",
             "dtype not supported": f"dtype {dtype} not supported (use --dtype "
-            "bfloat16 or float16)",
+            f"bfloat16 or float16{stock})",
             "kv_cache_dtype not supported": f"kv_cache_dtype {kv_cache_dtype} not "
-            f"supported (supported: {', '.join(cls.supported_kv_cache_dtypes)})",
+            f"supported (supported: {', '.join(cls.supported_kv_cache_dtypes)}{stock})",
             "block_size not supported": f"block_size {block_size} not supported "
             f"(use a multiple of one of {SUPPORTED_BLOCK_SIZES}; 64 is preferred)",
             "MLA not supported": "MLA not supported (MLA models need an MLA "
             "backend such as TRITON_MLA)",
             "compute capability not supported": "compute capability "
             f"{capability.major}.{capability.minor} not supported "
-            f"(CUDA needs SM {MIN_CUDA_CAPABILITY[0]}.{MIN_CUDA_CAPABILITY[1]}+)",
+            f"(CUDA needs SM {MIN_CUDA_CAPABILITY[0]}.{MIN_CUDA_CAPABILITY[1]}+"
+            f"{stock})",
             f"attention type {attn_type} not supported": f"attention type "
             f"{attn_type} not supported (the kernels are causal decoder "
             "self-attention only; encoder, encoder-only and cross attention need "
-            "another backend such as FLASH_ATTN)",
+            f"another backend such as FLASH_ATTN{stock})",
             "non-causal attention not supported": "non-causal attention not "
-            "supported (the kernels are causal only)",
+            f"supported (the kernels are causal only{stock})",
             "batch invariance not supported": "batch invariance not supported "
             "(split-KV decoding changes the reduction order with the batch size; "
-            "unset VLLM_BATCH_INVARIANT)",
+            f"unset VLLM_BATCH_INVARIANT{stock})",
             "KV connector not supported": "KV connector not supported (connectors "
             "expect stock vLLM's packed KV layout, TRITON_ATTN stores "
-            "[num_blocks, 2, num_kv_heads, block_size, head_size])",
+            f"[num_blocks, 2, num_kv_heads, block_size, head_size]{stock})",
             "PCP not supported": "prefill context parallelism not supported",
             "partial multimodal token full attention not supported": "multimodal "
-            "prefix-LM (bidirectional image tokens) not supported (causal only)",
+            "prefix-LM (bidirectional image tokens) not supported (causal "
+            f"only{stock})",
             "per-head quant scales not supported": "per-head KV quant scales not "
             "supported (fp8 uses per-tensor k/v scales)",
             "DCP not supported": "decode context parallelism not supported (the "
             "decode kernel returns no softmax LSE)",
-            "R-SWA not supported": "R-SWA not supported",
+            "R-SWA not supported": f"R-SWA not supported ({STOCK_BACKEND_HINT} "
+            "backend)",
             "device-cpu query lens mismatch not supported, this is needed for "
             "adaptive verification": "adaptive speculative verification not "
             "supported (the batch is planned from the host's query lengths); "
-            "turn it off or use FLASH_ATTN",
+            f"turn it off or use FLASH_ATTN{stock}",
         }
         reasons = [explain.get(reason, reason) for reason in reasons]
         cache_dtype = _SIXTEEN_BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
@@ -875,7 +882,7 @@ class TritonAttentionBackend(AttentionBackend):
             reasons.append(
                 f"kv_cache_dtype {kv_cache_dtype} with model dtype {dtype} is not "
                 "supported: the kernels read a 16-bit cache in the model's dtype; "
-                "use --kv-cache-dtype auto"
+                f"use --kv-cache-dtype auto, or {STOCK_BACKEND_HINT} backend"
             )
         if kv_cache_dtype in FP8_CACHE_DTYPES and not _platform_supports_fp8(
             capability
@@ -884,7 +891,8 @@ class TritonAttentionBackend(AttentionBackend):
                 f"kv_cache_dtype {kv_cache_dtype} needs fp8 e4m3 support (CUDA "
                 f"SM {MIN_CUDA_FP8_CAPABILITY[0]}.{MIN_CUDA_FP8_CAPABILITY[1]}+ or "
                 f"an fp8-capable ROCm GPU), this GPU is SM "
-                f"{capability.major}.{capability.minor}; use --kv-cache-dtype auto"
+                f"{capability.major}.{capability.minor}; use --kv-cache-dtype auto, or "
+                f"{STOCK_BACKEND_HINT} backend"
             )
         return reasons
 
@@ -934,12 +942,12 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         if unsupported:
             raise NotImplementedError(
                 f"TRITON_ATTN does not support {sorted(unsupported)} (e.g. chunked "
-                "attention with lookback); choose another --attention-backend."
+                f"attention with lookback); {STOCK_BACKEND_HINT} backend."
             )
         if attn_type != AttentionType.DECODER:
             raise NotImplementedError(
                 f"TRITON_ATTN supports decoder self-attention only, not {attn_type} "
-                "(the kernels are causal); choose another --attention-backend."
+                f"(the kernels are causal); {STOCK_BACKEND_HINT} backend."
             )
         num_kv_heads = num_kv_heads or num_heads
         if num_heads % num_kv_heads:
@@ -950,12 +958,13 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         if head_size not in SUPPORTED_HEAD_SIZES:
             raise ValueError(
                 f"TRITON_ATTN does not support head size {head_size} (supported: "
-                f"{SUPPORTED_HEAD_SIZES}); choose another --attention-backend."
+                f"{SUPPORTED_HEAD_SIZES}); {STOCK_BACKEND_HINT} backend."
             )
         if kv_cache_dtype not in TritonAttentionBackend.supported_kv_cache_dtypes:
             raise ValueError(
                 f"TRITON_ATTN does not support --kv-cache-dtype {kv_cache_dtype}; "
-                f"use one of {TritonAttentionBackend.supported_kv_cache_dtypes}."
+                f"use one of {TritonAttentionBackend.supported_kv_cache_dtypes}, or "
+                f"{STOCK_BACKEND_HINT} backend."
             )
         if sinks is not None and sinks.shape != (num_heads,):
             raise ValueError(
