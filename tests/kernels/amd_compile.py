@@ -199,8 +199,8 @@ def _clear_device_caches():
 
 @contextlib.contextmanager
 def simulated_device(props=None, hip=HIP_VERSION):
-    """torch reports one GPU with ``props`` (default: an MI300X) as device 0, from
-    a ROCm build when ``hip`` is set: ``torch.version.hip`` and the ``torch.cuda``
+    """Make torch report one GPU with ``props`` (default: an MI300X) as device 0,
+    from a ROCm build when ``hip`` is set: ``torch.version.hip`` and the ``torch.cuda``
     device queries the fork makes, nothing of the fork (see the module docstring)."""
     props = props or mi300x_properties()
     _clear_device_caches()
