@@ -54,7 +54,9 @@ cache dtype that differs from the model dtype, fp8 below SM 8.9, CUDA below SM 8
 KV connectors (they expect stock's packed layout), batch invariance, ALiBi-sqrt,
 multimodal prefix-LM attention, per-head quant scales, decode/prefill context
 parallelism, device-side query lengths that differ from the host's (adaptive
-speculative verification).
+speculative verification). Every refusal that stock's Triton backend would accept
+says to use ``--attention-backend TRITON_UNIFIED_ATTN`` (that backend, kept by the
+build).
 
 Upstream modules built on stock's classes (TRITON_ATTN_DIFFKV, the composites
 TRITON_FLASH_ATTN and TRITON_FLASHINFER, DASH attention) do not use this file: the
