@@ -48,6 +48,22 @@ def importable(path) -> tuple[str, Path]:
     return ".".join(path.relative_to(root).with_suffix("").parts), root
 
 
+def run_compile_module(path, timeout: int) -> subprocess.CompletedProcess:
+    """Run the compile-check module at ``path`` (``python -m``, from the parent of
+    its ``tests`` folder) with ``TRITON_INTERPRET`` unset, so ``@triton.jit``
+    builds real kernels; its output captured."""
+    module, root = importable(path)
+    return subprocess.run(
+        [sys.executable, "-m", module],
+        check=False,
+        cwd=root,
+        env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 HOPPER = GPUTarget("cuda", 90, 32)
 try:
     import triton.experimental.gluon  # noqa: F401

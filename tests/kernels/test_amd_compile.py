@@ -5,9 +5,6 @@
 every head size, group and dtype pair. About 2 minutes on 2 CPU cores."""
 
 import itertools
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,19 +24,9 @@ def test_compiles_every_kernel_for_mi300():
             "this Triton has no AMD backend (triton.backends.backends: "
             f"{sorted(triton.backends.backends)})"
         )
-    from tests.kernels.hopper_compile import importable
+    from tests.kernels.hopper_compile import run_compile_module
 
-    module, root = importable(Path(__file__).with_name("amd_compile.py"))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run(
-        [sys.executable, "-m", module],
-        check=False,
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    result = run_compile_module(Path(__file__).with_name("amd_compile.py"), 900)
     report = result.stdout + result.stderr[-4000:]
     assert result.returncode == 0, report
     built = {

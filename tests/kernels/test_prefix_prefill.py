@@ -11,10 +11,7 @@ rows. GPU with ``GPU_FULL=1``: the ``full_matrix`` tests add the cross product,
 import dataclasses
 import functools
 import math
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -690,19 +687,9 @@ def test_compiles_for_hopper_with_wgmma():
     cp.async pipelining of the paged K/V loads; also the cache write, and one
     MI300 (gfx942, fp8 e4m3fnuz) build that must use MFMA."""
     pytest.importorskip("triton.backends.nvidia")
-    from tests.kernels.hopper_compile import importable
+    from tests.kernels.hopper_compile import run_compile_module
 
-    module, root = importable(Path(__file__).with_name("hopper_compile.py"))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run(
-        [sys.executable, "-m", module],
-        check=False,
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_compile_module(Path(__file__).with_name("hopper_compile.py"), 600)
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
 
 
