@@ -320,6 +320,79 @@ def check_selection_on_cuda_platform():
     return f"stock's paths kept: {stock_built}"
 
 
+def check_layers_ours_do_not_take_run_on_stock_backend():
+    """vLLM's selector (``_cached_get_attn_backend``, the release's own code) on the
+    CUDA platform at SM 9.0: a layer for which TRITON_ATTN or ROCM_ATTN is selected
+    gets our class where our kernels take it, stock's Triton backend
+    (TRITON_UNIFIED_ATTN) where only that one does (logged once, with the reason),
+    and a refusal with our reasons where neither does; other backends and the
+    automatic choice are untouched."""
+    import types
+
+    import torch
+
+    sys.modules.setdefault(
+        "vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch")
+    )
+    import vllm.platforms
+    from vllm.platforms.cuda import CudaPlatform
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention import selector
+    from vllm.v1.attention.backends import triton_attn as ours
+    from vllm.v1.attention.backends import triton_unified_attn as stock
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    CudaPlatform.get_device_capability = classmethod(
+        lambda cls, device_id=0: DeviceCapability(9, 0)
+    )
+    # What the selector imports, for this check only.
+    before = vllm.platforms.__dict__.get("current_platform")
+    vllm.platforms.current_platform = CudaPlatform()
+    cached = selector._cached_get_attn_backend
+    choose = getattr(cached, "__wrapped__", cached)
+    good = AttentionSelectorConfig(
+        head_size=128, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=64
+    )
+    ours_only_refuse = [
+        good._replace(head_size=72),
+        good._replace(attn_type="encoder_only"),
+        good._replace(kv_cache_dtype="fp8_e5m2"),
+        good._replace(dtype=torch.float32, kv_cache_dtype="auto"),
+    ]
+    records = _Records()
+    ours.logger.addHandler(records)
+    try:
+        for selected in (E.TRITON_ATTN, E.ROCM_ATTN):
+            assert issubclass(
+                ours.serving_backend(selected, good).get_class(),
+                ours.TritonAttentionBackend,
+            )
+            for config in ours_only_refuse:
+                assert ours.serving_backend(selected, config) is E.TRITON_UNIFIED_ATTN
+        # Through the release's selector and CUDA platform.
+        for config in ours_only_refuse[:2]:
+            assert choose(E.TRITON_ATTN, config) is stock.TritonAttentionBackend
+        assert choose(E.TRITON_ATTN, good) is ours.TritonAttentionBackend
+        # Neither takes it (MLA): our reasons reach vLLM's refusal.
+        mla = good._replace(use_mla=True)
+        assert ours.serving_backend(E.TRITON_ATTN, mla) is E.TRITON_ATTN
+        # Other backends and the automatic choice are passed through.
+        odd = good._replace(head_size=72)
+        for selected in (E.FLASH_ATTN, E.TRITON_UNIFIED_ATTN, None):
+            assert ours.serving_backend(selected, odd) is selected
+    finally:
+        ours.logger.removeHandler(records)
+        if before is None:
+            del vllm.platforms.current_platform
+        else:
+            vllm.platforms.current_platform = before
+    logged = [m for m in records.messages if "TRITON_UNIFIED_ATTN." in m]
+    assert logged and any("head_size 72 not supported" in m for m in logged), logged
+    assert len(logged) == len(set(logged)), "logged more than once per kind"
+    return f"{len(ours_only_refuse)} kinds of layer served by TRITON_UNIFIED_ATTN"
+
+
 def check_layout():
     import torch
 

@@ -899,6 +899,39 @@ class TritonAttentionBackend(AttentionBackend):
         return reasons
 
 
+def serving_backend(selected, attn_selector_config):
+    """The backend that serves a layer for which ``selected`` (an
+    ``AttentionBackendEnum`` or None) was chosen, called by vLLM's selector
+    (``envs_patch/selector.toml``). TRITON_ATTN or its alias ROCM_ATTN stays when
+    these kernels take the layer's configuration; otherwise stock vLLM's Triton
+    backend, TRITON_UNIFIED_ATTN, serves the layer when it takes it (logged once
+    per kind of layer, with our reasons). Anything else is returned unchanged, so a
+    configuration neither takes is refused with our reasons."""
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    if selected not in (
+        AttentionBackendEnum.TRITON_ATTN,
+        AttentionBackendEnum.ROCM_ATTN,
+    ):
+        return selected
+    ours = selected.get_class()
+    capability = current_platform.get_device_capability()
+    if not issubclass(ours, TritonAttentionBackend) or capability is None:
+        return selected
+    config = {"device_capability": capability, **attn_selector_config._asdict()}
+    reasons = ours.validate_configuration(**config)
+    stock = AttentionBackendEnum.TRITON_UNIFIED_ATTN
+    if not reasons or stock.get_class().validate_configuration(**config):
+        return selected
+    logger.warning_once(
+        "TRITON_ATTN's kernels do not take a layer of this model (%s); it runs on "
+        "stock vLLM's Triton backend, TRITON_UNIFIED_ATTN.",
+        "; ".join(reasons),
+    )
+    return stock
+
+
 def _platform_supports_fp8(device_capability: "DeviceCapability") -> bool:
     from vllm.platforms import current_platform
 
