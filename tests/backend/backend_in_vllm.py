@@ -25,6 +25,9 @@ REFERS_TO_SELECTED_BACKEND = {
     "vllm/v1/spec_decode/llm_base_proposer.py": "isinstance of the draft metadata",
     "vllm/model_executor/models/whisper_causal.py": "issubclass of the selected "
     "backend, which its block pooling then subclasses",
+    # The fork's own edit (envs_patch/selector.toml): the hand-over of layers our
+    # kernels do not take.
+    "vllm/v1/attention/selector.py": "serving_backend, the fork's selection rule",
 }
 
 
@@ -321,7 +324,7 @@ def check_selection_on_cuda_platform():
 
 
 def check_layers_ours_do_not_take_run_on_stock_backend():
-    """vLLM's selector (``_cached_get_attn_backend``, the release's own code) on the
+    """The release's own selector (``_cached_get_attn_backend``) on the
     CUDA platform at SM 9.0: a layer for which TRITON_ATTN or ROCM_ATTN is selected
     gets our class where our kernels take it, stock's Triton backend
     (TRITON_UNIFIED_ATTN) where only that one does (logged once, with the reason),
