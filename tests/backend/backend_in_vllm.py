@@ -412,11 +412,7 @@ def check_layout():
     )
     assert B.get_kv_cache_stride_order() == (0, 1, 2, 3, 4)
     assert B.get_kv_cache_stride_order(include_num_layers_dimension=True)[0] == 1
-    if _builds_views_from_spec():
-        _check_spec_layout()
-    else:
-        assert B.get_kv_cache_block_dim(64, 8, 128) == 0
-        assert B.indexes_kv_by_block_stride()
+    _check_spec_layout()
     for bad_block in (8, 24):
         try:
             B.get_kv_cache_shape(10, bad_block, 8, 128)
@@ -444,8 +440,8 @@ def check_layout():
 
 
 def _check_spec_layout():
-    """Releases that build the cache view from the spec: our spec, layouts and
-    answers to the questions those releases ask."""
+    """The cache view vLLM builds from the spec: our spec, layouts and answers to
+    the questions the releases ask."""
     from dataclasses import replace
 
     import torch
@@ -579,38 +575,6 @@ def check_impl_refusals():
     TritonAttentionImpl(num_heads=8, head_size=128, scale=0.1, chunk_lookback=-1)
 
 
-def _builds_views_from_spec() -> bool:
-    """True on vLLM releases that build each layer's cache view from the KV-cache
-    spec (``customize_spec``), False on those that ask ``get_kv_cache_shape``."""
-    from vllm.v1.attention.backend import AttentionBackend
-
-    return hasattr(AttentionBackend, "customize_spec")
-
-
-def _runner_caches_from_shape(spec, padded, num_blocks):
-    """Releases with get_kv_cache_shape: vLLM's own reshape (model runner V2,
-    shared by V1) of a raw buffer, for a dense and a padded page."""
-    import torch
-
-    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend as B
-    from vllm.v1.worker.gpu.attn_utils import _reshape_attention_kv_cache
-
-    shape = B.get_kv_cache_shape(
-        num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size
-    )
-    caches = []
-    for s in (spec, padded):
-        raw = torch.zeros(num_blocks * s.page_size_bytes, dtype=torch.int8)
-        kv = _reshape_attention_kv_cache(
-            raw, s, shape, B.get_kv_cache_stride_order(), num_blocks, None
-        )
-        assert kv.shape == shape, kv.shape
-        assert kv.stride(0) == s.page_size_bytes // 2, kv.stride()
-        caches.append(kv)
-    assert caches[0].is_contiguous() and not caches[1].is_contiguous()
-    return caches
-
-
 def _runner_caches_from_spec(spec, padded, num_blocks, num_layers=2):
     """Releases that build views from the spec: vLLM's own placement and view
     code (compute_layout_strides, create_kv_cache_views) over one buffer of
@@ -674,10 +638,7 @@ def check_kv_cache_in_model_runner():
         dtype=torch.bfloat16,
     )
     padded = replace(spec, page_size_padded=spec.page_size_bytes + 512)
-    if _builds_views_from_spec():
-        caches = _runner_caches_from_spec(spec, padded, num_blocks)
-    else:
-        caches = _runner_caches_from_shape(spec, padded, num_blocks)
+    caches = _runner_caches_from_spec(spec, padded, num_blocks)
 
     gen = torch.Generator().manual_seed(1)
     impl = TritonAttentionImpl(
@@ -726,9 +687,9 @@ NUM_Q_HEADS, NUM_KV_HEADS = 4, 2
 
 
 def check_warm_up_registry():
-    """Releases with vLLM's JIT warm-up registry: the builder's warm-up is
-    registered there (once per builder and stride) and runs when the registry
-    does; releases without one warm up at once."""
+    """The JIT warm-up registry of vLLM: the builder's warm-up is registered there
+    (once per builder and stride) and runs when the registry does."""
+    from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
     from vllm.v1.attention.backends import triton_attn
 
     calls = []
@@ -740,15 +701,10 @@ def check_warm_up_registry():
             calls.append(stride)
 
     builder = Builder()
-    try:
-        from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
-    except ImportError:
-        assert triton_attn._register_jit_warm_up(builder, 64) is False
-        return "no JIT warm-up registry in this release: the builder warms up itself"
     registry = JitWarmupRegistry(vllm_config=None)
     with registry.activate():
-        assert triton_attn._register_jit_warm_up(builder, 64) is True
-        assert triton_attn._register_jit_warm_up(builder, 64) is True  # deduplicated
+        triton_attn._register_jit_warm_up(builder, 64)
+        triton_attn._register_jit_warm_up(builder, 64)  # deduplicated
     assert calls == [], "the warm-up ran before the registry's turn"
     assert builder._warmed_stride_classes == {triton_attn._stride_class(64)}
     registry.warmup()

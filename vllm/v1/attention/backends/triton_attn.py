@@ -42,9 +42,8 @@ captured for a batch size stays valid while contexts grow.
 
 No Triton compilation while serving: vLLM's own warm-ups miss most of our
 specialisations, so the builder launches every one of them on a scratch cache at
-startup (``warm_up_plan``; list in docs/backend.md): through vLLM's JIT warm-up
-registry where the release has one (it runs before CUDA-graph capture), else
-when the builder is created.
+startup (``warm_up_plan``; list in docs/backend.md), through vLLM's JIT warm-up
+registry (it runs before CUDA-graph capture).
 
 What is refused at startup, with the reason (see ``validate_configuration``):
 encoder / encoder-only / cross attention and non-causal attention (the kernels are
@@ -324,8 +323,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         self._warm_up_enabled = self.device.type == "cuda"
         if self._warm_up_enabled:
             stride = _guess_block_table_stride(vllm_config, kv_cache_spec)
-            if not _register_jit_warm_up(self, stride):
-                self.warm_up(stride)
+            _register_jit_warm_up(self, stride)
 
     @staticmethod
     def _num_q_heads(vllm_config: "VllmConfig", layer_names: list[str]) -> int:
@@ -639,15 +637,12 @@ _JIT_WARM_UP = None  # the vLLM JIT-kernel object, made on first use
 
 def _register_jit_warm_up(
     builder: TritonAttentionMetadataBuilder, block_table_stride: int
-) -> bool:
+) -> None:
     """Hand ``builder``'s warm-up to vLLM's JIT warm-up registry, which runs it with
-    the other kernels' before CUDA-graph capture. False where the vLLM release has
-    no registry (the builder then warms up at once)."""
+    the other kernels' before CUDA-graph capture."""
     global _JIT_WARM_UP
-    try:
-        from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
-    except ImportError:
-        return False
+    from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
+
     if _JIT_WARM_UP is None:
 
         class TritonAttentionWarmUp(VllmJitKernel):
@@ -666,7 +661,6 @@ def _register_jit_warm_up(
     # build() must not warm this stride class up again before the registry does.
     builder._warmed_stride_classes.add(_stride_class(block_table_stride))
     _JIT_WARM_UP.register_warmup(builder, block_table_stride)
-    return True
 
 
 # ----------------------------------------------------------------------------------
