@@ -6,6 +6,7 @@ Run by test_triton_backend.py through tests/site_runner.py, in a subprocess whos
 Kernels run under ``TRITON_INTERPRET=1`` on tiny shapes.
 """
 
+import contextlib
 import logging
 import os
 import sys
@@ -24,10 +25,8 @@ UNIFIED = "vllm.v1.attention.backends.triton_unified_attn"  # stock's, kept by t
 REFERS_TO_SELECTED_BACKEND = {
     "vllm/v1/spec_decode/llm_base_proposer.py": "isinstance of the draft metadata",
     "vllm/model_executor/models/whisper_causal.py": "issubclass of the selected "
-    "backend, which its block pooling then subclasses",
-    # The fork's own edit (envs_patch/selector.toml): the hand-over of layers our
-    # kernels do not take.
-    "vllm/v1/attention/selector.py": "serving_backend, the fork's selection rule",
+    "backend (ours, or stock's under TRITON_UNIFIED_ATTN), which its block pooling "
+    "then subclasses",
 }
 
 
@@ -177,10 +176,20 @@ def _selector_config(**overrides):
 
 
 def check_capabilities():
+    """Our kernels' refusals (``kernel_refusals``) say what they take; vLLM's
+    question (``validate_configuration``) is answered for TRITON_ATTN as a whole:
+    a layer our kernels refuse is accepted exactly when stock's Triton backend
+    takes it, and refused with both backends' reasons otherwise."""
+    import inspect
+
     import torch
 
     from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backend import AttentionBackend
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend as B
+    from vllm.v1.attention.backends.triton_attn import (
+        TritonUnifiedAttentionBackend as Stock,
+    )
 
     accepted = [
         {},
@@ -194,11 +203,13 @@ def check_capabilities():
         *({"block_size": b} for b in (16, 32, 64, 128, 256, 48)),
     ]
     for overrides in accepted:
-        reasons = B.validate_configuration(**_selector_config(**overrides))
-        assert reasons == [], (overrides, reasons)
+        config = _selector_config(**overrides)
+        assert B.kernel_refusals(**config) == [], (overrides, config)
+        assert B.validate_configuration(**config) == [], overrides
 
     refused = [
         ({"head_size": 72}, "head_size 72 not supported"),
+        ({"head_size": 16}, "head_size 16 not supported"),
         ({"dtype": torch.float32}, "dtype torch.float32 not supported"),
         ({"kv_cache_dtype": "fp8_e5m2"}, "kv_cache_dtype fp8_e5m2 not supported"),
         ({"kv_cache_dtype": "int8_per_token_head"}, "not supported (supported: auto"),
@@ -225,93 +236,121 @@ def check_capabilities():
         ({"use_per_head_quant_scales": True}, "per-head KV quant scales"),
     ]
     # Questions only some releases ask.
-    import inspect
-
-    from vllm.v1.attention.backend import AttentionBackend
-
     asked = inspect.signature(AttentionBackend.validate_configuration).parameters
     for flag, expected in (
         ("use_adaptive_verification", "adaptive speculative verification not"),
         ("use_dcp", "decode context parallelism not supported"),
+        ("use_rswa", "R-SWA not supported"),
     ):
         if flag in asked:
             refused.append(({flag: True}, expected))
-    from vllm.v1.attention.backends.triton_unified_attn import (
-        TritonAttentionBackend as Stock,
-    )
-
-    stock_serves = 0
+    handed_over, neither = [], []
     for overrides, expected in refused:
         config = _selector_config(**overrides)
-        reasons = B.validate_configuration(**config)
-        assert any(expected in r for r in reasons), (overrides, reasons)
-        # What stock's backend accepts, our refusal points at (under its name).
-        if Stock.validate_configuration(**config) == []:
-            stock_serves += 1
-            pointed = any("TRITON_UNIFIED_ATTN" in r for r in reasons)
-            assert pointed, (overrides, reasons)
-    assert stock_serves, "stock's backend accepts none of the refused configurations?"
+        ours = B.kernel_refusals(**config)
+        assert any(expected in r for r in ours), (overrides, ours)
+        assert not any("TRITON_UNIFIED_ATTN" in r for r in ours), ours
+        answer = B.validate_configuration(**config)
+        stock = Stock.validate_configuration(**config)
+        if not stock:
+            assert answer == [], (overrides, answer)
+            handed_over.append(overrides)
+        else:
+            assert any(expected in r for r in answer), (overrides, answer)
+            assert any("does not take it either" in r for r in answer), answer
+            neither.append(overrides)
+    assert handed_over and neither, (handed_over, neither)
+    # The vision encoder's automatic choice asks these (it runs stock's ViT kernel).
+    assert B.supports_head_size(72) and B.supports_dtype(torch.float32)
+    assert B.supports_compute_capability(DeviceCapability(7, 5))
     return (
-        f"{len(accepted)} accepted, {len(refused)} refused ({stock_serves} of them "
-        "pointed at TRITON_UNIFIED_ATTN, which takes them)"
+        f"{len(accepted)} taken by our kernels; of {len(refused)} refused by them, "
+        f"{len(handed_over)} accepted for stock's backend, {len(neither)} refused "
+        "with both reasons"
     )
 
 
-def check_selection_on_cuda_platform():
-    """The CUDA platform of vLLM selecting a backend by name (--attention-backend) on an
-    SM 9.0 device: TRITON_ATTN and ROCM_ATTN resolve to our classes, refused
-    configurations stop with our reasons. vllm._C_stable_libtorch (the compiled
-    extension cuda.py imports) is stubbed: no GPU here."""
+@contextlib.contextmanager
+def _cuda_platform(capability):
+    """The CUDA platform of vLLM at ``capability`` on this CPU machine (the compiled
+    extension cuda.py imports is stubbed), as vLLM's current platform inside the
+    block."""
     import types
-
-    import torch
 
     sys.modules.setdefault(
         "vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch")
     )
+    import vllm.platforms
     from vllm.platforms.cuda import CudaPlatform
     from vllm.platforms.interface import DeviceCapability
+
+    CudaPlatform.get_device_capability = classmethod(
+        lambda cls, device_id=0: DeviceCapability(*capability)
+    )
+    before = vllm.platforms.__dict__.get("current_platform")
+    vllm.platforms.current_platform = CudaPlatform()
+    try:
+        yield CudaPlatform
+    finally:
+        if before is None:
+            del vllm.platforms.current_platform
+        else:
+            vllm.platforms.current_platform = before
+
+
+def check_selection_on_cuda_platform():
+    """The CUDA platform of vLLM (SM 9.0) validating a backend named by the user:
+    TRITON_ATTN and ROCM_ATTN resolve to our classes and accept every layer that
+    our kernels or stock's backend take; a layer neither takes stops with both
+    reasons. TRITON_UNIFIED_ATTN is stock's backend under its own name."""
+    with _cuda_platform((9, 0)) as cuda:
+        return _named_on_cuda(cuda)
+
+
+def _named_on_cuda(cuda):
+    import torch
+
+    from vllm.v1.attention.backends import triton_unified_attn as stock
     from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
-    CudaPlatform.get_device_capability = classmethod(
-        lambda cls, device_id=0: DeviceCapability(9, 0)
-    )
     ours = "vllm.v1.attention.backends.triton_attn."
     good = AttentionSelectorConfig(
         head_size=128, dtype=torch.bfloat16, kv_cache_dtype="fp8", block_size=64
     )
-    assert CudaPlatform.get_attn_backend_cls(E.TRITON_ATTN, good) == (
-        ours + "TritonAttentionBackend"
-    )
-    if E.ROCM_ATTN.get_path() == ours + "RocmAttentionBackend":  # frame's patch
-        assert CudaPlatform.get_attn_backend_cls(E.ROCM_ATTN, good) == (
-            ours + "RocmAttentionBackend"
-        )
-    refused = [
-        (E.TRITON_ATTN, good._replace(kv_cache_dtype="fp8_e5m2"), "fp8_e5m2"),
-        (E.TRITON_ATTN, good._replace(attn_type="encoder_only"), "encoder_only"),
-        (E.TRITON_ATTN, good._replace(head_size=72), "head_size 72"),
+    stock_only = [
+        good._replace(kv_cache_dtype="fp8_e5m2"),
+        good._replace(attn_type="encoder_only"),
+        good._replace(head_size=72),
     ]
-    for backend, config, expected in refused:
+    for config in (good, *stock_only):
+        assert cuda.get_attn_backend_cls(E.TRITON_ATTN, config) == (
+            ours + "TritonAttentionBackend"
+        )
+        if E.ROCM_ATTN.get_path() == ours + "RocmAttentionBackend":  # frame's patch
+            assert cuda.get_attn_backend_cls(E.ROCM_ATTN, config) == (
+                ours + "RocmAttentionBackend"
+            )
+    for config, expected in (
+        (good._replace(use_mla=True), "MLA not supported"),
+        (good._replace(head_size=16), "head_size 16 not supported"),
+    ):
         try:
-            CudaPlatform.get_attn_backend_cls(backend, config)
+            cuda.get_attn_backend_cls(E.TRITON_ATTN, config)
         except ValueError as e:
             assert "is not valid for this configuration" in str(e), e
-            assert expected in str(e), e
+            assert expected in str(e) and "does not take it either" in str(e), e
         else:
-            raise AssertionError(f"{backend.name} accepted {config}")
-    # Stock's backend under its own name takes what ours refuses.
-    unified = "vllm.v1.attention.backends.triton_unified_attn.TritonAttentionBackend"
+            raise AssertionError(f"TRITON_ATTN accepted {config}")
+    # Stock's backend under its own name takes what ours hands over.
+    unified = ours + "TritonUnifiedAttentionBackend"
     assert E.TRITON_UNIFIED_ATTN.get_path() == unified
-    for config in (
-        good._replace(head_size=72),
-        good._replace(attn_type="encoder_only"),
-        good._replace(kv_cache_dtype="fp8_e5m2"),
-    ):
-        assert CudaPlatform.get_attn_backend_cls(E.TRITON_UNIFIED_ATTN, config) == (
-            unified
-        )
+    cls = E.TRITON_UNIFIED_ATTN.get_class()
+    assert issubclass(cls, stock.TritonAttentionBackend)
+    assert cls.get_name() == "TRITON_UNIFIED_ATTN"
+    assert E[cls.get_name()] is E.TRITON_UNIFIED_ATTN
+    for config in stock_only:
+        assert cuda.get_attn_backend_cls(E.TRITON_UNIFIED_ATTN, config) == unified
     # Backends built on stock's classes keep stock's own paths and classes.
     stock_built = [
         name
@@ -324,76 +363,85 @@ def check_selection_on_cuda_platform():
 
 
 def check_layers_ours_do_not_take_run_on_stock_backend():
-    """The release's own selector (``_cached_get_attn_backend``) on the
-    CUDA platform at SM 9.0: a layer for which TRITON_ATTN or ROCM_ATTN is selected
-    gets our class where our kernels take it, stock's Triton backend
-    (TRITON_UNIFIED_ATTN) where only that one does (logged once, with the reason),
-    and a refusal with our reasons where neither does; other backends and the
-    automatic choice are untouched."""
-    import types
-
+    """The release's own selector (``_cached_get_attn_backend``) on the CUDA
+    platform at SM 9.0, a backend named or vLLM's automatic choice: a layer that
+    TRITON_ATTN or ROCM_ATTN serves gets our class where our kernels take it and
+    stock's backend (TRITON_UNIFIED_ATTN) where only that one does, logged once
+    per kind of layer with our reason; the layer's ``backend`` names what serves
+    it. FLASH_ATTN is not asked here (this CPU machine has no FlashAttention)."""
     import torch
 
-    sys.modules.setdefault(
-        "vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch")
-    )
-    import vllm.platforms
-    from vllm.platforms.cuda import CudaPlatform
-    from vllm.platforms.interface import DeviceCapability
     from vllm.v1.attention import selector
     from vllm.v1.attention.backends import triton_attn as ours
-    from vllm.v1.attention.backends import triton_unified_attn as stock
     from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
-    CudaPlatform.get_device_capability = classmethod(
-        lambda cls, device_id=0: DeviceCapability(9, 0)
-    )
-    # What the selector imports, for this check only.
-    before = vllm.platforms.__dict__.get("current_platform")
-    vllm.platforms.current_platform = CudaPlatform()
     cached = selector._cached_get_attn_backend
     choose = getattr(cached, "__wrapped__", cached)
     good = AttentionSelectorConfig(
         head_size=128, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=64
     )
-    ours_only_refuse = [
+    stock_only = [
         good._replace(head_size=72),
         good._replace(attn_type="encoder_only"),
         good._replace(kv_cache_dtype="fp8_e5m2"),
         good._replace(dtype=torch.float32, kv_cache_dtype="auto"),
+        good._replace(use_non_causal=True),
     ]
     records = _Records()
     ours.logger.addHandler(records)
     try:
-        for selected in (E.TRITON_ATTN, E.ROCM_ATTN):
-            assert issubclass(
-                ours.serving_backend(selected, good).get_class(),
-                ours.TritonAttentionBackend,
-            )
-            for config in ours_only_refuse:
-                assert ours.serving_backend(selected, config) is E.TRITON_UNIFIED_ATTN
-        # Through the release's selector and CUDA platform.
-        for config in ours_only_refuse[:2]:
-            assert choose(E.TRITON_ATTN, config) is stock.TritonAttentionBackend
-        assert choose(E.TRITON_ATTN, good) is ours.TritonAttentionBackend
-        # Neither takes it (MLA): our reasons reach vLLM's refusal.
-        mla = good._replace(use_mla=True)
-        assert ours.serving_backend(E.TRITON_ATTN, mla) is E.TRITON_ATTN
-        # Other backends and the automatic choice are passed through.
-        odd = good._replace(head_size=72)
-        for selected in (E.FLASH_ATTN, E.TRITON_UNIFIED_ATTN, None):
-            assert ours.serving_backend(selected, odd) is selected
+        with _cuda_platform((9, 0)):
+            for named in (E.TRITON_ATTN, E.ROCM_ATTN):
+                assert issubclass(choose(named, good), ours.TritonAttentionBackend)
+                for config in stock_only:
+                    cls = choose(named, config)
+                    assert cls is ours.TritonUnifiedAttentionBackend, (config, cls)
+                    assert E[cls.get_name()] is E.TRITON_UNIFIED_ATTN
+            # A backend named for itself is never handed over.
+            unified = choose(E.TRITON_UNIFIED_ATTN, good)
+            assert unified is ours.TritonUnifiedAttentionBackend
     finally:
         ours.logger.removeHandler(records)
-        if before is None:
-            del vllm.platforms.current_platform
-        else:
-            vllm.platforms.current_platform = before
     logged = [m for m in records.messages if "TRITON_UNIFIED_ATTN." in m]
     assert logged and any("head_size 72 not supported" in m for m in logged), logged
     assert len(logged) == len(set(logged)), "logged more than once per kind"
-    return f"{len(ours_only_refuse)} kinds of layer served by TRITON_UNIFIED_ATTN"
+    return f"{len(stock_only)} kinds of layer served by TRITON_UNIFIED_ATTN"
+
+
+def check_vision_encoder_and_whisper_choices():
+    """Two upstream paths that ask TRITON_ATTN's class without the selector give
+    stock's answers: the CUDA platform's automatic vision-encoder choice (it runs
+    stock's ViT kernel for TRITON_ATTN, so head 72 or fp32 must not fall to
+    TORCH_SDPA), and Whisper's causal block pooling, which wraps our backend and
+    stock's one under TRITON_UNIFIED_ATTN alike."""
+    import torch
+
+    from vllm.model_executor.models import whisper_causal
+    from vllm.v1.attention.backends import triton_attn as ours
+    from vllm.v1.attention.backends import triton_unified_attn as stock
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+    from vllm.v1.attention.backends.registry import register_backend
+
+    def vit_choices(cuda):
+        shapes = ((72, torch.float32), (100, torch.bfloat16), (160, torch.float16))
+        return {f"{h}/{d}": cuda.get_vit_attn_backend(h, d).name for h, d in shapes}
+
+    with _cuda_platform((9, 0)) as cuda:
+        fork = vit_choices(cuda)
+        # Stock's answer: the same question with TRITON_ATTN naming stock's class.
+        register_backend(E.TRITON_ATTN, f"{stock.__name__}.TritonAttentionBackend")
+        try:
+            stock_answer = vit_choices(cuda)
+        finally:
+            E.TRITON_ATTN.clear_override()
+    assert fork == stock_answer, (fork, stock_answer)
+    assert "TRITON_ATTN" in fork.values(), fork  # the question reached TRITON_ATTN
+    pooled = whisper_causal.create_whisper_attention_backend_with_block_pooling
+    for underlying in (ours.TritonAttentionBackend, ours.TritonUnifiedAttentionBackend):
+        wrapped = pooled(underlying, 4)
+        assert issubclass(wrapped, underlying), wrapped
+    return f"vision encoder: {fork}; Whisper block pooling wraps both backends"
 
 
 def check_layout():
@@ -573,6 +621,68 @@ def check_impl_refusals():
         else:
             raise AssertionError(f"TritonAttentionImpl accepted {kwargs}")
     TritonAttentionImpl(num_heads=8, head_size=128, scale=0.1, chunk_lookback=-1)
+
+
+def check_features_reaching_our_classes_are_refused():
+    """What vLLM's selector hands over can still reach our classes when a model
+    passes TRITON_ATTN's class explicitly: each feature our kernels do not
+    implement is refused, never ignored (batch invariance, R-SWA, multimodal
+    prefix-LM ranges and non-causal batches; the impl's own refusals are
+    check_impl_refusals)."""
+    import dataclasses
+
+    import torch
+
+    import vllm.envs as envs
+    from vllm.v1.attention.backends import triton_attn as ours
+
+    refused = []
+
+    def expect_refusal(what, make):
+        try:
+            make()
+        except NotImplementedError as e:
+            assert "TRITON_UNIFIED_ATTN" in str(e), e
+            refused.append(what)
+        else:
+            raise AssertionError(f"{what} was accepted")
+
+    before = os.environ.get("VLLM_BATCH_INVARIANT")
+    os.environ["VLLM_BATCH_INVARIANT"] = "1"
+    try:
+        if hasattr(envs, "disable_envs_cache"):
+            envs.disable_envs_cache()
+        expect_refusal("batch invariance", lambda: _builder(64, 128, torch.bfloat16))
+    finally:
+        if before is None:
+            os.environ.pop("VLLM_BATCH_INVARIANT")
+        else:
+            os.environ["VLLM_BATCH_INVARIANT"] = before
+    assert not envs.VLLM_BATCH_INVARIANT
+    original = _fake_vllm_config
+
+    def with_rswa(*args, **kwargs):
+        config = original(*args, **kwargs)
+        config.model_config.rswa_window = 128
+        return config
+
+    globals()["_fake_vllm_config"] = with_rswa
+    try:
+        expect_refusal("R-SWA", lambda: _builder(64, 128, torch.bfloat16))
+    finally:
+        globals()["_fake_vllm_config"] = original
+    builder = _builder(64, 128, torch.bfloat16)
+    builder._warm_up_enabled = False
+    block_table = torch.tensor([[1, 2], [3, 0]], dtype=torch.int32)
+    cm = _common_metadata([1, 4], [70, 4], block_table, torch.arange(5), 5)
+    fields = {f.name for f in dataclasses.fields(cm)}
+    if "mm_req_doc_ranges" in fields:
+        prefix_lm = dataclasses.replace(cm, mm_req_doc_ranges={1: [(0, 3)]})
+        expect_refusal("prefix-LM ranges", lambda: builder.build(0, prefix_lm))
+    non_causal = dataclasses.replace(cm, causal=False)
+    expect_refusal("non-causal batch", lambda: builder.build(0, non_causal))
+    assert isinstance(builder.build(0, cm), ours.TritonAttentionMetadata)
+    return f"refused: {refused}"
 
 
 def _runner_caches_from_spec(spec, padded, num_blocks, num_layers=2):

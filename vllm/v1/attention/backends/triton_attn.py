@@ -45,17 +45,19 @@ specialisations, so the builder launches every one of them on a scratch cache at
 startup (``warm_up_plan``; list in docs/backend.md), through vLLM's JIT warm-up
 registry (it runs before CUDA-graph capture).
 
-What is refused at startup, with the reason (see ``validate_configuration``):
-encoder / encoder-only / cross attention and non-causal attention (the kernels are
-causal only), MLA, sparse attention, head sizes outside ``SUPPORTED_HEAD_SIZES``,
+Layers our kernels do not take (``kernel_refusals``: encoder, encoder-only and
+cross attention, non-causal attention, head sizes outside ``SUPPORTED_HEAD_SIZES``,
 fp32 models, KV-cache dtypes other than auto/float16/bfloat16/fp8/fp8_e4m3, a 16-bit
 cache dtype that differs from the model dtype, fp8 below SM 8.9, CUDA below SM 8.0,
-KV connectors (they expect stock's packed layout), batch invariance, ALiBi-sqrt,
-multimodal prefix-LM attention, per-head quant scales, decode/prefill context
-parallelism, device-side query lengths that differ from the host's (adaptive
-speculative verification). Every refusal that stock's Triton backend would accept
-says to use ``--attention-backend TRITON_UNIFIED_ATTN`` (that backend, kept by the
-build).
+KV connectors (they expect stock's packed layout), batch invariance, multimodal
+prefix-LM attention, R-SWA, per-head quant scales, decode/prefill context
+parallelism, device-side query lengths that differ from the host's) are still
+TRITON_ATTN's to serve: ``validate_configuration`` accepts every layer that our
+kernels or stock's Triton backend take, so vLLM's choice (named or automatic, on
+every platform) is stock's, and vLLM's selector then asks ``backend_for_layer``
+(a hook of vLLM's ``AttentionBackend``, ``envs_patch/selector.toml``), which hands
+such a layer to stock's backend, TRITON_UNIFIED_ATTN, logged once per kind of
+layer with the reason. A layer neither takes is refused with both reasons.
 
 Upstream modules built on stock's classes (TRITON_ATTN_DIFFKV, the composites
 TRITON_FLASH_ATTN and TRITON_FLASHINFER, DASH attention) do not use this file: the
@@ -71,6 +73,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import torch
 
+import vllm.envs as envs
 from vllm.attention.ops.hardware import num_sms
 from vllm.attention.ops.paged_attention import DECODE_QUERY_LEN, paged_attention
 from vllm.attention.ops.paged_cache_write import write_to_paged_cache
@@ -91,6 +94,7 @@ from vllm.v1.attention.backend import (
     AttentionMetadataBuilder,
     AttentionType,
 )
+from vllm.v1.attention.backends import triton_unified_attn as stock_triton
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheSpec
 
 if TYPE_CHECKING:  # names used only in annotations
@@ -121,6 +125,8 @@ PREFERRED_BLOCK_SIZE = 64
 # "fp8" is e4m3 on every platform this fork supports (fp8_e5m2 is not supported).
 FP8_CACHE_DTYPES: tuple[str, ...] = ("fp8", "fp8_e4m3")
 _SIXTEEN_BIT_CACHE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+# Model (query) dtypes the kernels take.
+KERNEL_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 # Every --kv-cache-dtype the layout and kernels take ("auto": the model's dtype).
 KV_CACHE_DTYPES: tuple[str, ...] = (
     "auto",
@@ -294,6 +300,19 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         device: torch.device,
     ):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # What vLLM's selector hands over (backend_for_layer) can still reach
+        # this class when a model passes it explicitly: refuse, never ignore.
+        if envs.VLLM_BATCH_INVARIANT:
+            raise NotImplementedError(
+                "TRITON_ATTN's split-KV decoding is not batch invariant "
+                "(VLLM_BATCH_INVARIANT=1); use --attention-backend TRITON_UNIFIED_ATTN."
+            )
+        if getattr(vllm_config.model_config, "rswa_window", None) is not None:
+            raise NotImplementedError(
+                "TRITON_ATTN does not support R-SWA; use --attention-backend "
+                "TRITON_UNIFIED_ATTN."
+            )
+        log_served_layers("TRITON_ATTN", layer_names)
         self.device = torch.device(device)
         # Decodes first, so each kernel sees one contiguous range of requests.
         self._init_reorder_batch_threshold(DECODE_QUERY_LEN)
@@ -590,6 +609,12 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
                 "non-causal attention (e.g. DFlash drafting). Use "
                 "--attention-backend FLASH_ATTN, FLEX_ATTENTION or TRITON_UNIFIED_ATTN."
             )
+        if getattr(cm, "mm_req_doc_ranges", None) is not None:
+            raise NotImplementedError(
+                "TRITON_ATTN runs causal attention only; this batch has multimodal "
+                "prefix-LM (bidirectional) ranges. Use --attention-backend "
+                "TRITON_UNIFIED_ATTN."
+            )
         return self._metadata(
             cm.query_start_loc_cpu,
             getattr(cm, "seq_lens_cpu_upper_bound", None),
@@ -809,121 +834,206 @@ class TritonAttentionBackend(AttentionBackend):
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
 
+    # vLLM asks these three for a vision encoder's attention (which runs stock's
+    # ViT kernel, not this backend) and inside validate_configuration: they answer
+    # for everything TRITON_ATTN serves, our kernels or stock's backend.
+    @classmethod
+    def supports_head_size(cls, head_size: int) -> bool:
+        return head_size in SUPPORTED_HEAD_SIZES or (
+            TritonUnifiedAttentionBackend.supports_head_size(head_size)
+        )
+
+    @classmethod
+    def supports_dtype(cls, dtype: torch.dtype) -> bool:
+        return dtype in KERNEL_DTYPES or TritonUnifiedAttentionBackend.supports_dtype(
+            dtype
+        )
+
     @classmethod
     def supports_compute_capability(cls, capability: "DeviceCapability") -> bool:
-        from vllm.platforms import current_platform
-
-        if current_platform.is_rocm():
-            return True
-        return (capability.major, capability.minor) >= MIN_CUDA_CAPABILITY
+        return _kernels_support_capability(
+            capability
+        ) or TritonUnifiedAttentionBackend.supports_compute_capability(capability)
 
     @classmethod
     def validate_configuration(cls, **config) -> list[str]:
-        """The checks of vLLM (``AttentionBackend.validate_configuration``, called
-        with the selector's keyword arguments), each reason saying what is
-        supported instead, plus ours: dtype pairing, fp8 capability."""
-        reasons = super().validate_configuration(**config)
+        """What vLLM's platforms ask of every candidate backend: TRITON_ATTN takes
+        a layer that our kernels take (``kernel_refusals``) or that stock's Triton
+        backend takes (``backend_for_layer`` then hands it over), so it serves every
+        layer stock's TRITON_ATTN served. A layer neither takes is refused with both
+        backends' reasons."""
+        reasons = cls.kernel_refusals(**config)
+        if not reasons:
+            return []
+        stock = TritonUnifiedAttentionBackend.validate_configuration(**config)
+        if not stock:
+            return []
+        return [
+            *reasons,
+            (
+                "stock vLLM's Triton backend (TRITON_UNIFIED_ATTN) does not take it "
+                f"either: {'; '.join(stock)}"
+            ),
+        ]
+
+    @classmethod
+    def backend_for_layer(
+        cls, attn_selector_config, device_capability: "DeviceCapability | None"
+    ) -> type[AttentionBackend]:
+        """The hook vLLM's selector calls once per kind of layer, on every platform
+        and selection path (named or automatic): this backend where our kernels
+        take the layer, else stock's Triton backend, TRITON_UNIFIED_ATTN, logged
+        once with our reasons. vLLM validated the layer against this backend
+        first (``validate_configuration``), so stock's backend takes what ours
+        does not; XPU, whose selector validates nothing, keeps stock's backend for
+        every layer (our kernels are built and tested for CUDA and ROCm)."""
+        from vllm.platforms import current_platform
+
+        if current_platform.is_xpu():
+            reasons = ["on XPU (our kernels are built and tested on CUDA and ROCm)"]
+        else:
+            reasons = cls.kernel_refusals(
+                device_capability=device_capability,
+                **attn_selector_config._asdict(),
+            )
+        if not reasons:
+            return cls
+        logger.warning_once(
+            "TRITON_ATTN's kernels do not take a layer of this model (%s); it runs on "
+            "stock vLLM's Triton backend, TRITON_UNIFIED_ATTN.",
+            "; ".join(reasons),
+        )
+        return TritonUnifiedAttentionBackend
+
+    @classmethod
+    def kernel_refusals(cls, **config) -> list[str]:
+        """Why our kernels do not take a layer (empty: they do), each reason saying
+        what they take: vLLM's checks (``AttentionBackend.validate_configuration``,
+        called with the selector's keyword arguments) answered by this class's
+        capabilities, plus ours: head sizes, dtypes, capability, dtype pairing, fp8
+        capability."""
         head_size = config["head_size"]
         dtype = config["dtype"]
         kv_cache_dtype = config["kv_cache_dtype"]
         block_size = config["block_size"]
         capability = config["device_capability"]
         attn_type = config["attn_type"]
-        stock = f"; {STOCK_BACKEND_HINT} backend"
         explain = {
-            "head_size not supported": f"head_size {head_size} not supported "
-            f"(supported: {', '.join(map(str, SUPPORTED_HEAD_SIZES))}{stock})",
-            "dtype not supported": f"dtype {dtype} not supported (use --dtype "
-            f"bfloat16 or float16{stock})",
             "kv_cache_dtype not supported": f"kv_cache_dtype {kv_cache_dtype} not "
-            f"supported (supported: {', '.join(cls.supported_kv_cache_dtypes)}{stock})",
+            f"supported (supported: {', '.join(cls.supported_kv_cache_dtypes)})",
             "block_size not supported": f"block_size {block_size} not supported "
             f"(use a multiple of one of {SUPPORTED_BLOCK_SIZES}; 64 is preferred)",
             "MLA not supported": "MLA not supported (MLA models need an MLA "
             "backend such as TRITON_MLA)",
-            "compute capability not supported": "compute capability "
-            f"{capability.major}.{capability.minor} not supported "
-            f"(CUDA needs SM {MIN_CUDA_CAPABILITY[0]}.{MIN_CUDA_CAPABILITY[1]}+"
-            f"{stock})",
             f"attention type {attn_type} not supported": f"attention type "
             f"{attn_type} not supported (the kernels are causal decoder "
-            "self-attention only; encoder, encoder-only and cross attention need "
-            f"another backend such as FLASH_ATTN{stock})",
+            "self-attention only)",
             "non-causal attention not supported": "non-causal attention not "
-            f"supported (the kernels are causal only{stock})",
+            "supported (the kernels are causal only)",
             "batch invariance not supported": "batch invariance not supported "
-            "(split-KV decoding changes the reduction order with the batch size; "
-            f"unset VLLM_BATCH_INVARIANT{stock})",
+            "(split-KV decoding changes the reduction order with the batch size)",
             "KV connector not supported": "KV connector not supported (connectors "
             "expect stock vLLM's packed KV layout, TRITON_ATTN stores "
-            f"[num_blocks, 2, num_kv_heads, block_size, head_size]{stock})",
+            "[num_blocks, 2, num_kv_heads, block_size, head_size])",
             "PCP not supported": "prefill context parallelism not supported",
             "partial multimodal token full attention not supported": "multimodal "
-            "prefix-LM (bidirectional image tokens) not supported (causal "
-            f"only{stock})",
+            "prefix-LM (bidirectional image tokens) not supported (causal only)",
             "per-head quant scales not supported": "per-head KV quant scales not "
             "supported (fp8 uses per-tensor k/v scales)",
             "DCP not supported": "decode context parallelism not supported (the "
             "decode kernel returns no softmax LSE)",
-            "R-SWA not supported": f"R-SWA not supported ({STOCK_BACKEND_HINT} "
-            "backend)",
+            "R-SWA not supported": "R-SWA not supported",
             "device-cpu query lens mismatch not supported, this is needed for "
             "adaptive verification": "adaptive speculative verification not "
-            "supported (the batch is planned from the host's query lengths); "
-            f"turn it off or use FLASH_ATTN{stock}",
+            "supported (the batch is planned from the host's query lengths)",
         }
-        reasons = [explain.get(reason, reason) for reason in reasons]
+        # Head size, dtype and capability are answered for TRITON_ATTN as a whole
+        # (above); ours are checked here.
+        answered_above = {
+            "head_size not supported",
+            "dtype not supported",
+            "compute capability not supported",
+        }
+        reasons = [
+            explain.get(reason, reason)
+            for reason in super().validate_configuration(**config)
+            if reason not in answered_above
+        ]
+        if head_size not in SUPPORTED_HEAD_SIZES:
+            reasons.append(
+                f"head_size {head_size} not supported (supported: "
+                f"{', '.join(map(str, SUPPORTED_HEAD_SIZES))})"
+            )
+        if dtype not in KERNEL_DTYPES:
+            reasons.append(f"dtype {dtype} not supported (bfloat16 and float16 are)")
+        if not _kernels_support_capability(capability):
+            reasons.append(
+                "compute capability "
+                + ("unknown" if capability is None else capability.as_version_str())
+                + f" not supported (CUDA needs SM {MIN_CUDA_CAPABILITY[0]}."
+                f"{MIN_CUDA_CAPABILITY[1]}+)"
+            )
         cache_dtype = _SIXTEEN_BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
         if cache_dtype is not None and cache_dtype != dtype:
             reasons.append(
                 f"kv_cache_dtype {kv_cache_dtype} with model dtype {dtype} is not "
-                "supported: the kernels read a 16-bit cache in the model's dtype; "
-                f"use --kv-cache-dtype auto, or {STOCK_BACKEND_HINT} backend"
+                "supported: the kernels read a 16-bit cache in the model's dtype"
             )
-        if kv_cache_dtype in FP8_CACHE_DTYPES and not _platform_supports_fp8(
-            capability
+        if (
+            kv_cache_dtype in FP8_CACHE_DTYPES
+            and capability is not None
+            and not _platform_supports_fp8(capability)
         ):
             reasons.append(
                 f"kv_cache_dtype {kv_cache_dtype} needs fp8 e4m3 support (CUDA "
                 f"SM {MIN_CUDA_FP8_CAPABILITY[0]}.{MIN_CUDA_FP8_CAPABILITY[1]}+ or "
                 f"an fp8-capable ROCm GPU), this GPU is SM "
-                f"{capability.major}.{capability.minor}; use --kv-cache-dtype auto, or "
-                f"{STOCK_BACKEND_HINT} backend"
+                f"{capability.as_version_str()}"
             )
         return reasons
 
 
-def serving_backend(selected, attn_selector_config):
-    """The backend that serves a layer for which ``selected`` (an
-    ``AttentionBackendEnum`` or None) was chosen, called by vLLM's selector
-    (``envs_patch/selector.toml``). TRITON_ATTN or its alias ROCM_ATTN stays when
-    these kernels take the layer's configuration; otherwise stock vLLM's Triton
-    backend, TRITON_UNIFIED_ATTN, serves the layer when it takes it (logged once
-    per kind of layer, with our reasons). Anything else is returned unchanged, so a
-    configuration neither takes is refused with our reasons."""
+def _kernels_support_capability(capability: "DeviceCapability | None") -> bool:
     from vllm.platforms import current_platform
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    if selected not in (
-        AttentionBackendEnum.TRITON_ATTN,
-        AttentionBackendEnum.ROCM_ATTN,
-    ):
-        return selected
-    ours = selected.get_class()
-    capability = current_platform.get_device_capability()
-    if not issubclass(ours, TritonAttentionBackend) or capability is None:
-        return selected
-    config = {"device_capability": capability, **attn_selector_config._asdict()}
-    reasons = ours.validate_configuration(**config)
-    stock = AttentionBackendEnum.TRITON_UNIFIED_ATTN
-    if not reasons or stock.get_class().validate_configuration(**config):
-        return selected
-    logger.warning_once(
-        "TRITON_ATTN's kernels do not take a layer of this model (%s); it runs on "
-        "stock vLLM's Triton backend, TRITON_UNIFIED_ATTN.",
-        "; ".join(reasons),
+    if current_platform.is_rocm():
+        return True
+    if capability is None:
+        return False
+    return (capability.major, capability.minor) >= MIN_CUDA_CAPABILITY
+
+
+class TritonUnifiedAttentionBackend(stock_triton.TritonAttentionBackend):
+    """TRITON_UNIFIED_ATTN: stock vLLM's Triton backend (upstream's
+    unified-attention kernel), which the build keeps unchanged as
+    ``triton_unified_attn.py``, under its own name, so a layer it serves says so
+    (``layer.backend``, logs). It serves the layers our kernels do not take
+    (``TritonAttentionBackend.backend_for_layer``) and can be named itself."""
+
+    @staticmethod
+    def get_name() -> str:
+        return "TRITON_UNIFIED_ATTN"
+
+    @staticmethod
+    def get_builder_cls() -> type["UnifiedAttentionMetadataBuilder"]:
+        return UnifiedAttentionMetadataBuilder
+
+
+class UnifiedAttentionMetadataBuilder(stock_triton.TritonAttentionMetadataBuilder):
+    """Stock's metadata builder, which also says at startup which layers it serves."""
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        log_served_layers("TRITON_UNIFIED_ATTN", layer_names)
+
+
+def log_served_layers(backend: str, layer_names: list[str]) -> None:
+    """The startup summary, one line per backend and group of layers: vLLM makes
+    one metadata builder per group of layers that share a backend and cache spec."""
+    shown = ", ".join(layer_names[:2]) + (", ..." if len(layer_names) > 2 else "")
+    logger.info(
+        "%s serves %d attention layer(s) (%s).", backend, len(layer_names), shown
     )
-    return stock
 
 
 def _platform_supports_fp8(device_capability: "DeviceCapability") -> bool:
