@@ -56,6 +56,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from benchmarks.kernels.merge_tuning import table_text  # noqa: E402
 from vllm.attention.ops.prefix_prefill import prefix_prefill_attention  # noqa: E402
 from vllm.attention.ops.reference import ref_paged_attention  # noqa: E402
 from vllm.attention.ops.tuning import decode_configs as dc  # noqa: E402
@@ -67,10 +68,7 @@ from vllm.attention.ops.tuning.prefill_configs import (  # noqa: E402
     heuristic_prefill_config,
     is_valid_config,
 )
-from vllm.attention.ops.tuning.tables import (  # noqa: E402
-    device_gpu_name,
-    table_text,
-)
+from vllm.attention.ops.tuning.tables import device_gpu_name  # noqa: E402
 
 # ----------------------------------------------------------------------------------
 # Prefill
@@ -204,9 +202,8 @@ def _gluon_candidate(config):
     loads by TMA and has none of the portable kernel's other knobs (``use_tma`` stays
     set for launches it leaves to the portable kernel)."""
     return dataclasses.replace(
-        config, use_tma=True, maxnreg=0, fp8_qk=False, lazy_rescale=False,
-        fast_exp=False, longest_first=True, split_head=False,
-    )  # fmt: skip
+        config, use_tma=True, fp8_qk=False, longest_first=True, split_head=False
+    )
 
 
 def _candidates(head_size, kv_dtype, group, block_size, space):

@@ -74,6 +74,24 @@ def test_prefill_records_replace_and_add_sorted_with_provenance(tmp_path):
     assert provenance["commit"] == "fake-commit" and provenance["gpu"] == "Fake GPU"
 
 
+def test_prefill_records_of_retired_fields(tmp_path):
+    # Records from before the register cap, lazy rescaling and fp16 exponentials
+    # were removed name them: at the value that ran without them they merge as the
+    # config without the field; a winner that set one is refused.
+    table = tmp_path / "prefix_prefill_Fake_GPU.json"
+    tile = {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2}
+    retired = {"maxnreg": 0, "lazy_rescale": False, "fast_exp": False}
+    merge_tuning.merge(
+        [_prefill_record(tmp_path / "a.json", 1024, {**tile, **retired})], table
+    )
+    got, _ = _parsed(PREFILL_TABLE, table)
+    assert got == {PREFILL_TABLE.key(**KEY, max_query_len=1024): PrefillConfig(**tile)}
+    for name, value in (("maxnreg", 168), ("lazy_rescale", True), ("fast_exp", True)):
+        capped = _prefill_record(tmp_path / "b.json", 1024, {**tile, name: value})
+        with pytest.raises(SystemExit, match="retired field"):
+            merge_tuning.merge([capped], table)
+
+
 def test_decode_retune_output_merges_its_winners(tmp_path):
     key = DECODE_TABLE.key(**{**KEY, "kv_dtype": "fp8"}, split=True)
     win = DecodeConfig(128, 2, 2)

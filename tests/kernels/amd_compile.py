@@ -64,16 +64,14 @@ Checks, per build (a failure prints BAD and makes the exit status 1):
 * the attention kernels use MFMA (``v_mfma`` instructions) with operands of the
   dot dtype: bf16 for bf16 caches, f16 for fp16 and fp8 caches (fp8 dots run in
   fp16, ``query_for_cache``); not required of the merges and the cache write;
-* no Hopper-only path: the selected prefill config has no TMA, no Gluon kernel, no
-  register cap and no fp16 exponentials (``use_tma``, ``gluon``, ``maxnreg``,
-  ``fast_exp``) and its launch has ``USE_TMA``/``FAST_EXP`` off and no
-  ``maxnreg``; the decode config has no ``early_convert`` (inline PTX). Once, on
-  the device: ``nvidia_gpu`` and ``tma_supported`` are false,
-  ``compile_options`` drops a ``maxnreg``, and
+* no Hopper-only path: the selected prefill config has no TMA and no Gluon kernel
+  (``use_tma``, ``gluon``) and its launch has ``USE_TMA`` off; the decode config
+  has no ``early_convert`` (inline PTX). Once, on the device: ``nvidia_gpu`` and
+  ``tma_supported`` are false, and
   ``prefix_prefill_hopper.hopper_kernel_refusal`` refuses a Gluon-eligible config;
   as a control, a simulated H200 allows each of them. (Without the ROCm identity,
   ``torch.version.hip`` unset, the NVIDIA configs are selected and the run fails:
-  TMA, register caps, spills.)
+  TMA, spills.)
 
 Occupancy (waves per SIMD, CDNA3): a SIMD lane has 512 VGPRs (arch and
 accumulation registers together; ``.vgpr_count`` is that unified count),
@@ -382,14 +380,11 @@ def hopper_path_problems(kind: str, config, kwargs: dict) -> list[str]:
     uses."""
     problems = []
     if kind.startswith("prefill"):
-        for field in ("use_tma", "gluon", "maxnreg", "fast_exp"):
+        for field in ("use_tma", "gluon"):
             if getattr(config, field):
                 problems.append(f"config.{field}={getattr(config, field)}")
-        for flag in ("USE_TMA", "FAST_EXP"):
-            if kwargs.get(flag):
-                problems.append(f"{flag}=True")
-        if "maxnreg" in kwargs:
-            problems.append(f"maxnreg={kwargs['maxnreg']}")
+        if kwargs.get("USE_TMA"):
+            problems.append("USE_TMA=True")
     elif config.early_convert or kwargs.get("EARLY_CONVERT"):  # decode
         problems.append("early_convert (inline PTX)")
     return problems
@@ -404,7 +399,7 @@ def device_gate_problems() -> list[str]:
 
     hopper = pp._hopper_kernels()  # None where this Triton has no Gluon
 
-    gluon = PrefillConfig(128, 64, 4, 2, use_tma=True, maxnreg=168, gluon=True)
+    gluon = PrefillConfig(128, 64, 4, 2, use_tma=True, gluon=True)
     query = torch.empty((64, 32, 128), dtype=torch.bfloat16)
     key_cache = torch.empty((8, 2, 8, 64, 128), dtype=torch.bfloat16)[:, 0]
 
@@ -412,7 +407,6 @@ def device_gate_problems() -> list[str]:
         return {
             "nvidia_gpu": hardware.nvidia_gpu(DEVICE),
             "tma_supported": hardware.tma_supported(DEVICE),
-            "maxnreg": "maxnreg" in pp.compile_options(gluon, DEVICE),
             "gluon": hopper is not None
             and hopper.hopper_kernel_refusal(
                 query=query, key_cache=key_cache, config=gluon, alibi_slopes=None,

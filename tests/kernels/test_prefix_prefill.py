@@ -200,21 +200,6 @@ CASES = [
         config=PrefillConfig(16, 16, 4, 1, fp8_qk=True),
         tolerance=FP8_QK_TOLERANCE,
     ),
-    # lazy_rescale: the same result with every feature (sinks start the max finite;
-    # windows and ALiBi move it), with pointer loads and with TMA.
-    _case(
-        "lazy-rescale-all-features-fp8-g4",
-        **ALL_FEATURES_FP8,
-        seqs=[(5, 29), (1, 1), (12, 12), (40, 90)],
-        config=PrefillConfig(16, 16, 4, 1, lazy_rescale=True),
-    ),
-    _case(
-        "lazy-rescale-tma-g2",
-        num_q_heads=4,
-        block_size=32,
-        seqs=[(3, 40), (20, 20), (33, 97)],
-        config=PrefillConfig(16, 16, 4, 1, use_tma=True, lazy_rescale=True),
-    ),
     # use_tma where TMA cannot apply (the tile spans pages): the pointer loads run
     # instead.
     _case(
@@ -280,14 +265,6 @@ CASES = [
         **ALL_FEATURES_FP8,
         num_splits=5,
         seqs=[(3, 60), (20, 20), (1, 33), (9, 80)],
-    ),
-    # Lazy rescale keeps a stale max: the split's log-sum-exp must still be right.
-    _case(
-        "split-kv-2-lazy-rescale-g4",
-        num_splits=2,
-        num_q_heads=8,
-        config=PrefillConfig(16, 16, 4, 1, lazy_rescale=True),
-        seqs=[(7, 90), (30, 30)],
     ),
     # split_head: the head in two exact column tiles (96 = 64 + 32, 80 = 64 + 16,
     # 192 = 128 + 64); pointer loads within a page and across pages, TMA, every
@@ -737,14 +714,6 @@ def _args(batch, **overrides):
         (lambda b: {"seq_lens": b.seq_lens.long()}, "seq_lens"),
         (lambda b: {"alibi_slopes": torch.ones(3, device=DEVICE)}, "alibi_slopes"),
         (lambda b: {"num_seqs": 9}, "sequence range"),
-        (
-            lambda b: {
-                "config": PrefillConfig(
-                    16, 16, 4, 1, lazy_rescale=True, split_head=True
-                )
-            },
-            "split_head and lazy_rescale",
-        ),
     ],
     ids=[
         "fp32-query",
@@ -755,7 +724,6 @@ def _args(batch, **overrides):
         "int64-seq-lens",
         "alibi-shape",
         "seq-range",
-        "split-head-with-lazy-rescale",
     ],
 )
 def test_rejects_unsupported_inputs(overrides, match):
@@ -1042,29 +1010,9 @@ def test_shipped_prefill_tables_hold_valid_configs_for_their_keys():
             assert valid, (path.name, key, config)
 
 
-def test_register_cap_reaches_only_nvidia_launches(monkeypatch):
-    """The register cap (maxnreg) is a Triton launch option on NVIDIA; ROCm and the
-    interpreter do not take it (the sm_90 compile check sees it as .maxnreg in the
-    PTX)."""
-    from vllm.attention.ops.prefix_prefill import compile_options
-
-    capped = PrefillConfig(64, 64, 4, 1, use_tma=True, maxnreg=168)
-    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    monkeypatch.setattr(torch.version, "hip", None)
-    assert compile_options(capped, cuda) == {
-        "num_warps": 4,
-        "num_stages": 1,
-        "maxnreg": 168,
-    }
-    assert "maxnreg" not in compile_options(capped, cpu)
-    assert "maxnreg" not in compile_options(PrefillConfig(64, 64, 4, 1), cuda)
-    monkeypatch.setattr(torch.version, "hip", "7.0")
-    assert "maxnreg" not in compile_options(capped, cuda)
-
-
-def test_fast_exp_reaches_only_nvidia_launches(monkeypatch):
-    """fast_exp is inline PTX: it applies on NVIDIA GPUs, never on ROCm or in the
-    interpreter (the sm_90 compile check sees it as ex2.approx.f16x2)."""
+def test_nvidia_gpu_excludes_rocm_and_interpreter(monkeypatch):
+    """Inline PTX (decode's early_convert) and TMA apply on NVIDIA GPUs, never on
+    ROCm or in the interpreter."""
     from vllm.attention.ops.hardware import nvidia_gpu
 
     monkeypatch.setattr(torch.version, "hip", None)
@@ -1072,77 +1020,6 @@ def test_fast_exp_reaches_only_nvidia_launches(monkeypatch):
     assert not nvidia_gpu(torch.device("cpu"))
     monkeypatch.setattr(torch.version, "hip", "7.0")
     assert not nvidia_gpu(torch.device("cuda", 0))
-
-
-@pytest.mark.skipif(
-    not (torch.cuda.is_available() and torch.version.hip is None),
-    reason="inline PTX runs on NVIDIA GPUs only",
-)
-@pytest.mark.parametrize("cache_dtype", [None, torch.float8_e4m3fn], ids=str)
-def test_fast_exp_matches_reference(cache_dtype):
-    """fp16 exponentials on the GPU, within the dtype's usual tolerance: every
-    feature, the production tile shape, pointer loads and TMA."""
-    for use_tma in (False, True):
-        _check_case(
-            CASES[0].values[0]
-            | ALL_FEATURES_FP8
-            | {
-                "seqs": GPU_SEQS,
-                "head_size": 128,
-                "num_kv_heads": 2,
-                "block_size": 64,
-                "cache_dtype": cache_dtype,
-                "config": PrefillConfig(64, 64, 4, 2, use_tma, fast_exp=True),
-            }
-        )
-
-
-@pytest.mark.parametrize(
-    "steps",
-    [
-        [0.0] * 6,  # the max never grows: every tile after the first keeps it
-        [7.9] * 6,  # grows just under the threshold each tile: p up to 2**7.9
-        [0.0, 200.0, -50.0, 9.0, 0.5, 8.5],  # jumps (past fp32 exp2), falls, creeps
-    ],
-    ids=["flat", "creeping", "jumps"],
-)
-def test_lazy_rescale_on_designed_score_schedules(steps):
-    """Scores whose per-tile maximum follows ``steps`` (log2 units per 16-key tile),
-    so that the lazy path keeps a stale max over several tiles and the eager one
-    moves it every tile: both must give the reference's output."""
-    batch = make_paged_batch(
-        seqs=[(4, 96), (1, 96)],
-        num_q_heads=2,
-        num_kv_heads=1,
-        head_size=64,
-        block_size=16,
-    )
-    scale = 0.125
-    # q = e0 for every row; key j = c_j * e0 + noise, so score_j ~ c_j * scale.
-    batch.query.zero_()
-    batch.query[..., 0] = 1.0
-    level = torch.tensor(steps).cumsum(0) / (scale * math.log2(math.e))
-    per_key = level.repeat_interleave(16)  # 96 keys, one level per tile
-    k = batch.key_cache  # [blocks, kv_heads, block_size, head]
-    for s in range(2):
-        for j in range(96):
-            page = int(batch.block_table[s, j // 16])
-            k[page, 0, j % 16, 0] = per_key[j] + torch.randn(()).item()
-    outputs = []
-    for lazy in (False, True):
-        case = dict(
-            CASES[0].values[0],
-            config=PrefillConfig(16, 16, 4, 1, lazy_rescale=lazy),
-            num_q_heads=2,
-            num_kv_heads=1,
-        )
-        out = torch.full_like(batch.query, float("nan"))
-        _run(case, batch, out, softmax_scale=scale)
-        outputs.append(out)
-    expected = ref_paged_attention(softmax_scale=scale, **batch.ref_kwargs())
-    dtype, atol, rtol = TOLERANCES[torch.bfloat16]
-    for out in outputs:
-        assert_close(out, expected, dtype=dtype, atol=atol, rtol=rtol)
 
 
 @triton.jit

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Hardware facts the kernels, the tuning filters and the benchmarks rely on.
+"""Hardware facts the kernels and the tuning filters rely on.
 
 One place for what is true of a GPU rather than of a kernel: shared memory per
-program, the SM count and L2 size of the tuned GPU, which devices take inline PTX
-and TMA, and which tuned GPU stands in for an untuned one of the same SM design.
+program, the SM count of the tuned GPU, which devices take inline PTX and TMA, and
+which tuned GPU stands in for an untuned one of the same SM design.
 Nothing is queried at import time; the device queries below run at the first launch.
 """
 
@@ -17,12 +17,6 @@ HOPPER_SMEM_BYTES_PER_PROGRAM = 232_448
 # SMs of an H200 (and H100 SXM). Used where no GPU can be asked: CPU runs under
 # TRITON_INTERPRET=1 pretend to be an H200 so that split-KV choices match the GPU's.
 H200_NUM_SMS = 132
-# L2 cache of an H100 / H200: benchmarks rotate more K/V than twice this through
-# each timed pass so that no call finds its K/V in L2.
-H200_L2_BYTES = 50 * 2**20
-# Dense bf16 tensor-core peak of an H200 (and H100 SXM), TFLOP/s, for benchmark
-# efficiency figures.
-H200_BF16_DENSE_PEAK_TFLOPS = 989.0
 
 # A GPU with no tuning table of its own uses the tables of a tuned GPU with the same
 # SM design, where the same tiles win: {NVIDIA compute capability: GPU name}. An
@@ -33,8 +27,7 @@ SAME_ARCHITECTURE = {(9, 0): "NVIDIA H200"}
 
 def nvidia_gpu(device: torch.device) -> bool:
     """Whether launches on ``device`` compile for an NVIDIA GPU: what inline PTX
-    (``e4m3_to_fp16_at_load``, ``exp2_fp16``), TMA and register caps need. Not ROCm,
-    not the CPU interpreter."""
+    (``e4m3_to_fp16_at_load``) and TMA need. Not ROCm, not the CPU interpreter."""
     return device.type == "cuda" and torch.version.hip is None
 
 

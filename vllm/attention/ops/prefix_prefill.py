@@ -85,7 +85,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vllm.attention.ops.hardware import (
     num_sms,
-    nvidia_gpu,
     shared_memory_per_program,
     tma_supported,
 )
@@ -210,8 +209,6 @@ def _attend_kv_range(
     TILE_IN_PAGE: tl.constexpr,  # BLOCK_N divides BLOCK_SIZE: one page per tile
     USE_TMA: tl.constexpr,  # load K/V tiles by TMA (needs TILE_IN_PAGE)
     FP8_QK: tl.constexpr,  # q is fp8 (the cache's format): V goes to fp16 for p.v
-    LAZY_RESCALE: tl.constexpr,  # see online_softmax_step
-    FAST_EXP: tl.constexpr,  # fp16 probabilities (common.probabilities)
     MASKED: tl.constexpr,  # False: every key of every tile is visible to every row
     USE_SOFTCAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
@@ -320,22 +317,11 @@ def _attend_kv_range(
                 ZERO_PAST_END=MASKED,
             )
             v_hi = to_dot_dtype(v_hi, DOT_DTYPE=v.dtype)
-            p, alpha, m_i, l_i = softmax_rescale(
-                m_i, l_i, scores, score_scale, FAST_EXP=FAST_EXP
-            )
+            p, alpha, m_i, l_i = softmax_rescale(m_i, l_i, scores, score_scale)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
             acc_hi = tl.dot(p.to(v.dtype), v_hi, acc_hi * alpha[:, None])
         else:
-            acc, m_i, l_i = online_softmax_step(
-                acc,
-                m_i,
-                l_i,
-                scores,
-                v,
-                score_scale,
-                LAZY_RESCALE=LAZY_RESCALE,
-                FAST_EXP=FAST_EXP,
-            )
+            acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, scores, v, score_scale)
     return acc, acc_hi, m_i, l_i
 
 
@@ -423,8 +409,6 @@ def _prefix_prefill_kernel(
     IS_FP8: tl.constexpr,
     FP8_QK: tl.constexpr,  # IS_FP8 and the config's fp8_qk
     FP8_MAX: tl.constexpr,  # largest finite value of the cache's fp8 format
-    LAZY_RESCALE: tl.constexpr,  # the config's lazy_rescale
-    FAST_EXP: tl.constexpr,  # the config's fast_exp, where it applies (NVIDIA)
     LONGEST_FIRST: tl.constexpr,  # the config's program order (program_coords)
     SPLIT_KV: tl.constexpr,  # num_splits > 1: partials to the workspace
     USE_SOFTCAP: tl.constexpr,
@@ -590,8 +574,6 @@ def _prefix_prefill_kernel(
             TILE_IN_PAGE=TILE_IN_PAGE,
             USE_TMA=USE_TMA,
             FP8_QK=FP8_QK,
-            LAZY_RESCALE=LAZY_RESCALE,
-            FAST_EXP=FAST_EXP,
             MASKED=True,
             USE_SOFTCAP=USE_SOFTCAP,
             USE_ALIBI=USE_ALIBI,
@@ -631,8 +613,6 @@ def _prefix_prefill_kernel(
         TILE_IN_PAGE=TILE_IN_PAGE,
         USE_TMA=USE_TMA,
         FP8_QK=FP8_QK,
-        LAZY_RESCALE=LAZY_RESCALE,
-        FAST_EXP=FAST_EXP,
         MASKED=False,
         USE_SOFTCAP=USE_SOFTCAP,
         USE_ALIBI=USE_ALIBI,
@@ -672,8 +652,6 @@ def _prefix_prefill_kernel(
         TILE_IN_PAGE=TILE_IN_PAGE,
         USE_TMA=USE_TMA,
         FP8_QK=FP8_QK,
-        LAZY_RESCALE=LAZY_RESCALE,
-        FAST_EXP=FAST_EXP,
         MASKED=True,
         USE_SOFTCAP=USE_SOFTCAP,
         USE_ALIBI=USE_ALIBI,
@@ -837,15 +815,6 @@ def auto_num_splits(
     )
 
 
-def compile_options(config: PrefillConfig, device: torch.device) -> dict:
-    """Triton's launch options of ``config`` on ``device``: warps and stages, and
-    the register cap where it applies (NVIDIA; not ROCm, not the interpreter)."""
-    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    if config.maxnreg and nvidia_gpu(device):
-        options["maxnreg"] = config.maxnreg
-    return options
-
-
 def _launches(
     *,
     query: torch.Tensor,
@@ -960,11 +929,10 @@ def _launches(
         USE_TMA=use_tma,
         FP8_QK=is_fp8 and config.fp8_qk,
         FP8_MAX=fp8_max(key_cache.dtype),
-        LAZY_RESCALE=config.lazy_rescale,
-        FAST_EXP=config.fast_exp and nvidia_gpu(query.device),  # inline PTX
         LONGEST_FIRST=config.longest_first,
         SPLIT_KV=num_splits > 1,
-        **compile_options(config, query.device),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     launches = [(_prefix_prefill_kernel, grid, kwargs)]
     if num_splits > 1:
@@ -1101,11 +1069,6 @@ def prefix_prefill_attention(
     ):
         raise ValueError(
             f"{who}: config tiles must be powers of two >= 16, got {config}."
-        )
-    if config.split_head and config.lazy_rescale:
-        raise ValueError(
-            f"{who}: split_head and lazy_rescale cannot be combined (the split "
-            f"tiles rescale every step); drop one of them from {config}."
         )
     if num_splits is None:
         num_splits = auto_num_splits(

@@ -394,11 +394,6 @@ def _fail(who: str, message: str):
 
 # log2(e): scores are multiplied by it once so that exp(x) == exp2(x * LOG2E).
 LOG2E = tl.constexpr(1.4426950408889634)
-# Lazy rescaling (online_softmax_step's LAZY_RESCALE): the running max is moved, and
-# the accumulator rescaled, only when some row's max grew by more than this (log2
-# units). Until then probabilities are taken against the stale max, so they are at
-# most 2**8; fp32 sums and bf16/fp16 probabilities hold that without loss.
-RESCALE_THRESHOLD = tl.constexpr(8.0)
 
 
 # --------------------------------------------------------------------------------------
@@ -542,32 +537,6 @@ def e4m3_to_fp16_at_load(tile):
 
 
 @triton.jit
-def exp2_fp16(x):
-    """``exp2`` of an fp16 tensor, two values per instruction (``ex2.approx.f16x2``,
-    relative error below 2**-9.9; -inf gives 0). NVIDIA only (inline PTX: no
-    interpreter, no ROCm): the launcher enables it only there."""
-    return tl.inline_asm_elementwise(
-        asm="ex2.approx.f16x2 $0, $1;",
-        constraints="=r,r",
-        args=[x],
-        dtype=tl.float16,
-        is_pure=True,
-        pack=2,
-    )
-
-
-@triton.jit
-def probabilities(x, FAST_EXP: tl.constexpr):
-    """``exp2(x)`` of the scores minus their reference max (``x <= 0`` or -inf): fp32,
-    or with ``FAST_EXP`` fp16 from ``exp2_fp16`` (half the special-function work;
-    P is rounded to 16 bits for the p.v product anyway)."""
-    if FAST_EXP:
-        return exp2_fp16(x.to(tl.float16))
-    else:
-        return tl.math.exp2(x)
-
-
-@triton.jit
 def quantize_fp8(x, scale, FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr):
     """fp8 value stored for ``x``: ``clamp(x / scale, -FP8_MAX, FP8_MAX)`` cast to
     ``FP8_DTYPE`` (round to nearest even on GPUs)."""
@@ -704,19 +673,18 @@ def softmax_rescale(
     l_i,  # [BLOCK_M] fp32: running denominator
     scores,  # [BLOCK_M, BLOCK_N] fp32: log2 units once times score_scale; -inf masked
     score_scale=1.0,  # fp32 > 0 (see scores_and_scale)
-    FAST_EXP: tl.constexpr = False,
 ):
     """One online-softmax update without the value product.
 
     Returns ``(p, alpha, m_new, l_new)``: ``p = exp2(scores * score_scale - m_new)``
-    (one FMA per score; fp16 with ``FAST_EXP``, see ``probabilities``), the factor
-    ``alpha`` that rescales the old accumulator, the new max and denominator. Rows
-    with no visible key so far (max still -inf) use 0 as the reference, giving
-    ``p = 0`` and ``alpha = 0`` instead of NaN from ``-inf - -inf``.
+    in fp32 (one FMA per score), the factor ``alpha`` that rescales the old
+    accumulator, the new max and denominator. Rows with no visible key so far (max
+    still -inf) use 0 as the reference, giving ``p = 0`` and ``alpha = 0`` instead of
+    NaN from ``-inf - -inf``.
     """
     m_new = tl.maximum(m_i, tl.max(scores, 1) * score_scale)
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = probabilities(scores * score_scale - m_ref[:, None], FAST_EXP=FAST_EXP)
+    p = tl.math.exp2(scores * score_scale - m_ref[:, None])
     alpha = tl.math.exp2(m_i - m_ref)
     l_new = l_i * alpha + tl.sum(p.to(tl.float32), 1)
     return p, alpha, m_new, l_new
@@ -730,38 +698,11 @@ def online_softmax_step(
     scores,  # [BLOCK_M, BLOCK_N] fp32, log2 units once times score_scale; -inf masked
     v,  # [BLOCK_N, HEAD_PAD] in the dot dtype (bf16/fp16)
     score_scale=1.0,  # fp32 > 0 (see scores_and_scale)
-    LAZY_RESCALE: tl.constexpr = False,
-    FAST_EXP: tl.constexpr = False,  # see probabilities
 ):
     """FlashAttention-2 step over one KV tile: rescale ``acc`` and add ``p @ v``
-    (``tl.dot``, fp32 accumulation). Returns ``(acc, m_i, l_i)``.
-
-    With ``LAZY_RESCALE`` (as FlashAttention-4 does) the tile moves the running max
-    only when some row's max would grow by more than ``RESCALE_THRESHOLD``; otherwise
-    it keeps the stale max, skips the ``acc`` rescale (one multiply per accumulator
-    element) and the ``alpha`` exponentials. ``m_i`` is then a reference point, not
-    the exact max, and the result is the same: ``acc`` and ``l_i`` share it, and the
-    output is their ratio. Rows that have seen no key (max ``-inf``) always take the
-    rescaling path on their first visible key.
-    """
-    if LAZY_RESCALE:
-        m_tile = tl.max(scores, 1) * score_scale
-        growth = tl.where(m_tile > m_i, m_tile - m_i, 0.0)  # +inf for a first key
-        if tl.max(growth, 0) > RESCALE_THRESHOLD:
-            p, alpha, m_i, l_i = softmax_rescale(
-                m_i, l_i, scores, score_scale, FAST_EXP=FAST_EXP
-            )
-            acc = acc * alpha[:, None]
-        else:
-            # Every row here has a finite max or no key yet (then p = 0).
-            m_ref = tl.where(m_i == float("-inf"), 0.0, m_i)
-            p = probabilities(scores * score_scale - m_ref[:, None], FAST_EXP=FAST_EXP)
-            l_i = l_i + tl.sum(p.to(tl.float32), 1)
-    else:
-        p, alpha, m_i, l_i = softmax_rescale(
-            m_i, l_i, scores, score_scale, FAST_EXP=FAST_EXP
-        )
-        acc = acc * alpha[:, None]
+    (``tl.dot``, fp32 accumulation). Returns ``(acc, m_i, l_i)``."""
+    p, alpha, m_i, l_i = softmax_rescale(m_i, l_i, scores, score_scale)
+    acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, m_i, l_i
 

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Launch configurations of the prefix-prefill kernel: table lookup + heuristic.
 
-A configuration is ``(block_m, block_n, num_warps, num_stages, use_tma, maxnreg,
-fp8_qk, lazy_rescale, fast_exp, longest_first, split_head, gluon)``. It is chosen
+A configuration is ``(block_m, block_n, num_warps, num_stages, use_tma, fp8_qk,
+longest_first, split_head, gluon)``. It is chosen
 per *problem key*, the properties that change which tiles are fast:
 
     head_size, q_dtype, kv_dtype, group (q heads per KV head), block_size,
@@ -52,15 +52,8 @@ PREFILL_CONFIG_SPACE = {
     "num_warps": (4, 8),
     "num_stages": (1, 2, 3, 4),
     "use_tma": (False, True),
-    # 0: ptxas's own choice. A cap lets more programs share an SM (e.g. 168 x 128
-    # threads: three 4-warp programs instead of two); sweep it with --maxnreg.
-    "maxnreg": (0,),
     # fp8 caches only: q.k on fp8 tensor cores (sweep it with --fp8-qk 0 1).
     "fp8_qk": (False,),
-    # Rescale the accumulator only when a row max grows by > 2**8 (--lazy-rescale 0 1).
-    "lazy_rescale": (False,),
-    # fp16 exponentials, two per instruction (NVIDIA; --fast-exp 0 1).
-    "fast_exp": (False,),
     # Program order: longest first across heads, or head-major (--longest-first 0 1).
     "longest_first": (True,),
     # Head sizes that are two powers of two (96 = 64 + 32) in two unpadded column
@@ -83,27 +76,12 @@ class PrefillConfig:
     use_tma: load K/V tiles through TMA descriptors. Honoured only where it can
         be (NVIDIA sm_90+, block_n dividing the page size);
         elsewhere the pointer loads run instead, with the same result.
-    maxnreg: registers per thread the compiler may use (NVIDIA; 0 = its own
-        choice). Fewer registers per program can fit more programs per SM, at the
-        risk of spills; ignored on ROCm and in the interpreter.
     fp8_qk: fp8 caches only: quantise the query tile to the cache's fp8 format
         (one scale per program, its largest magnitude mapped to the format's
         maximum) and run q.k on fp8 tensor cores, K straight from the cache with
         no conversion; p.v stays in fp16. It adds the query's e4m3 rounding to
         the key's (FlashAttention-3 in vLLM quantises q too, with a fixed scale).
         Ignored for 16-bit caches.
-    lazy_rescale: move the softmax's running max (and rescale the accumulator)
-        only when some row's max grows by more than 2**8, as FlashAttention-4 does;
-        exact (``online_softmax_step``), fewer multiplies and exponentials per
-        tile, one block-wide reduction and branch more.
-    fast_exp: the probabilities as fp16 exponentials of fp16 arguments, two per
-        special-function instruction (``ex2.approx.f16x2``) instead of one fp32
-        each: half the special-function work per tile. P is rounded to 16 bits for
-        the p.v product anyway; this adds the fp16 rounding of the argument
-        ``s - max``: for P >= 2**-8 (arguments >= -8) at most 2**-9 * ln 2 = 0.14%
-        relative, below bf16's own rounding of P (up to 0.39%), and the
-        instruction's error (below 2**-9.9). NVIDIA only (inline PTX); ignored on
-        ROCm and in the interpreter.
     longest_first: the order programs start in (``prefix_prefill.program_coords``):
         the longest row tiles of every head and sequence first (LPT order: a short
         last wave; 1.42x on an 8k prefill of group 1 on an H200), or head-major,
@@ -115,7 +93,7 @@ class PrefillConfig:
         into one score tile, p.v two dots into two accumulators, and K/V are two
         loads (two TMA boxes). For head size 96 the dots do 3/4 of the padded
         tile's multiply-adds and the accumulator is 96 columns instead of 128.
-        Only where ``head_split`` applies and without ``lazy_rescale``.
+        Only where ``head_split`` applies.
     gluon: run the launch in the Hopper kernel written in Gluon
         (``prefix_prefill_hopper.py``) with these tiles: a load warp fills a ring
         of ``num_stages`` TMA slots, and two consumer warpgroups of 64 rows each
@@ -134,10 +112,7 @@ class PrefillConfig:
     num_warps: int
     num_stages: int
     use_tma: bool = False
-    maxnreg: int = 0
     fp8_qk: bool = False
-    lazy_rescale: bool = False
-    fast_exp: bool = False
     longest_first: bool = True
     split_head: bool = False
     gluon: bool = False
@@ -173,11 +148,8 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         and config.block_n >= 16
         and smem <= HOPPER_SMEM_BYTES_PER_PROGRAM
         and not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 64)
-        and (config.maxnreg == 0 or 64 <= config.maxnreg <= 255)
         and not (config.fp8_qk and dtype_name(kv_dtype) != "fp8")
-        and not (
-            config.split_head and (head_split(head_size) is None or config.lazy_rescale)
-        )
+        and not (config.split_head and head_split(head_size) is None)
         and not (
             config.gluon
             and (

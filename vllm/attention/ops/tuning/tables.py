@@ -149,19 +149,6 @@ class TuningTable:
         return _lookup(self, gpu_name, is_hip, **fields)
 
 
-def table_text(provenance: dict, configs: list[dict]) -> str:
-    """A table file's text: the provenance first, then one entry per line (so that
-    a retuned entry is a one-line diff)."""
-    lines = ",\n".join("  " + json.dumps(entry) for entry in configs)
-    return (
-        '{\n "provenance": '
-        + json.dumps(provenance)
-        + ',\n "configs": [\n'
-        + lines
-        + "\n ]\n}\n"
-    )
-
-
 def clear_caches() -> None:
     """Forget every loaded table and memoised lookup (for tests that swap files)."""
     _load.cache_clear()
