@@ -11,6 +11,7 @@ The wheel is the pinned upstream vLLM wheel repackaged with the fork's changes
 
 from __future__ import annotations
 
+import functools
 import tarfile
 import tempfile
 from pathlib import Path
@@ -18,8 +19,25 @@ from pathlib import Path
 from fork_build import BuildError, pins, plan, upstream, wheel
 
 
+def _hook(func):
+    """A hook whose refusal is its message alone. pip shows a failed hook's output
+    inside its own report; a traceback there would bury the reason under twenty
+    lines of backend internals, so a `BuildError` ends the hook's process with
+    ``error: <message>`` on stderr and exit code 1 (SystemExit), nothing else."""
+
+    @functools.wraps(func)
+    def hook(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except BuildError as e:
+            raise SystemExit(f"error: {e}") from None
+
+    return hook
+
+
 def _target(config_settings) -> pins.Upstream:
-    return pins.upstream((config_settings or {}).get("vllm-version"))
+    version = (config_settings or {}).get("vllm-version")
+    return pins.upstream(version, option=pins.PIP_OPTION)
 
 
 def _installable_target(config_settings) -> pins.Upstream:
@@ -27,20 +45,26 @@ def _installable_target(config_settings) -> pins.Upstream:
     resolve from PyPI (`pins.Upstream.pypi_blocker`)."""
     target = _target(config_settings)
     if target.pypi_blocker:
+        from_env = not (config_settings or {}).get("vllm-version")
+        default = f" (with {pins.VERSION_ENV} unset)" if from_env else ""
         raise BuildError(
-            f"{target.pypi_blocker}, so pip could not install the fork's wheel of "
-            f"it. Install vLLM {pins.DEFAULT_VERSION} (the default: `pip install .`), "
-            f"or patch a vLLM {target.version} you already have in place: "
-            f"`python setup.py patch --site-packages DIR`; `python setup.py wheel "
-            f"--vllm-version {target.version}` builds its wheel for an index that "
-            f"has those requirements (docs/install.md)."
+            f"{target.pypi_blocker}, so pip cannot install the fork's wheel of "
+            f"it. Instead:\n"
+            f"- `pip install .`{default} installs the default, vLLM "
+            f"{pins.DEFAULT_VERSION};\n"
+            f"- `python setup.py patch --site-packages DIR` patches a vLLM "
+            f"{target.version} you already have, in place;\n"
+            f"- `{pins.VERSION_ENV}={target.version} python setup.py wheel` builds "
+            f"its wheel for an index that has those requirements (docs/install.md)."
         )
     return target
 
 
 def _upstream_wheel(config_settings) -> Path:
     settings = config_settings or {}
-    return upstream.fetch("wheel", _target(settings), settings.get("upstream-wheel"))
+    return upstream.fetch(
+        "wheel", _target(settings), settings.get("upstream-wheel"), pip=True
+    )
 
 
 def get_requires_for_build_wheel(config_settings=None):
@@ -51,6 +75,7 @@ def get_requires_for_build_sdist(config_settings=None):
     return []
 
 
+@_hook
 def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
     target = _installable_target(config_settings)
     return wheel.write_metadata_dir(
@@ -58,6 +83,7 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
     )
 
 
+@_hook
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     target = _installable_target(config_settings)
     built = wheel.build_wheel(
@@ -78,6 +104,7 @@ SDIST_PATHS = (
 )
 
 
+@_hook
 def build_sdist(sdist_directory, config_settings=None):
     release = _target(config_settings)
     name = f"vllm-{release.fork_version}"

@@ -27,7 +27,10 @@ def _patch(args) -> str:
     if args.revert:
         paths = site.revert_site(args.site_packages)
         return f"reverted {len(paths)} files in {args.site_packages} to stock vLLM"
-    paths = site.patch_site(args.site_packages)
+    try:
+        paths = site.patch_site(args.site_packages)
+    except site.ForkWheelInstalled as e:
+        return str(e)  # nothing to do: not an error
     return (
         f"patched {len(paths)} files in {args.site_packages}: "
         f"{site.describe(args.site_packages)} (undo with --revert)"

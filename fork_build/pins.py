@@ -88,13 +88,28 @@ def supported_text() -> str:
     return ", ".join(SUPPORTED)
 
 
-def upstream(version: str | None = None) -> Upstream:
-    """The pins of `version`; None: `TRITONATTN_VLLM_VERSION`, else the default."""
+# How each entry point is told the release, in its own words for its messages.
+SETUP_PY_OPTION = "--vllm-version VERSION"
+PIP_OPTION = "--config-settings vllm-version=VERSION"
+
+
+def upstream(version: str | None = None, *, option: str = SETUP_PY_OPTION) -> Upstream:
+    """The pins of `version`; None: `TRITONATTN_VLLM_VERSION`, else the default.
+
+    `option` is how the caller's entry point chooses a release (`SETUP_PY_OPTION`,
+    `PIP_OPTION`): an unsupported release is refused in those words.
+    """
+    from_env = not version and os.environ.get(VERSION_ENV)
     version = version or os.environ.get(VERSION_ENV) or DEFAULT_VERSION
     if version not in SUPPORTED:
+        given, choose = (
+            (f" ({VERSION_ENV}={version})", f"Set {VERSION_ENV} to one of them")
+            if from_env
+            else ("", f"Choose one with `{option}`")
+        )
         raise BuildError(
-            f"vLLM {version} is not supported by this fork; supported versions: "
-            f"{supported_text()} (choose one with --vllm-version, {VERSION_ENV} or "
-            f"`pip install . --config-settings vllm-version=VERSION`)"
+            f"vLLM {version} is not supported by this fork{given}; supported "
+            f"versions: {supported_text()} (default {DEFAULT_VERSION}). {choose}, "
+            f"or leave it out for the default."
         )
     return SUPPORTED[version]

@@ -34,6 +34,11 @@ BACKUP_DIR = ".vllm-tritonattn-backup"
 MANIFEST = "manifest.json"
 
 
+class ForkWheelInstalled(BuildError):
+    """The site holds the fork's own wheel (`pip install .`), not a stock vLLM:
+    nothing to patch. Not a failure: `setup.py patch` says so and exits 0."""
+
+
 @dataclass(frozen=True)
 class _FileChange:
     path: str  # relative to the site directory
@@ -56,6 +61,27 @@ def _installed_version(site: Path) -> str:
     if not version_py.is_file():
         raise BuildError(f"{version_py} is missing; cannot tell the vLLM version")
     return plan.upstream_version_of(version_py.read_text("utf-8"))[0]
+
+
+def _fork_wheel_release(version: str) -> str | None:
+    """The upstream release of a version that the fork's wheel carries (`X+tritonattn.N`
+    -> `X`); None for any other version."""
+    release, plus, local = version.partition("+")
+    fork = pins.FORK_LOCAL.split(".")[0]
+    return release if plus and local.split(".")[0] == fork else None
+
+
+def _fork_wheel_text(site: Path, version: str) -> str:
+    return (
+        f"{site} holds vLLM {version}, the fork's own wheel as `pip install .` "
+        f"installs it"
+    )
+
+
+def _stock_reinstall(release: str) -> str:
+    """The pip command that puts stock vLLM `release` over the fork's wheel (whose
+    version satisfies a plain `vllm==release`, so pip would keep it)."""
+    return f"pip install --force-reinstall --no-deps vllm=={release}"
 
 
 def _dist_info(site: Path) -> Path | None:
@@ -127,11 +153,21 @@ def plan_site(site: Path) -> tuple[pins.Upstream, list[_FileChange]]:
             f"first."
         )
     version = _installed_version(site)
+    release = _fork_wheel_release(version)
+    if release in pins.SUPPORTED:
+        raise ForkWheelInstalled(
+            f"{_fork_wheel_text(site, version)}: the TritonAttn backend is already "
+            f"there, so there is nothing to patch (`pip install .` again updates "
+            f"it). To patch a stock vLLM in place instead, which --revert undoes, "
+            f"install it first (`{_stock_reinstall(release)}`), then run this again."
+        )
     if version not in pins.SUPPORTED:
         hint = (
-            "it looks patched but has no backup manifest; reinstall stock vLLM"
-            if pins.FORK_LOCAL in version
-            else "install one of those there first"
+            "install one of those there first"
+            if release is None
+            else f"it holds the fork's wheel of vLLM {release}, a release this "
+            f"checkout does not build; `pip install .` replaces it with the fork "
+            f"of vLLM {pins.DEFAULT_VERSION}"
         )
         raise BuildError(
             f"{site} holds vLLM {version}; this fork patches vLLM "
@@ -245,9 +281,20 @@ def revert_site(site: Path, *, allow_partial: bool = False) -> list[str]:
     site = Path(site).resolve()
     backup = site / BACKUP_DIR
     if not (backup / MANIFEST).is_file():
+        try:
+            version = _installed_version(site)
+        except BuildError:
+            version = ""
+        release = _fork_wheel_release(version)
+        note = (
+            f" {_fork_wheel_text(site, version)}, not a patch: "
+            f"`{_stock_reinstall(release)}` puts stock vLLM back."
+            if release
+            else ""
+        )
         raise BuildError(
             f"{site} is not patched by the fork (no {BACKUP_DIR}/{MANIFEST}); "
-            f"nothing to revert."
+            f"nothing to revert.{note}"
         )
     manifest = json.loads((backup / MANIFEST).read_text())
     entries = manifest["files"]
@@ -296,5 +343,11 @@ def describe(site: Path) -> str:
         manifest = json.loads((site / BACKUP_DIR / MANIFEST).read_text())
         return f"{site}: patched to {manifest['fork_version']}"
     version = _installed_version(site)
-    stock = version in pins.SUPPORTED
-    return f"{site}: vLLM {version}" + (" (stock; can be patched)" if stock else "")
+    if version in pins.SUPPORTED:
+        return f"{site}: vLLM {version} (stock; can be patched)"
+    if _fork_wheel_release(version) is not None:
+        return (
+            f"{site}: vLLM {version} (the fork's own wheel, as `pip install .` "
+            f"installs it; nothing to patch)"
+        )
+    return f"{site}: vLLM {version}"

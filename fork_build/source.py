@@ -131,13 +131,19 @@ PR_TEST_FILES = {  # repository path -> path in the upstream tree
 }
 BACKEND_TEST_MODULE = '''# SPDX-License-Identifier: Apache-2.0
 """TRITON_ATTN inside the installed vLLM: each check of triton_attn_checks.py,
-all run in one subprocess (vLLM's import-time state stays out of pytest)."""
+all run in one subprocess (vLLM's import-time state stays out of pytest).
 
+The installed vLLM is the one Python finds outside this source tree: run from the
+tree's root, as `python -m pytest` is, an `import vllm` here would find the
+tree's own `vllm/`, which is not built.
+"""
+
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-import vllm
 from tests.v1.attention.triton_attn_site_runner import (
     check_names,
     passed,
@@ -145,11 +151,27 @@ from tests.v1.attention.triton_attn_site_runner import (
 )
 
 CHECKS = Path(__file__).with_name("triton_attn_checks.py")
+FIND_VLLM = "import importlib.util as u; s = u.find_spec('vllm'); print(s and s.origin)"
+
+
+def installed_vllm() -> Path:
+    """The directory that holds the installed vllm package."""
+    proc = subprocess.run(
+        # -P: without the working directory (this tree, whose vllm/ is not built)
+        [sys.executable, "-P", "-c", FIND_VLLM],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    origin = proc.stdout.strip()
+    if proc.returncode != 0 or origin in ("", "None"):
+        pytest.fail(f"no installed vLLM to check (install it first): {proc.stderr}")
+    return Path(origin).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def results():
-    return run_checks(Path(vllm.__file__).resolve().parent.parent, CHECKS)
+    return run_checks(installed_vllm(), CHECKS)
 
 
 @pytest.mark.parametrize("name", check_names(CHECKS))

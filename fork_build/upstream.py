@@ -34,6 +34,8 @@ KINDS = {
     "wheel": ("--upstream-wheel", "TRITONATTN_UPSTREAM_WHEEL"),
     "sdist": ("--upstream-sdist", "TRITONATTN_UPSTREAM_SDIST"),
 }
+# The PEP 517 backend's name for a local upstream wheel (pip reads only the wheel).
+PIP_SETTING = "--config-settings upstream-wheel"
 
 
 def pinned_file(kind: str, target: pins.Upstream) -> tuple[str, str]:
@@ -58,15 +60,16 @@ def cache_dir() -> Path:
     )
 
 
-def _how_to_supply(kind: str, target: pins.Upstream) -> str:
+def _how_to_supply(kind: str, target: pins.Upstream, pip: bool) -> str:
+    """How to hand over a local copy, in the words of the entry point used."""
     option, env = KINDS[kind]
     filename = pinned_file(kind, target)[0]
-    # pip reads only the wheel (`pip install .`); the sdist serves setup.py commands.
-    pip = f", `pip install . --config-settings {option[2:]}=PATH`" * (kind == "wheel")
-    return (
-        f"pass a local copy of {filename}: `python setup.py ... {option} PATH`{pip}, "
-        f"or {env}=PATH"
+    command = (
+        f"pip install . {PIP_SETTING}=PATH"
+        if pip
+        else f"python setup.py ... {option} PATH"
     )
+    return f"pass a local copy of {filename}: `{command}`, or {env}=PATH"
 
 
 def _check_hash(path: Path, kind: str, target: pins.Upstream, origin: str) -> None:
@@ -103,7 +106,7 @@ def _index_url_of(kind: str, target: pins.Upstream) -> str:
     raise BuildError(f"the index {index} has no file {filename}")
 
 
-def _download(kind: str, target: pins.Upstream, dest: Path) -> None:
+def _download(kind: str, target: pins.Upstream, dest: Path, pip: bool) -> None:
     filename = pinned_file(kind, target)[0]
     try:
         url = _index_url_of(kind, target)
@@ -123,15 +126,25 @@ def _download(kind: str, target: pins.Upstream, dest: Path) -> None:
     except (urllib.error.URLError, OSError, ValueError) as e:
         raise BuildError(
             f"could not download the upstream {kind} {filename} ({e}). Without "
-            f"network access, {_how_to_supply(kind, target)}."
+            f"network access, {_how_to_supply(kind, target, pip)}."
         ) from None
 
 
 def fetch(
-    kind: str, target: pins.Upstream, explicit: str | os.PathLike | None = None
+    kind: str,
+    target: pins.Upstream,
+    explicit: str | os.PathLike | None = None,
+    *,
+    pip: bool = False,
 ) -> Path:
-    """A verified local path of the `kind` file ("wheel"/"sdist") of `target`."""
+    """A verified local path of the `kind` file ("wheel"/"sdist") of `target`.
+
+    `explicit`: the path given on the command line, or by pip's config setting
+    (`pip=True`: messages name pip's setting, not setup.py's option).
+    """
     option, env = KINDS[kind]
+    if pip:
+        option = PIP_SETTING
     filename = pinned_file(kind, target)[0]
     for given, origin in ((explicit, option), (os.environ.get(env), env)):
         if given:
@@ -150,7 +163,7 @@ def fetch(
     if os.environ.get("TRITONATTN_OFFLINE", "") not in ("", "0"):
         raise BuildError(
             f"the upstream {kind} {filename} is not in the cache {cache_dir()} and "
-            f"TRITONATTN_OFFLINE is set; {_how_to_supply(kind, target)}."
+            f"TRITONATTN_OFFLINE is set; {_how_to_supply(kind, target, pip)}."
         )
-    _download(kind, target, cached)
+    _download(kind, target, cached, pip)
     return cached

@@ -369,8 +369,26 @@ def test_environment_with_an_unsupported_vllm_version_is_refused():
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: vLLM 0.30.0 is not supported")
     assert f"supported versions: {', '.join(pins.SUPPORTED)} " in proc.stderr
+    assert f"({pins.VERSION_ENV}=0.30.0)" in proc.stderr  # where it came from
+    assert f"Set {pins.VERSION_ENV} to one of them" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stdout == ""
+
+
+def test_unsupported_release_is_refused_in_the_words_of_the_entry_point(
+    monkeypatch,
+):
+    """setup.py's refusal names its option; pip's (the backend) names pip's
+    config setting, never setup.py's option."""
+    monkeypatch.delenv(pins.VERSION_ENV, raising=False)
+    with pytest.raises(BuildError) as setup_py:
+        pins.upstream("0.30.0")
+    assert "Choose one with `--vllm-version VERSION`" in str(setup_py.value)
+    assert "--config-settings" not in str(setup_py.value)
+    with pytest.raises(BuildError) as pip:
+        pins.upstream("0.30.0", option=pins.PIP_OPTION)
+    assert "Choose one with `--config-settings vllm-version=VERSION`" in str(pip.value)
+    assert "--vllm-version" not in str(pip.value)
 
 
 @pytest.mark.parametrize("via", ["option", "environment"])

@@ -131,6 +131,52 @@ def test_other_vllm_version_is_refused(fake_site, target):
     assert snapshot(fake_site) == before
 
 
+def _as_fork_wheel(site_dir: Path, release: str, installed: str) -> None:
+    """Make a fake site look like one where `pip install .` put the fork's wheel."""
+    version_py = site_dir / plan.VERSION_FILE
+    stock = version_py.read_text()
+    version_py.write_text(stock.replace(f"'{release}'", f"'{installed}'", 1))
+
+
+def test_the_fork_wheel_installed_by_pip_is_not_patched(fake_site, target):
+    """What `pip install .` installs is the fork already: `patch` says so, names
+    what to do to patch in place instead, changes nothing and exits 0; `--status`
+    and `--revert` say what it is too."""
+    _as_fork_wheel(fake_site, target.version, target.fork_version)
+    before = snapshot(fake_site)
+    with pytest.raises(site.ForkWheelInstalled):
+        site.patch_site(fake_site)
+    proc = run_cli("patch", "--site-packages", str(fake_site))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert f"holds vLLM {target.fork_version}, the fork's own wheel as `pip " in (
+        proc.stdout
+    )
+    assert "nothing to patch" in proc.stdout
+    reinstall = f"`pip install --force-reinstall --no-deps vllm=={target.version}`"
+    assert reinstall in proc.stdout
+    assert "backup manifest" not in proc.stdout
+    status = run_cli("patch", "--site-packages", str(fake_site), "--status")
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.rstrip().endswith(
+        f"vLLM {target.fork_version} (the fork's own wheel, as `pip install .` "
+        "installs it; nothing to patch)"
+    )
+    revert = run_cli("patch", "--site-packages", str(fake_site), "--revert")
+    assert revert.returncode == 1
+    assert "the fork's own wheel" in revert.stderr and reinstall in revert.stderr
+    assert snapshot(fake_site) == before
+
+
+def test_a_fork_wheel_of_a_release_no_longer_supported_is_refused(fake_site, target):
+    _as_fork_wheel(fake_site, target.version, f"0.30.0+{pins.FORK_LOCAL}")
+    before = snapshot(fake_site)
+    proc = run_cli("patch", "--site-packages", str(fake_site))
+    assert proc.returncode == 1
+    assert "the fork's wheel of vLLM 0.30.0, a release this checkout" in proc.stderr
+    assert snapshot(fake_site) == before
+
+
 def test_missing_anchor_writes_nothing(fake_site, target):
     envs = fake_site / "vllm" / "envs.py"
     envs.write_text(envs.read_text().replace("VLLM_BATCH_INVARIANT: bool", "X: int"))

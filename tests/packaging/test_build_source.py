@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import zipfile
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from fork_build import BuildError, pins, plan, source
+from tests import site_runner
 
 REPO = Path(__file__).resolve().parents[2]
 # The upstream PR targets the newest supported release (`setup.py pr-patch`).
@@ -332,36 +334,70 @@ def test_empty_device_build_of_the_source_tree(source_tree, target, tmp_path):
     assert expected <= names, sorted(expected - names)
 
 
-def _doc_apply_block() -> str:
-    """The shell block of docs/upstream-pr.md that unpacks the sdist and applies."""
+def _doc_block(needle: str) -> str:
+    """The one shell block of docs/upstream-pr.md that contains `needle`."""
     doc = (REPO / "docs" / "upstream-pr.md").read_text()
-    (block,) = [
-        b for b in re.findall(r"```bash\n(.*?)```", doc, re.S) if "git apply" in b
-    ]
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", doc, re.S) if needle in b]
     return block
+
+
+def _run_as_written(block: str, moved: dict[str, str], **kwargs):
+    """A doc block run by bash, with the paths in `moved` replaced (each must be
+    written in the block)."""
+    for written, here in moved.items():
+        assert written in block, written
+        block = block.replace(written, here)
+    return subprocess.run(
+        ["bash", "-euc", block], capture_output=True, text=True, **kwargs
+    )
+
+
+# The PR's tests in the documented test plan: a few kernel tests (the whole
+# kernel suite runs here under tests/kernels) and every backend check.
+TEST_PLAN_SELECTION = "-k 'dispatch or triton_attn_backend'"
+
+
+def _fresh_venv_with_test_requirements(venv: Path) -> dict[str, str]:
+    """A fresh virtual environment that has what the doc installs in it, this
+    checkout's test requirements (those of this process, through a .pth file),
+    and the environment variables of an activated one."""
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)],
+        check=True,
+        timeout=120,
+    )
+    (purelib,) = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    (site_dir,) = venv.glob("lib/python3*/site-packages")
+    (site_dir / "test-requirements.pth").write_text(purelib + "\n")
+    unset = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (*unset, pins.VERSION_ENV, "PYTEST_ADDOPTS")
+    }
+    env["VIRTUAL_ENV"] = str(venv)
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), env["PATH"]])
+    return env
 
 
 def test_pr_patch_applies_as_documented(
     pr_patch, upstream_sdist, pristine_tree, target, tmp_path
 ):
     """docs/upstream-pr.md's commands, run as written (the cache, /tmp/pr and the
-    checkout's dist/ moved into this test's folder), patch the unpacked sdist, and
-    `git am` with the documented option keeps the PR's subject."""
+    checkout's dist/ moved into this test's folder), patch the unpacked sdist;
+    `git am` with the documented option keeps the PR's subject; and the test plan
+    runs in the patched tree, in a fresh environment with what the doc installs
+    (the PR's backend checks over the installed fork wheel)."""
     if target.version != NEWEST:
         pytest.skip("the documented commands name the newest release")
-    block = _doc_apply_block()
-    for written, here in (
-        (f"~/.cache/vllm-tritonattn/{target.sdist}", str(upstream_sdist)),
-        ("/tmp/pr", str(tmp_path / "pr")),
-        (f"$PWD/dist/{pr_patch.name}", str(pr_patch)),
-    ):
-        assert written in block, written
-        block = block.replace(written, here)
-    proc = subprocess.run(
-        ["bash", "-euc", block],
+    proc = _run_as_written(
+        _doc_block("git apply"),
+        {
+            f"~/.cache/vllm-tritonattn/{target.sdist}": str(upstream_sdist),
+            "/tmp/pr": str(tmp_path / "pr"),
+            f"$PWD/dist/{pr_patch.name}": str(pr_patch),
+        },
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -385,3 +421,30 @@ def test_pr_patch_applies_as_documented(
         ["git", "log", "-1", "--format=%s"], cwd=repo, capture_output=True, text=True
     ).stdout.strip()
     assert subject == source.SUBJECT, subject
+    shutil.rmtree(tmp_path / "am")
+    # The test plan: the environment the doc makes is this one's, fresh.
+    setup = _doc_block("-m venv").strip().splitlines()
+    assert setup == [
+        "python3 -m venv /tmp/pr/venv && . /tmp/pr/venv/bin/activate",
+        "python -m pip install -r requirements-test.txt",
+    ]
+    env = _fresh_venv_with_test_requirements(tmp_path / "pr" / "venv")
+    env["PYTEST_ADDOPTS"] = f"-p no:cacheprovider {TEST_PLAN_SELECTION}"
+    proc = _run_as_written(
+        _doc_block("pytest"),
+        {"/tmp/pr": str(tmp_path / "pr")},
+        cwd=REPO,
+        env=env,
+        timeout=1200,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    kernels, backend = re.findall(r"^=* ?(\d+) passed.*$", proc.stdout, re.M)
+    assert int(kernels) > 0, output[-3000:]
+    checks = source.PR_TEST_FILES["tests/backend/backend_in_vllm.py"]
+    assert int(backend) == len(site_runner.check_names(tree / checks)), output[-3000:]
+    # The backend checks ran over the installed vLLM: Python compiled the tree's
+    # modules that the kernel tests imported, and none of the tree's vllm/v1.
+    assert list((tree / "vllm" / "attention" / "ops").rglob("*.pyc"))
+    compiled = sorted((tree / "vllm" / "v1").rglob("*.pyc"))
+    assert compiled == [], f"the checks imported the tree's own vllm/: {compiled[:3]}"

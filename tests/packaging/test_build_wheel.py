@@ -9,6 +9,7 @@ import csv
 import hashlib
 import io
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_build_vllm import run
 
-from fork_build import BuildError, backend, pins, plan, wheel
+from fork_build import backend, pins, plan, wheel
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -188,6 +189,16 @@ def test_backend_metadata_of_the_chosen_release(upstream_wheel, target, tmp_path
     assert f"\nVersion: {target.fork_version}\n" in metadata
 
 
+def _refusal(hook, directory: Path, settings: dict) -> str:
+    """What a backend hook that refuses prints (its SystemExit message): pip shows
+    it as the build's output."""
+    with pytest.raises(SystemExit) as info:
+        hook(str(directory), settings)
+    assert isinstance(info.value.code, str), info.value.code
+    assert info.value.__suppress_context__  # no chained traceback
+    return info.value.code
+
+
 def test_pip_refuses_a_release_it_could_not_install(tmp_path):
     """`pip install . --config-settings vllm-version=V` for a release whose own
     requirements do not resolve from PyPI stops at once with the reason and what to
@@ -198,20 +209,118 @@ def test_pip_refuses_a_release_it_could_not_install(tmp_path):
     for release in blocked:
         settings = {"vllm-version": release.version}
         for build in (backend.prepare_metadata_for_build_wheel, backend.build_wheel):
-            with pytest.raises(BuildError) as info:
-                build(str(tmp_path), settings)
-            message = str(info.value)
-            assert release.pypi_blocker in message
-            assert f"Install vLLM {pins.DEFAULT_VERSION}" in message
+            message = _refusal(build, tmp_path, settings)
+            assert message.startswith(f"error: {release.pypi_blocker}, ")
+            default = (
+                f"`pip install .` installs the default, vLLM {pins.DEFAULT_VERSION};"
+            )
+            assert default in message
             assert "setup.py patch --site-packages" in message
+            assert "--vllm-version" not in message  # setup.py's option, not pip's
         assert list(tmp_path.iterdir()) == []
 
 
 def test_backend_refuses_an_unsupported_release(tmp_path):
-    with pytest.raises(BuildError) as info:
-        backend.build_wheel(str(tmp_path), {"vllm-version": "0.30.0"})
-    assert f"supported versions: {', '.join(pins.SUPPORTED)} " in str(info.value)
+    message = _refusal(backend.build_wheel, tmp_path, {"vllm-version": "0.30.0"})
+    assert message.startswith("error: vLLM 0.30.0 is not supported")
+    assert f"supported versions: {', '.join(pins.SUPPORTED)} " in message
+    assert "`--config-settings vllm-version=VERSION`" in message
+    assert "--vllm-version" not in message
     assert list(tmp_path.iterdir()) == []
+
+
+def test_backend_names_pips_setting_for_the_upstream_wheel(tmp_path):
+    settings = {"upstream-wheel": str(tmp_path / "missing.whl")}
+    message = _refusal(backend.build_wheel, tmp_path, settings)
+    assert message.startswith("error: --config-settings upstream-wheel names ")
+    assert "--upstream-wheel" not in message
+
+
+def _pip_wheel(settings: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != pins.VERSION_ENV}
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "-w", str(tmp_path)]
+        + [f"--config-settings={s}" for s in settings],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _pip_refusal_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    """The build's output inside pip's report of the failed hook."""
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    (start,) = [
+        i
+        for i, line in enumerate(lines)
+        if re.search(r"\[\d+ lines? of output\]$", line)
+    ]
+    end = next(i for i in range(start, len(lines)) if "[end of output]" in lines[i])
+    return [line.strip() for line in lines[start + 1 : end]]
+
+
+def test_pips_refusal_is_the_reason_and_the_fix(tmp_path):
+    """Through pip itself: a refused release is a few lines of output in pip's
+    report, the reason first, in pip's words (its config setting), no traceback."""
+    unsupported = _pip_refusal_lines(_pip_wheel(["vllm-version=0.30.0"], tmp_path))
+    assert unsupported[0].startswith("error: vLLM 0.30.0 is not supported by this")
+    text = " ".join(unsupported)
+    assert "`--config-settings vllm-version=VERSION`" in text
+    assert "--vllm-version" not in text
+    for release in [r for r in pins.SUPPORTED.values() if r.pypi_blocker]:
+        proc = _pip_wheel([f"vllm-version={release.version}"], tmp_path)
+        lines = _pip_refusal_lines(proc)
+        assert lines[0].startswith(f"error: {release.pypi_blocker}, "), lines
+        assert len(lines) <= 5, lines
+        assert "--vllm-version" not in "\n".join(lines)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_patching_the_installed_fork_wheel_changes_nothing(installed_target, target):
+    """`setup.py patch` over what `pip install .` installed: it says that this is
+    the fork's own wheel, that there is nothing to patch, and how to patch in place
+    instead; it exits 0 and writes nothing."""
+
+    def state() -> dict[str, tuple[int, int]]:
+        return {
+            p.relative_to(installed_target).as_posix(): (
+                p.stat().st_size,
+                p.stat().st_mtime_ns,
+            )
+            for p in installed_target.rglob("*")
+        }
+
+    before = state()
+    proc = subprocess.run(
+        [sys.executable, "-S", "setup.py", "patch", "--site-packages"]
+        + [str(installed_target)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    message = proc.stdout
+    assert f"holds vLLM {target.fork_version}, the fork's own wheel" in message
+    assert "nothing to patch" in message
+    assert f"pip install --force-reinstall --no-deps vllm=={target.version}" in message
+    assert "reinstall stock" not in message and "looks patched" not in message
+    assert state() == before
+    status = subprocess.run(
+        [sys.executable, "-S", "setup.py", "patch", "--status", "--site-packages"]
+        + [str(installed_target)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert status.returncode == 0, status.stderr
+    assert "the fork's own wheel" in status.stdout, status.stdout
 
 
 def test_sdist_of_the_fork_builds_standalone(target, tmp_path):

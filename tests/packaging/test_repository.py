@@ -3,7 +3,8 @@
 - `.ci/run` runs the README's test command, and that command collects every test
   directory (pytest skips some directory names by default, `build` among them).
 - The test requirements resolve from plain PyPI on Python 3.11 and 3.12, together
-  with the pinned vLLM wheel, without changing its torch pin.
+  with the pinned vLLM wheel, without changing its torch pin, from the packages'
+  metadata alone (no wheel is downloaded).
 - `import setup` does nothing; the repository is ruff-clean (pyproject's rules)
   and passes every pre-commit hook (`pre-commit run --all-files`).
 """
@@ -73,6 +74,15 @@ def test_every_test_directory_is_collected():
     assert sorted(map(str, test_dirs - collected)) == []
 
 
+# A dry run reads each candidate's metadata only: from the index's PEP 658 metadata
+# files where it lists them, else (fast-deps) from the wheel's METADATA member by
+# HTTP range requests. The pip of requirements-test.txt does not download the
+# wheels it resolves (older pips download every one, torch's CUDA libraries
+# included: several GB per run).
+METADATA_ONLY = "--use-feature=fast-deps"
+WHEEL_DOWNLOAD = re.compile(r"^\s*(?:Downloading|Using cached) (\S+\.whl)", re.M)
+
+
 def _dry_run(tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
     report = tmp_path / f"{name}.json"
     command = [
@@ -83,7 +93,8 @@ def _dry_run(tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
         "--isolated",  # no user pip config: plain PyPI, as on a user's machine
         "--dry-run",
         "--ignore-installed",
-        "--quiet",
+        METADATA_ONLY,
+        "--progress-bar=off",
         "--report",
         str(report),
         "-r",
@@ -95,8 +106,19 @@ def _dry_run(tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
     )
 
 
-def _resolved(tmp_path: Path, name: str, proc: subprocess.Popen) -> dict[str, str]:
+def _output(name: str, proc: subprocess.Popen) -> str:
+    """pip's output, once it has resolved from metadata alone."""
     output = proc.communicate(timeout=900)[0]
+    downloaded = WHEEL_DOWNLOAD.findall(output)
+    assert not downloaded, (
+        f"{name}: the dry run downloaded whole wheels {downloaded[:5]}; use the pip "
+        "that requirements-test.txt pins"
+    )
+    return output
+
+
+def _resolved(tmp_path: Path, name: str, proc: subprocess.Popen) -> dict[str, str]:
+    output = _output(name, proc)
     assert proc.returncode == 0, f"{name}: pip could not resolve:\n{output[-4000:]}"
     report = json.loads((tmp_path / f"{name}.json").read_text())
     return {
@@ -121,8 +143,8 @@ def _release(version: str) -> tuple[int, ...]:
 def test_requirements_resolve_from_pypi_with_the_pinned_vllm(tmp_path):
     """One environment for the fork and its tests: pip resolves the test
     requirements and the default release's pinned vLLM wheel together (Python
-    3.11, this one), and separately for Python 3.12, from PyPI alone; torch stays
-    vLLM's pin."""
+    3.11, this one), and separately for Python 3.12, from PyPI alone, reading only
+    the packages' metadata; torch stays vLLM's pin."""
     assert sys.version_info[:2] >= (3, 11)
     upstream_wheel = upstream.fetch("wheel", pins.upstream(pins.DEFAULT_VERSION))
     procs = {
@@ -153,7 +175,7 @@ def test_requirements_resolve_from_pypi_with_the_pinned_vllm(tmp_path):
     assert all(pins.SUPPORTED[v].pypi_blocker for v in newer), newer
     resolved = {name: _resolved(tmp_path, name, proc) for name, proc in procs.items()}
     for version, proc in newer.items():
-        output = proc.communicate(timeout=900)[0]
+        output = _output(version, proc)
         assert proc.returncode != 0, (
             f"vLLM {version} now installs from PyPI: make it DEFAULT_VERSION in "
             "fork_build/pins.py (after its GPU checks)"
@@ -174,6 +196,65 @@ def test_requirements_resolve_from_pypi_with_the_pinned_vllm(tmp_path):
         ), (name, versions["triton"])
     (version,) = [v[9:] for v in vllm_requires if v.startswith("Version: ")]
     assert resolved["with_vllm"]["vllm"] == version
+
+
+# Where each documented build command writes when not told (`--out`, `-w`): a
+# directory, except for pr-patch (a file; its default is dist/<name>.patch).
+DEFAULT_OUTPUT = {
+    "setup.py wheel": "dist",
+    "setup.py pr-patch": "dist/vllm-tritonattn.patch",
+    "setup.py source-tree": "build",
+    "pip wheel": "",  # the working directory: the docs must say -w
+}
+OUTPUT_OPTION = re.compile(r"(?:--out|-w)[ =](\S+)")
+
+
+def _documented_commands() -> list[tuple[str, str, str]]:
+    """(file, line, command) for every line of a shell block of README.md and
+    docs/ that runs a build command of `DEFAULT_OUTPUT` (commented-out ones too),
+    and every inline code span that runs one with an output option (a span
+    without one names the command in prose)."""
+    found = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+        lines = [line for block in blocks for line in block.splitlines()]
+        prose = re.sub(r"```.*?```", "", text, flags=re.S)
+        spans = re.findall(r"`([^`\n]+)`", prose)
+        lines += [span for span in spans if OUTPUT_OPTION.search(span)]
+        for line in lines:
+            for command in DEFAULT_OUTPUT:
+                if re.search(rf"\b{command}\b", line):
+                    found.append((doc.name, line.strip(), command))
+    return found
+
+
+def test_documented_build_commands_leave_the_checkout_clean():
+    """Each build command the docs show writes outside the checkout or into a
+    folder git ignores (dist/, build/): following the docs leaves no untracked
+    file in the checkout."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: git decides what is ignored")
+    commands = _documented_commands()
+    assert any("pr-patch" in line and "--out" in line for _, line, _ in commands)
+    leave_files = []
+    for doc, line, command in commands:
+        outputs = OUTPUT_OPTION.findall(line)
+        written = outputs[-1] if outputs else DEFAULT_OUTPUT[command]
+        if written.startswith(("/", "~", "$HOME")):
+            continue  # outside the checkout
+        written = written.removeprefix("$PWD/")
+        if written and command != "setup.py pr-patch":
+            written += "/a-file"  # what a command writes into that directory
+        ignored = written and subprocess.run(
+            ["git", "check-ignore", "-q", "--no-index", written],
+            cwd=REPO,
+            capture_output=True,
+            timeout=60,
+        )
+        if not ignored or ignored.returncode != 0:
+            leave_files.append(f"{doc}: {line}")
+    assert leave_files == []
 
 
 def test_importing_setup_py_does_nothing():
