@@ -444,6 +444,35 @@ def check_vision_encoder_and_whisper_choices():
     return f"vision encoder: {fork}; Whisper block pooling wraps both backends"
 
 
+def check_layer_options_the_selector_does_not_see():
+    """ALiBi-sqrt and chunked attention with lookback (RNJ-1) reach the backend as
+    options of vLLM's attention layer, not through the selector: the release's
+    layer asks ``backend_for_layer_options`` right after choosing its backend,
+    before it checks ALiBi-sqrt support, and ours hands such a layer to stock's
+    backend, which takes both; wrappers other modules build keep their class."""
+    import inspect
+
+    from vllm.model_executor.layers.attention import attention as layer
+    from vllm.v1.attention.backends import triton_attn as ours
+
+    source = inspect.getsource(layer.Attention.__init__)
+    asked = source.index(".backend_for_layer_options(")
+    assert source.index("get_attn_backend(") < asked, "asked before the choice"
+    assert asked < source.index(".supports_alibi_sqrt()"), "asked after the check"
+    stock = ours.TritonUnifiedAttentionBackend
+    assert stock.supports_alibi_sqrt()
+    wrapped = type("WrappedTritonAttentionBackend", (ours.TritonAttentionBackend,), {})
+    for options in ({"use_alibi_sqrt": True}, {"chunk_lookback": 2}):
+        for cls in (ours.TritonAttentionBackend, ours.RocmAttentionBackend):
+            assert cls.backend_for_layer_options(**options) is stock, (cls, options)
+        assert stock.backend_for_layer_options(**options) is stock
+        assert wrapped.backend_for_layer_options(**options) is wrapped
+    plain = {"use_alibi_sqrt": False, "chunk_lookback": -1, "sinks": None}
+    B = ours.TritonAttentionBackend
+    assert B.backend_for_layer_options(**plain) is B
+    return "ALiBi-sqrt and chunk lookback handed over at layer construction"
+
+
 def check_layout():
     import torch
 

@@ -896,14 +896,23 @@ class TritonAttentionBackend(AttentionBackend):
                 device_capability=device_capability,
                 **attn_selector_config._asdict(),
             )
-        if not reasons:
+        return _handed_over(reasons) if reasons else cls
+
+    @classmethod
+    def backend_for_layer_options(cls, **layer_options) -> type[AttentionBackend]:
+        """The hook vLLM's attention layer calls with the options the selector does
+        not see: a layer with ALiBi-sqrt or chunked attention with lookback (RNJ-1)
+        runs on stock's Triton backend, logged once. Subclasses that other vLLM
+        modules build around this backend (encoder-only, cross-attention and
+        Whisper wrappers) are kept as they are: they pass their own class."""
+        reasons = []
+        if layer_options.get("use_alibi_sqrt"):
+            reasons.append("ALiBi-sqrt not supported")
+        if layer_options.get("chunk_lookback", -1) > -1:
+            reasons.append("chunked attention with lookback not supported")
+        if not reasons or cls not in (TritonAttentionBackend, RocmAttentionBackend):
             return cls
-        logger.warning_once(
-            "TRITON_ATTN's kernels do not take a layer of this model (%s); it runs on "
-            "stock vLLM's Triton backend, TRITON_UNIFIED_ATTN.",
-            "; ".join(reasons),
-        )
-        return TritonUnifiedAttentionBackend
+        return _handed_over(reasons)
 
     @classmethod
     def kernel_refusals(cls, **config) -> list[str]:
@@ -991,6 +1000,17 @@ class TritonAttentionBackend(AttentionBackend):
                 f"{capability.as_version_str()}"
             )
         return reasons
+
+
+def _handed_over(reasons: list[str]) -> type[AttentionBackend]:
+    """Stock's Triton backend, for a layer our kernels do not take; logged once
+    per kind of layer."""
+    logger.warning_once(
+        "TRITON_ATTN's kernels do not take a layer of this model (%s); it runs on "
+        "stock vLLM's Triton backend, TRITON_UNIFIED_ATTN.",
+        "; ".join(reasons),
+    )
+    return TritonUnifiedAttentionBackend
 
 
 def _kernels_support_capability(capability: "DeviceCapability | None") -> bool:
