@@ -450,17 +450,17 @@ def caller_ours(
     """Our kernels; ``decode_config`` overrides the decode tuning table (the decode
     tuner's candidates), ``decode_max_splits`` the split cap. Prefill gets the
     sequences' KV length as ``max_seq_len``, as in the backend, so it splits its keys
-    where ``choose_num_splits`` says; ``prefill_num_splits`` forces a count, and
+    where ``choose_decode_splits`` says; ``prefill_num_splits`` forces a count, and
     ``prefill_config_fields`` (a dict) replaces fields of the config the launch
     would pick (its table entry or the heuristic)."""
     out = torch.empty_like(inp.query)
     key_cache, value_cache = inp.kv_cache[:, 0], inp.kv_cache[:, 1]
     if s.kernel == "decode":
-        splits = ops.choose_num_splits(
+        splits = ops.choose_decode_splits(
             num_seqs=s.batch,
             num_kv_heads=s.num_kv_heads,
             num_sms=ops.hardware.num_sms(inp.query.device),
-            max_splits=decode_max_splits or ops.MAX_NUM_SPLITS,
+            max_splits=decode_max_splits or ops.MAX_DECODE_SPLITS,
         )
         workspace = torch.empty(
             ops.decode_workspace_shape(
@@ -884,8 +884,8 @@ def import_modules(stock_site: str | None) -> dict:
     from vllm.attention.ops.prefix_prefill import prefix_prefill_attention
     from vllm.attention.ops.reference import ref_paged_attention
 
-    for name in ("choose_num_splits", "decode_workspace_shape", "WORKSPACE_DTYPE",
-                 "paged_decode_attention", "MAX_NUM_SPLITS"):  # fmt: skip
+    for name in ("choose_decode_splits", "decode_workspace_shape", "WORKSPACE_DTYPE",
+                 "paged_decode_attention", "MAX_DECODE_SPLITS"):  # fmt: skip
         setattr(ops, name, getattr(dec, name))
     ops.hardware = hardware
     ops.prefix_prefill_attention = prefix_prefill_attention
@@ -1220,7 +1220,7 @@ def main() -> None:
         "--decode-max-splits",
         type=int,
         default=None,
-        help="cap of choose_num_splits for our decode (default: MAX_NUM_SPLITS); "
+        help="cap of choose_decode_splits for our decode (default: MAX_DECODE_SPLITS); "
         "to measure a different cap against FA3 in the same run",
     )
     p.add_argument(

@@ -718,7 +718,7 @@ def retune_decode(
     for s in shapes:
         if s.kernel != "decode":
             continue
-        splits = bk.ops.choose_num_splits(
+        splits = bk.ops.choose_decode_splits(
             num_seqs=s.batch,
             num_kv_heads=s.num_kv_heads,
             num_sms=torch.cuda.get_device_properties(0).multi_processor_count,

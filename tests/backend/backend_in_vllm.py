@@ -917,7 +917,7 @@ def check_builder():
     import torch
 
     from vllm.attention.ops.hardware import H200_NUM_SMS
-    from vllm.attention.ops.triton_paged_decode_attention_2d import choose_num_splits
+    from vllm.attention.ops.triton_paged_decode_attention_2d import choose_decode_splits
     from vllm.v1.attention.backend import AttentionCGSupport
     from vllm.v1.attention.backends.triton_attn import (
         DECODE_QUERY_LEN,
@@ -956,7 +956,7 @@ def check_builder():
         assert md.num_prefills == len(q_lens) - want_decodes
         assert md.max_query_len == max(q_lens) and md.num_reqs == len(q_lens)
         assert md.seq_lens is cm.seq_lens and md.block_table is cm.block_table_tensor
-        splits = choose_num_splits(
+        splits = choose_decode_splits(
             num_seqs=max(want_decodes, 1),
             num_kv_heads=NUM_KV_HEADS,
             num_sms=H200_NUM_SMS,  # what a CPU run stands in for

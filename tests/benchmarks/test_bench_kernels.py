@@ -31,7 +31,7 @@ def _fake_gpu(monkeypatch, request, *, runner, wrong, time_us):
     """Run the retune without a GPU: ``runner(shape, inputs)`` stands for our kernel
     (its ``output`` is its config), the config ``wrong`` is off the reference, and
     ``time_us`` times a runner."""
-    monkeypatch.setattr(bk.ops, "choose_num_splits", lambda **kw: 1, raising=False)
+    monkeypatch.setattr(bk.ops, "choose_decode_splits", lambda **kw: 1, raising=False)
     monkeypatch.setattr(
         torch.cuda,
         "get_device_properties",

@@ -34,7 +34,7 @@ Selection, per case, as the launchers make it:
   keys (1 split). Split: one 16-token chunk (spec-decode verification) over 32768
   keys (16 splits), then the merge.
 * decode: ``DECODE_TABLE.lookup`` with the arguments ``paged_decode_attention``
-  passes, the split count from ``choose_num_splits`` over the device's CUs as the
+  passes, the split count from ``choose_decode_splits`` over the device's CUs as the
   backend's builder computes it (256 sequences: 1 split; 1 sequence: 64 splits,
   then the merge); the launch keywords from
   ``triton_paged_decode_attention_2d._launches``.
@@ -317,7 +317,7 @@ def decode_launches(case: Case) -> tuple[object, int, list]:
     page_size = PAGE_SIZES[case.kind]
     num_seqs = DECODE_NUM_SEQS[case.kind]
     # As the backend's metadata builder: the splits of a batch size from the CUs.
-    num_splits = dec.choose_num_splits(
+    num_splits = dec.choose_decode_splits(
         num_seqs=num_seqs, num_kv_heads=NUM_KV_HEADS, num_sms=hardware.num_sms(DEVICE)
     )
     # As paged_decode_attention looks it up (config=None).

@@ -30,11 +30,11 @@ from tests.kernels.conftest import (
 )
 from vllm.attention.ops.reference import ref_paged_attention
 from vllm.attention.ops.triton_paged_decode_attention_2d import (
-    MAX_NUM_SPLITS,
+    MAX_DECODE_SPLITS,
     SPLIT_LIMIT,
     SPLIT_TARGET_WAVES,
     WORKSPACE_DTYPE,
-    choose_num_splits,
+    choose_decode_splits,
     decode_workspace_shape,
     paged_decode_attention,
 )
@@ -203,7 +203,7 @@ def test_decode_features(case, num_splits):
     _run_case(case, num_splits)
 
 
-@pytest.mark.parametrize("num_splits", sorted({2, 3, 16, MAX_NUM_SPLITS}))
+@pytest.mark.parametrize("num_splits", sorted({2, 3, 16, MAX_DECODE_SPLITS}))
 def test_split_counts_and_empty_splits(num_splits):
     # 3 splits: uneven shares; 16 splits over <= 5 tiles: most splits are empty and
     # must contribute nothing. The workspace starts as NaN (no stale reads).
@@ -267,24 +267,24 @@ def test_split_without_workspace_allocates():
     )
 
 
-def test_choose_num_splits():
+def test_choose_decode_splits():
     for num_kv_heads, num_sms in [(8, 132), (4, 132), (1, 304), (8, 1)]:
         target = SPLIT_TARGET_WAVES * num_sms
-        prev = MAX_NUM_SPLITS
+        prev = MAX_DECODE_SPLITS
         for num_seqs in range(1, 600):
-            n = choose_num_splits(
+            n = choose_decode_splits(
                 num_seqs=num_seqs, num_kv_heads=num_kv_heads, num_sms=num_sms
             )
             work = num_seqs * num_kv_heads
-            assert 1 <= n <= MAX_NUM_SPLITS and n & (n - 1) == 0, n
+            assert 1 <= n <= MAX_DECODE_SPLITS and n & (n - 1) == 0, n
             assert n <= prev, "more sequences must never mean more splits"
             prev = n
             # The smallest power of two that reaches the target grid, or the cap.
-            assert n == MAX_NUM_SPLITS or n * work >= target, (num_seqs, n)
+            assert n == MAX_DECODE_SPLITS or n * work >= target, (num_seqs, n)
             assert n == 1 or (n // 2) * work < target, (num_seqs, n)
     # Llama-3.1-8B (8 KV heads) on an H200 (132 SMs).
     splits = {
-        b: choose_num_splits(num_seqs=b, num_kv_heads=8, num_sms=132)
+        b: choose_decode_splits(num_seqs=b, num_kv_heads=8, num_sms=132)
         for b in (1, 2, 3, 4, 6, 7, 8, 16, 34, 50)
     }
     assert splits == {
@@ -299,7 +299,7 @@ def test_choose_num_splits():
         34: 2,
         50: 1,
     }
-    assert choose_num_splits(num_seqs=0, num_kv_heads=8, num_sms=132) == 64
+    assert choose_decode_splits(num_seqs=0, num_kv_heads=8, num_sms=132) == 64
 
 
 def test_decode_table_lookup_prefers_entries_and_falls_back(tmp_path, monkeypatch):
@@ -703,7 +703,9 @@ def test_cuda_graph_replay_with_growing_contexts():
         head_size=head_size,
         block_size=block_size,
     )
-    num_splits = choose_num_splits(num_seqs=3, num_kv_heads=num_kv_heads, num_sms=132)
+    num_splits = choose_decode_splits(
+        num_seqs=3, num_kv_heads=num_kv_heads, num_sms=132
+    )
     ws = torch.empty(
         decode_workspace_shape(
             max_num_seqs=3,
@@ -757,15 +759,17 @@ def test_cuda_graph_replay_with_growing_contexts():
         )
 
 
-def test_choose_num_splits_cap_is_an_argument():
+def test_choose_decode_splits_cap_is_an_argument():
     """max_splits raises or lowers the cap only; the count still depends only on
     the batch shape."""
     wide = {
-        b: choose_num_splits(num_seqs=b, num_kv_heads=8, num_sms=132, max_splits=64)
+        b: choose_decode_splits(num_seqs=b, num_kv_heads=8, num_sms=132, max_splits=64)
         for b in (1, 2, 8, 50)
     }
     assert wide == {1: 64, 2: 32, 8: 8, 50: 1}
-    assert choose_num_splits(num_seqs=1, num_kv_heads=8, num_sms=132, max_splits=4) == 4
+    assert (
+        choose_decode_splits(num_seqs=1, num_kv_heads=8, num_sms=132, max_splits=4) == 4
+    )
 
 
 def test_early_convert_only_where_it_applies():

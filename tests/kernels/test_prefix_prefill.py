@@ -34,7 +34,7 @@ from tests.kernels.conftest import (
 from vllm.attention.ops import prefix_prefill
 from vllm.attention.ops.paged_cache_write import write_to_paged_cache
 from vllm.attention.ops.prefix_prefill import (
-    choose_num_splits,
+    choose_prefill_splits,
     prefix_prefill_attention,
     program_coords,
 )
@@ -1098,7 +1098,7 @@ def test_program_order(row_tiles, num_seqs, num_kv_heads, num_splits, longest_fi
 )
 def test_split_count_rule(programs, num_warps, max_seq_len, splits):
     assert (
-        choose_num_splits(
+        choose_prefill_splits(
             programs=programs,
             num_warps=num_warps,
             max_seq_len=max_seq_len,

@@ -59,11 +59,11 @@ def paged_attention(
         max_query_len: longest query of the batch (host int).
         num_seqs: sequences in the batch; default ``seq_lens.shape[0]``.
         decode_num_splits, decode_workspace: split-KV of the decode part
-            (``choose_num_splits`` / ``decode_workspace_shape``, chosen by the
+            (``choose_decode_splits`` / ``decode_workspace_shape``, chosen by the
             builder from the batch shape so CUDA graphs stay valid).
         prefill_max_seq_len: host int >= the longest KV length of the prefill
             part, or None: lets it split its keys when its grid is small
-            (``prefix_prefill.choose_num_splits``).
+            (``prefix_prefill.choose_prefill_splits``).
         The rest are the attention features of both kernels.
 
     Both kernels check their part of the batch against the one input contract

@@ -63,7 +63,7 @@ of a Triton Attention Kernel", arXiv 2511.11581):
   folds the address arithmetic; the block table's row stride is set by the model
   runner (max blocks per sequence) and stays a runtime argument so that it does not
   multiply the compiled variants.
-* Split-KV: a launch of few programs over long contexts (``choose_num_splits``)
+* Split-KV: a launch of few programs over long contexts (``choose_prefill_splits``)
   cuts each program's key tiles into ``num_splits`` contiguous shares (a run-time
   argument; whether the launch splits at all is the constexpr ``SPLIT_KV``, so the
   unsplit kernel carries none of the split arithmetic); split programs write
@@ -123,13 +123,13 @@ _MAX_GRID_X = 2**31 - 1
 # (automatic splits stay far below: see split_workspace_shape).
 _MAX_WORKSPACE_ELEMENTS = 2**31 - 1
 
-# Split-KV (choose_num_splits). An SM holds about this many warps of the kernel at
+# Split-KV (choose_prefill_splits). An SM holds about this many warps of the kernel at
 # its register use (two 4-warp programs or one 8-warp program); a launch whose
 # programs fill at most half of these slots on every SM splits each program's keys
 # into as many shares as one wave of programs holds ...
 SPLIT_WARPS_PER_SM = 8
 # ... in at most this many splits (the merge reads them in one tile) ...
-MAX_NUM_SPLITS = 16
+MAX_PREFILL_SPLITS = 16
 # ... each of at least this many keys a program sees (a split re-reads the query
 # tile, writes [rows, head_size + 1] fp32 partials and takes the causal diagonal's
 # whole cost into its last share; on an H200 two splits of 1024 keys were slower
@@ -752,7 +752,7 @@ def unsplit_programs(
     return triton.cdiv(max_query_len * group, block_m) * num_seqs * num_kv_heads
 
 
-def choose_num_splits(
+def choose_prefill_splits(
     *, programs: int, num_warps: int, max_seq_len: int, num_sms: int
 ) -> int:
     """KV splits for a prefill launch of ``programs`` programs of ``num_warps``
@@ -760,7 +760,7 @@ def choose_num_splits(
 
     1 when the programs fill more than half of the SMs' ``SPLIT_WARPS_PER_SM``
     warp slots. Otherwise as many splits as one wave holds (the programs resident
-    at once divided by the launch's, rounded down), at most ``MAX_NUM_SPLITS`` and
+    at once divided by the launch's, rounded down), at most ``MAX_PREFILL_SPLITS`` and
     at most one per ``SPLIT_MIN_KEYS`` keys: rounding up would start a second,
     partly empty wave (128 programs of 4 warps on 132 SMs, 264 resident: 2 splits
     run in one wave of half the keys each, 3 in two waves of a third). A short
@@ -773,7 +773,7 @@ def choose_num_splits(
         return 1
     resident = slots // num_warps
     return max(
-        1, min(resident // programs, max_seq_len // SPLIT_MIN_KEYS, MAX_NUM_SPLITS)
+        1, min(resident // programs, max_seq_len // SPLIT_MIN_KEYS, MAX_PREFILL_SPLITS)
     )
 
 
@@ -789,7 +789,7 @@ def auto_num_splits(
     num_sms: int,
 ) -> int:
     """The KV splits a launch takes when the caller gives none: 1 without
-    ``max_seq_len``, else ``choose_num_splits`` over the launch's programs and the
+    ``max_seq_len``, else ``choose_prefill_splits`` over the launch's programs and the
     keys one program can see (at most ``sliding_window + block_m`` with a window).
     A Gluon config's program counts as one per SM."""
     if max_seq_len is None:
@@ -804,7 +804,7 @@ def auto_num_splits(
         num_seqs=num_seqs,
         num_kv_heads=num_kv_heads,
     )
-    return choose_num_splits(
+    return choose_prefill_splits(
         programs=programs,
         # A Gluon program holds an SM on its own (two consumer warpgroups, a load
         # warp, most of the shared memory): a full SM's warp slots, so that a
@@ -942,7 +942,7 @@ def _launches(
                 num_seqs=num_seqs,
                 num_splits=num_splits,
                 rows=workspace.shape[0],
-                splits_pad=MAX_NUM_SPLITS,  # one variant for every split count
+                splits_pad=MAX_PREFILL_SPLITS,  # one variant for every split count
             )
         )
     return launches
@@ -1012,7 +1012,7 @@ def prefix_prefill_attention(
         config: launch configuration; None picks it from the tuning table.
         max_seq_len: host int >= the longest KV length of the launched sequences,
             or None (unknown: no split).
-        num_splits: KV splits (1 to ``MAX_NUM_SPLITS``); None chooses them from
+        num_splits: KV splits (1 to ``MAX_PREFILL_SPLITS``); None chooses them from
             the grid, ``max_seq_len`` and the window (``auto_num_splits``). Split
             launches write partials to an fp32 workspace (``split_workspace_shape``),
             allocated per call, and merge them in a second kernel.
@@ -1081,9 +1081,9 @@ def prefix_prefill_attention(
             sliding_window=sliding_window,
             num_sms=num_sms(query.device),
         )
-    if not 1 <= num_splits <= MAX_NUM_SPLITS:
+    if not 1 <= num_splits <= MAX_PREFILL_SPLITS:
         raise ValueError(
-            f"{who}: num_splits must be in [1, {MAX_NUM_SPLITS}], got {num_splits}."
+            f"{who}: num_splits must be in [1, {MAX_PREFILL_SPLITS}], got {num_splits}."
         )
     workspace = None
     if num_splits > 1:

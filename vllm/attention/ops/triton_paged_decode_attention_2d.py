@@ -89,11 +89,11 @@ from vllm.attention.ops.tuning.tables import device_gpu_name
 # context at 2.3 TB/s, 64 at 3.4 TB/s). At short contexts most of the 64 are empty
 # (a 1k context has 16 tiles), which costs ~1 us per launch. The workspace grows
 # with the cap, but only for the few batch sizes that get it.
-MAX_NUM_SPLITS = 64
-# What a launch accepts (any count up to this): choose_num_splits(max_splits=...)
+MAX_DECODE_SPLITS = 64
+# What a launch accepts (any count up to this): choose_decode_splits(max_splits=...)
 # can go past the default cap, e.g. for benchmarking batch-1 long-context decode.
 SPLIT_LIMIT = 256
-# choose_num_splits makes the grid cover the SMs at least this many times. A decode
+# choose_decode_splits makes the grid cover the SMs at least this many times. A decode
 # program streams K/V with a few tiles in flight; several resident programs per SM
 # are needed to keep enough bytes in flight to saturate HBM.
 SPLIT_TARGET_WAVES = 3
@@ -350,12 +350,12 @@ def early_convert_applies(key_cache: torch.Tensor) -> bool:
     return key_cache.dtype == torch.float8_e4m3fn and nvidia_gpu(key_cache.device)
 
 
-def choose_num_splits(
+def choose_decode_splits(
     *,
     num_seqs: int,
     num_kv_heads: int,
     num_sms: int,
-    max_splits: int = MAX_NUM_SPLITS,
+    max_splits: int = MAX_DECODE_SPLITS,
 ) -> int:
     """Number of KV splits for a decode batch; a power of two in [1, max_splits].
 
@@ -363,7 +363,7 @@ def choose_num_splits(
     CUDA-graph replays of one captured batch size; the grid must not). The 2D grid
     has ``num_seqs * num_kv_heads`` programs; the smallest power of two that brings
     the grid to ``SPLIT_TARGET_WAVES * num_sms`` programs is chosen (so the grid ends
-    up between 3 and 6 waves), capped at ``max_splits`` (default ``MAX_NUM_SPLITS``,
+    up between 3 and 6 waves), capped at ``max_splits`` (default ``MAX_DECODE_SPLITS``,
     a power of two <= ``SPLIT_LIMIT``); batches that reach the
     target alone get 1 (no workspace traffic, no merge). Short contexts lose little
     to splitting: shares past the end of a context are empty and exit at once.
@@ -386,7 +386,7 @@ def decode_workspace_shape(
     allocates nothing and is CUDA-graph safe. A call uses the first
     ``num_seqs * num_q_heads * num_splits * (head_size + 1)`` elements as this shape,
     so one buffer of ``decode_workspace_shape(max_num_seqs=max_decodes,
-    num_splits=MAX_NUM_SPLITS, ...)`` serves every batch size and split count.
+    num_splits=MAX_DECODE_SPLITS, ...)`` serves every batch size and split count.
     Bytes: ``max_num_seqs * num_q_heads * num_splits * (head_size + 1) * 4``.
     """
     return (max_num_seqs, num_q_heads, num_splits, head_size + 1)
@@ -504,7 +504,7 @@ def paged_decode_attention(
         logits_soft_cap: c > 0 (``c * tanh(s / c)`` after the scale), or None / 0
             for none.
         sinks: ``[num_q_heads]`` fp32 extra logit per head (no value).
-        num_splits: KV splits per sequence (see ``choose_num_splits``); 1 = no split.
+        num_splits: KV splits per sequence (see ``choose_decode_splits``); 1 = no split.
         workspace: contiguous fp32 buffer with at least as many elements as
             ``decode_workspace_shape(max_num_seqs=num_seqs, ..., num_splits)``;
             with it a ``num_splits > 1`` call allocates nothing (CUDA-graph safe);
@@ -545,7 +545,7 @@ def paged_decode_attention(
     if not 1 <= num_splits <= SPLIT_LIMIT:
         raise ValueError(
             f"paged_decode_attention: num_splits {num_splits} must be in "
-            f"[1, {SPLIT_LIMIT}]; use choose_num_splits(...)."
+            f"[1, {SPLIT_LIMIT}]; use choose_decode_splits(...)."
         )
     num_q_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
@@ -605,10 +605,10 @@ def paged_decode_attention(
 
 
 __all__ = [
-    "MAX_NUM_SPLITS",
+    "MAX_DECODE_SPLITS",
     "SPLIT_LIMIT",
     "WORKSPACE_DTYPE",
-    "choose_num_splits",
+    "choose_decode_splits",
     "decode_workspace_shape",
     "paged_decode_attention",
 ]

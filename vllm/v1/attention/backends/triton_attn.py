@@ -79,7 +79,7 @@ from vllm.attention.ops.paged_attention import DECODE_QUERY_LEN, paged_attention
 from vllm.attention.ops.paged_cache_write import write_to_paged_cache
 from vllm.attention.ops.triton_paged_decode_attention_2d import (
     WORKSPACE_DTYPE,
-    choose_num_splits,
+    choose_decode_splits,
     decode_workspace_shape,
 )
 from vllm.attention.ops.tuning.prefill_configs import (
@@ -326,7 +326,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         # form (max_num_seqs; CUDA-graph capture sizes never exceed it for decodes).
         self.max_decode_seqs = vllm_config.scheduler_config.max_num_seqs
         self._splits_for_batch = [1] + [
-            choose_num_splits(
+            choose_decode_splits(
                 num_seqs=n, num_kv_heads=self.num_kv_heads, num_sms=self.num_sms
             )
             for n in range(1, self.max_decode_seqs + 1)
