@@ -294,15 +294,18 @@ def test_patching_the_installed_fork_wheel_changes_nothing(installed_target, tar
             for p in installed_target.rglob("*")
         }
 
+    def patch(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-S", "setup.py", "patch", *flags, "--site-packages"]
+            + [str(installed_target)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
     before = state()
-    proc = subprocess.run(
-        [sys.executable, "-S", "setup.py", "patch", "--site-packages"]
-        + [str(installed_target)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = patch()
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     message = proc.stdout
@@ -311,14 +314,7 @@ def test_patching_the_installed_fork_wheel_changes_nothing(installed_target, tar
     assert f"pip install --force-reinstall --no-deps vllm=={target.version}" in message
     assert "reinstall stock" not in message and "looks patched" not in message
     assert state() == before
-    status = subprocess.run(
-        [sys.executable, "-S", "setup.py", "patch", "--status", "--site-packages"]
-        + [str(installed_target)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    status = patch("--status")
     assert status.returncode == 0, status.stderr
     assert "the fork's own wheel" in status.stdout, status.stdout
 
