@@ -867,6 +867,7 @@ def _fake_vllm_config(max_num_seqs=16, max_num_batched_tokens=256):
         ),
         parallel_config=SimpleNamespace(decode_context_parallel_size=1),
         compilation_config=SimpleNamespace(static_forward_context={}),
+        cache_config=SimpleNamespace(cache_dtype="auto"),
         speculative_config=None,
     )
 
@@ -988,9 +989,10 @@ def check_builder():
 
     # Every decode batch size up to max_num_seqs has a large enough workspace.
     for num_decodes in range(1, builder.max_decode_seqs + 1):
-        splits, ws = builder.decode_plan(num_decodes)
+        splits, ws, config = builder.decode_plan(num_decodes)
         assert (splits == 1) == (ws is None), num_decodes
         assert ws is None or ws.shape[0] >= num_decodes
+        assert config == builder._decode_configs[splits > 1]
 
     noncausal = _common_metadata(
         [1], [3], torch.zeros((1, 4), dtype=torch.int32), torch.zeros(1).long(), 1
@@ -1001,6 +1003,82 @@ def check_builder():
         assert "causal" in str(e)
     else:
         raise AssertionError("non-causal batch accepted")
+
+
+def check_prefill_planned_once_per_batch():
+    """The builder plans the prefill launch of each kind of layer once per batch
+    (kernel, tiles, split count, a view of its one workspace buffer); a layer's
+    forward finds its plan by its tensors and launches it, planning nothing."""
+    import torch
+
+    from vllm.attention.ops import prefix_prefill
+    from vllm.attention.ops.prefix_prefill import PrefillLayer
+    from vllm.v1.attention.backends import triton_attn
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+    layers = {
+        f"layers.{i}.attn": _FakeAttentionLayer(
+            TritonAttentionImpl(
+                num_heads=NUM_Q_HEADS, head_size=128, scale=0.125,
+                num_kv_heads=NUM_KV_HEADS, sliding_window=window,
+            )
+        )
+        for i, window in enumerate((None, 3000, None))
+    }  # fmt: skip
+    config = _fake_vllm_config()
+    config.model_config.max_model_len = 32768
+    config.compilation_config.static_forward_context = layers
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadataBuilder
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    spec = FullAttentionSpec(
+        block_size=64, num_kv_heads=NUM_KV_HEADS, head_size=128, dtype=torch.bfloat16
+    )
+    builder = TritonAttentionMetadataBuilder(
+        spec, list(layers), config, torch.device("cpu")
+    )
+    assert len(builder.prefill_layers) == 2, builder.prefill_layers  # plain, window
+    # Two decodes, then a 2k chunk over 30k: few programs, long keys.
+    q_lens, s_lens = [1, 1, 2048], [50, 60, 30000]
+    block_table = torch.zeros((3, 512), dtype=torch.int32)
+    cm = _common_metadata(q_lens, s_lens, block_table, torch.arange(2050), sum(q_lens))
+    planned = []
+    real_plan = prefix_prefill.plan_prefill
+    triton_attn.plan_prefill = lambda **kw: planned.append(kw) or real_plan(**kw)
+    try:
+        md = builder.build(0, cm)
+    finally:
+        triton_attn.plan_prefill = real_plan
+    assert len(planned) == 2 and len(md.prefill_plans) == 2, md.prefill_plans
+    by_window = {layer.sliding_window: plan for layer, plan in md.prefill_plans.items()}
+    whole, windowed = by_window[None], by_window[3000]
+    assert (whole.seq_start, whole.num_seqs) == (2, 1)
+    # The window bounds the keys a program sees: the full layer splits, the
+    # windowed one (3000 + 128 < 2 * 2048 keys) does not.
+    assert whole.num_splits > 1 and windowed.num_splits == 1, (whole, windowed)
+    assert whole.workspace.data_ptr() == builder._prefill_workspace.data_ptr()
+    # forward: each layer finds its own plan by its tensors.
+    kv_cache = torch.zeros((4, 2, NUM_KV_HEADS, 64, 128), dtype=torch.bfloat16)
+    query = torch.zeros((2050, NUM_Q_HEADS, 128), dtype=torch.bfloat16)
+    received = []
+    real_dispatch = triton_attn.paged_attention
+    triton_attn.paged_attention = lambda **kw: received.append(kw["prefill_plan"])
+    try:
+        for layer in layers.values():
+            layer.impl.forward(
+                layer, query, None, None, kv_cache, md, torch.empty_like(query)
+            )
+    finally:
+        triton_attn.paged_attention = real_dispatch
+    assert received == [whole, windowed, whole], received
+    key_cache = kv_cache[:, 0]
+    assert PrefillLayer.of(query=query, key_cache=key_cache) in md.prefill_plans
+    # A decode-only batch plans no prefill.
+    decode_only = _common_metadata(
+        [1, 1], [50, 60], block_table[:2], torch.arange(2), 2
+    )
+    assert builder.build(0, decode_only).prefill_plans == {}
+    return "one plan per kind of layer and batch; forward launches it"
 
 
 def check_warm_up():
@@ -1053,8 +1131,8 @@ def check_warm_up():
             builder._run_warm_up_batch(layer, batch, 64, layout)
     kernels, real = [], prefix_prefill._launches
 
-    def spy(**kw):
-        launches = real(**kw)
+    def spy(plan, **kw):
+        launches = real(plan, **kw)
         kernels.extend((k, kwargs.get("SPLIT_KV")) for k, _, kwargs in launches)
         return launches
 

@@ -714,26 +714,29 @@ def test_prefill_config_option_parses_and_checks_fields():
 
 def test_ours_prefill_takes_the_picked_config_with_the_given_fields(monkeypatch):
     """--prefill-config replaces fields of the config the launch would pick and
-    passes it to the launch; without it the launch picks its own (config=None)."""
+    plans with it; without it the plan picks its own (config=None). The plan is
+    made once; a timed call only launches it."""
     picked = PrefillConfig(128, 64, 4, 2, use_tma=True)
-    launched = []
+    planned, launched = [], []
+
+    def plan_prefill(**kw):
+        planned.append(kw["config"])
+        return SimpleNamespace(num_splits=1, kernel="triton", config=kw["config"])
+
     monkeypatch.setattr(
         bk.ops,
         "prefix_prefill",
         SimpleNamespace(
             picked_config=lambda device, **key: picked,
-            auto_num_splits=lambda **kw: 1,
+            plan_prefill=plan_prefill,
+            PrefillLayer=SimpleNamespace(of=lambda **kw: None),
+            split_workspace_bound=lambda **kw: 1,
+            launch_prefix_prefill=lambda plan, **kw: launched.append(plan),
         ),
         raising=False,
     )
     monkeypatch.setattr(
         bk.ops, "hardware", SimpleNamespace(num_sms=lambda d: 132), raising=False
-    )
-    monkeypatch.setattr(
-        bk.ops,
-        "prefix_prefill_attention",
-        lambda **kw: launched.append(kw["config"]),
-        raising=False,
     )
     shape = bk.Shape("prefill", "m", 1, 16, 16, 2, 1, 96, 64)
     inp = SimpleNamespace(
@@ -748,7 +751,9 @@ def test_ours_prefill_takes_the_picked_config_with_the_given_fields(monkeypatch)
     )
     runner = bk.caller_ours(shape, inp, prefill_config_fields={"split_head": True})
     runner.run(0)
-    assert launched == [dataclasses.replace(picked, split_head=True)]
+    runner.run(0)
+    assert planned == [dataclasses.replace(picked, split_head=True)]
+    assert len(launched) == 2  # two timed calls of one plan
     assert "split_head=True" in runner.note
     bk.caller_ours(shape, inp).run(0)
-    assert launched[-1] is None
+    assert planned[-1] is None

@@ -26,9 +26,10 @@ shapes, strides and alignment matter for compiling).
 
 Selection, per case, as the launchers make it:
 
-* prefill: ``prefix_prefill.picked_config(device, ...)`` (the GPU's table; none
+* prefill: ``prefix_prefill.plan_prefill`` on the device, as the backend's
+  builder plans a batch: its config from ``picked_config`` (the GPU's table; none
   ships for the MI300X, so ``heuristic_prefill_config(is_hip=True)``, fitted to
-  ``shared_memory_per_program``), then ``auto_num_splits`` with
+  ``shared_memory_per_program``), its kernel, and its split count over
   ``hardware.num_sms(device)``; the launch keywords from
   ``prefix_prefill._launches``. Unsplit: 4 sequences of 1024 query tokens over 4096
   keys (1 split). Split: one 16-token chunk (spec-decode verification) over 32768
@@ -68,7 +69,7 @@ Checks, per build (a failure prints BAD and makes the exit status 1):
   (``use_tma``, ``gluon``) and its launch has ``USE_TMA`` off; the decode config
   has no ``early_convert`` (inline PTX). Once, on the device: ``nvidia_gpu`` and
   ``tma_supported`` are false, and
-  ``prefix_prefill_hopper.hopper_kernel_refusal`` refuses a Gluon-eligible config;
+  ``prefix_prefill.hopper_kernel_refusal`` refuses a Gluon-eligible config;
   as a control, a simulated H200 allows each of them. (Without the ROCm identity,
   ``torch.version.hip`` unset, the NVIDIA configs are selected and the run fails:
   TMA, spills.)
@@ -185,13 +186,11 @@ def h200_properties():
 def _clear_device_caches():
     """Forget what the fork's memoised device queries answered."""
     from vllm.attention.ops import hardware
-    from vllm.attention.ops import prefix_prefill as pp
     from vllm.attention.ops.tuning import tables
 
     hardware.tma_supported.cache_clear()
     hardware.shared_memory_per_program.cache_clear()
-    if pp._hopper_kernels() is not None:
-        pp._hopper_kernels()._is_hopper.cache_clear()
+    hardware.is_hopper.cache_clear()
     tables.clear_caches()
 
 
@@ -256,54 +255,35 @@ def prefill_launches(case: Case) -> tuple[object, int, list]:
 
     shape = PREFILL_SHAPES[case.kind]
     page_size = PAGE_SIZES[case.kind]
-    config = pp.picked_config(
-        DEVICE,
-        head_size=case.head_size,
-        q_dtype=case.q_dtype,
-        kv_dtype=case.kv_dtype,
-        group=case.group,
-        block_size=page_size,
-        max_query_len=shape["max_query_len"],
-    )
-    num_splits = pp.auto_num_splits(
-        config=config,
-        max_query_len=shape["max_query_len"],
-        group=case.group,
-        num_seqs=shape["num_seqs"],
-        num_kv_heads=NUM_KV_HEADS,
-        max_seq_len=shape["max_seq_len"],
-        sliding_window=None,
-        num_sms=hardware.num_sms(DEVICE),
-    )
     num_seqs, num_tokens = shape["num_seqs"], 64
     query = torch.empty(
         (num_tokens, NUM_KV_HEADS * case.group, case.head_size), dtype=case.q_dtype
     )
     key_cache, value_cache = _cache(case.head_size, case.kv_dtype, page_size)
     k_scale, v_scale = _scales(case.kv_dtype)
-    workspace = None
-    if num_splits > 1:
-        workspace = torch.empty(
-            pp.split_workspace_shape(
-                num_seqs=num_seqs, max_query_len=shape["max_query_len"],
-                num_tokens=num_tokens, num_q_heads=query.shape[1],
-                head_size=case.head_size, num_splits=num_splits,
-            ),
-            dtype=torch.float32,
-        )  # fmt: skip
+    # As the backend's builder plans it (config, kernel, split count), on the
+    # simulated device.
+    plan = pp.plan_prefill(
+        layer=pp.PrefillLayer.of(query=query, key_cache=key_cache),
+        device=DEVICE, seq_start=0, num_seqs=num_seqs, num_tokens=num_tokens,
+        max_query_len=shape["max_query_len"], max_seq_len=shape["max_seq_len"],
+        workspace=torch.empty(
+            pp.split_workspace_bound(
+                head_size=case.head_size, num_sms=hardware.num_sms(DEVICE)
+            )
+        ),
+    )  # fmt: skip
     launches = pp._launches(
-        query=query, key_cache=key_cache, value_cache=value_cache,
+        plan, query=query, key_cache=key_cache, value_cache=value_cache,
         output=torch.empty_like(query),
         block_table=torch.zeros(
             (num_seqs, MAX_MODEL_LEN // page_size), dtype=torch.int32
         ),
         query_start_loc=torch.zeros(num_seqs + 1, dtype=torch.int32),
-        seq_lens=torch.zeros(num_seqs, dtype=torch.int32),
-        max_query_len=shape["max_query_len"], softmax_scale=0.1, seq_start=0,
-        num_seqs=num_seqs, k_scale=k_scale, v_scale=v_scale, sliding_window=None,
-        alibi_slopes=None, logits_soft_cap=None, sinks=None, config=config,
-        num_splits=num_splits, workspace=workspace,
+        seq_lens=torch.zeros(num_seqs, dtype=torch.int32), softmax_scale=0.1,
+        k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
+    config, num_splits = plan.config, plan.num_splits
     return config, num_splits, launches
 
 
@@ -398,7 +378,6 @@ def device_gate_problems() -> list[str]:
     from vllm.attention.ops.tuning.prefill_configs import PrefillConfig
 
     hopper = pp._hopper_kernels()  # None where this Triton has no Gluon
-
     gluon = PrefillConfig(128, 64, 4, 2, use_tma=True, gluon=True)
     query = torch.empty((64, 32, 128), dtype=torch.bfloat16)
     key_cache = torch.empty((8, 2, 8, 64, 128), dtype=torch.bfloat16)[:, 0]
@@ -407,10 +386,8 @@ def device_gate_problems() -> list[str]:
         return {
             "nvidia_gpu": hardware.nvidia_gpu(DEVICE),
             "tma_supported": hardware.tma_supported(DEVICE),
-            "gluon": hopper is not None
-            and hopper.hopper_kernel_refusal(
-                query=query, key_cache=key_cache, config=gluon, alibi_slopes=None,
-                logits_soft_cap=None, sinks=None, num_splits=1, device=DEVICE,
+            "gluon": pp.hopper_kernel_refusal(
+                pp.PrefillLayer.of(query=query, key_cache=key_cache), gluon, DEVICE
             ) is None,
         }  # fmt: skip
 

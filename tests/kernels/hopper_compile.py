@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import torch
 import triton
@@ -296,6 +297,36 @@ def _recorded_tiles_missing() -> set:
     return set(TIMED_TILES - won)
 
 
+def prefill_launches(
+    *,
+    config,
+    max_query_len,
+    seq_start=0,
+    num_seqs=None,
+    num_splits=1,
+    workspace=None,
+    max_seq_len=None,
+    **tensors,
+) -> list:
+    """``prefix_prefill._launches`` of the plan that ``plan_prefill`` makes for
+    these tensors and features (``config`` and ``num_splits`` as given; on the
+    tensors' device): the launches a call with them makes."""
+    from vllm.attention.ops import prefix_prefill as pp
+
+    layer_args = ("query", "key_cache", "sliding_window", "alibi_slopes",
+                  "logits_soft_cap", "sinks")  # fmt: skip
+    query = tensors["query"]
+    plan = pp.plan_prefill(
+        layer=pp.PrefillLayer.of(**{k: tensors[k] for k in layer_args if k in tensors}),
+        device=query.device, seq_start=seq_start,
+        num_seqs=num_seqs if num_seqs is not None else tensors["seq_lens"].shape[0],
+        num_tokens=query.shape[0], max_query_len=max_query_len,
+        max_seq_len=max_seq_len, config=config, num_splits=num_splits,
+        workspace=None if workspace is None else workspace.view(-1),
+    )  # fmt: skip
+    return pp._launches(plan, **tensors)
+
+
 def prefill_launch(
     head_size,
     group,
@@ -308,7 +339,6 @@ def prefill_launch(
 ):
     """``(name, grid, keyword arguments)`` of one prefill launch on CPU tensors (2 KV
     heads, 4 sequences): the heuristic's config unless one is given."""
-    from vllm.attention.ops import prefix_prefill as pp
     from vllm.attention.ops.tuning.prefill_configs import heuristic_prefill_config
 
     num_kv_heads = 2
@@ -323,7 +353,7 @@ def prefill_launch(
         max_query_len=max_query_len,
     )
     config = dataclasses.replace(config, use_tma=use_tma)
-    ((_, grid, kwargs),) = pp._launches(
+    ((_, grid, kwargs),) = prefill_launches(
         query=query,
         key_cache=cache[:, 0],
         value_cache=cache[:, 1],
@@ -333,7 +363,6 @@ def prefill_launch(
         seq_lens=torch.zeros(4, dtype=torch.int32),
         max_query_len=max_query_len,
         softmax_scale=0.1,
-        seq_start=0,
         num_seqs=4,
         k_scale=scale,
         v_scale=scale,
@@ -373,13 +402,13 @@ def _split_launches(
         num_seqs=num_seqs, max_query_len=max_query_len, num_tokens=query.shape[0],
         num_q_heads=query.shape[1], head_size=head_size, num_splits=num_splits,
     )  # fmt: skip
-    launches = pp._launches(
+    launches = prefill_launches(
         query=query, key_cache=cache[:, 0], value_cache=cache[:, 1],
         output=torch.empty_like(query),
         block_table=torch.zeros((num_seqs, 37), dtype=torch.int32),
         query_start_loc=torch.zeros(num_seqs + 1, dtype=torch.int32),
         seq_lens=torch.zeros(num_seqs, dtype=torch.int32),
-        max_query_len=max_query_len, softmax_scale=0.1, seq_start=0,
+        max_query_len=max_query_len, softmax_scale=0.1,
         num_seqs=num_seqs, k_scale=None, v_scale=None, sliding_window=None,
         alibi_slopes=None, logits_soft_cap=None,
         sinks=torch.empty(query.shape[1]) if sinks else None,
@@ -488,6 +517,7 @@ def hopper_kernel_cases():
     """Launches of the Gluon Hopper kernel on CPU tensors (2 KV heads, 4
     sequences), as ``(name, kernel, kwargs)``: the tiles (block_n, num_stages) its
     tests, the tuning sweep and the H200 table use, per head size."""
+    from vllm.attention.ops import prefix_prefill as pp
     from vllm.attention.ops import prefix_prefill_hopper as hopper
     from vllm.attention.ops.tuning.prefill_configs import PrefillConfig
 
@@ -498,15 +528,18 @@ def hopper_kernel_cases():
             for block_size in (16, 64, 128):
                 query = torch.empty((64, 8, head_size), dtype=torch.bfloat16)
                 cache = torch.empty((8, 2, 2, block_size, head_size), dtype=query.dtype)
-                kernel, _, kwargs = hopper.hopper_launch(
-                    query=query, key_cache=cache[:, 0], value_cache=cache[:, 1],
-                    output=torch.empty_like(query),
-                    block_table=torch.zeros((4, 37), dtype=torch.int32),
-                    query_start_loc=torch.zeros(5, dtype=torch.int32),
-                    seq_lens=torch.zeros(4, dtype=torch.int32), max_query_len=16,
-                    softmax_scale=0.1, seq_start=0, num_seqs=4, config=tile,
-                )  # fmt: skip
+                # The plan of an sm_90 device (these CPU tensors stand in).
+                with mock.patch.object(pp, "is_hopper", lambda device: True):
+                    ((kernel, _, kwargs),) = prefill_launches(
+                        query=query, key_cache=cache[:, 0], value_cache=cache[:, 1],
+                        output=torch.empty_like(query),
+                        block_table=torch.zeros((4, 37), dtype=torch.int32),
+                        query_start_loc=torch.zeros(5, dtype=torch.int32),
+                        seq_lens=torch.zeros(4, dtype=torch.int32),
+                        max_query_len=16, softmax_scale=0.1, config=tile,
+                    )  # fmt: skip
                 name = f"hopper d{head_size}-bs{block_size}-128x{block_n}-s{num_stages}"
+                assert kernel is hopper.hopper_prefill_kernel, name
                 yield name, kernel, kwargs
                 # A sliding window: masks at its edge, the loop from its first tile.
                 yield f"{name} window", kernel, {**kwargs, "USE_WINDOW": True}

@@ -9,6 +9,7 @@ ref_paged_attention.
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,12 +30,25 @@ from vllm.attention.ops.triton_paged_decode_attention_2d import (
 
 @pytest.fixture
 def recorded(monkeypatch):
+    """Both launches, the contract check, the decode config and the prefill plan
+    replaced by recorders: what the dispatch hands to each."""
     calls = []
+
+    def plan(**kw):
+        calls.append(("plan", kw))
+        return SimpleNamespace(seq_start=kw["seq_start"], num_seqs=kw["num_seqs"])
+
+    monkeypatch.setattr(dispatch, "check_attention_inputs", lambda *a, **kw: None)
+    monkeypatch.setattr(dispatch, "config_for", lambda *a: "decode-config")
+    monkeypatch.setattr(dispatch, "plan_prefill", plan)
+    monkeypatch.setattr(dispatch.PrefillLayer, "of", staticmethod(lambda **kw: None))
     monkeypatch.setattr(
-        dispatch, "paged_decode_attention", lambda **kw: calls.append(("decode", kw))
+        dispatch, "launch_paged_decode", lambda **kw: calls.append(("decode", kw))
     )
     monkeypatch.setattr(
-        dispatch, "prefix_prefill_attention", lambda **kw: calls.append(("prefill", kw))
+        dispatch,
+        "launch_prefix_prefill",
+        lambda plan, **kw: calls.append(("prefill", {"plan": plan, **kw})),
     )
     return calls
 
@@ -59,6 +73,16 @@ def _dispatch_args(num_seqs, num_decodes, max_query_len=5):
     }
 
 
+def _routes(calls):
+    routes = []
+    for name, kw in calls:
+        if name == "decode":
+            routes.append(("decode", kw["seq_start"], kw["num_seqs"]))
+        elif name == "prefill":
+            routes.append(("prefill", kw["plan"].seq_start, kw["plan"].num_seqs))
+    return routes
+
+
 @pytest.mark.parametrize(
     "num_seqs, num_decodes, expected",
     [
@@ -71,13 +95,14 @@ def _dispatch_args(num_seqs, num_decodes, max_query_len=5):
 )
 def test_routing(recorded, num_seqs, num_decodes, expected):
     dispatch.paged_attention(**_dispatch_args(num_seqs, num_decodes))
-    got = [(name, kw["seq_start"], kw["num_seqs"]) for name, kw in recorded]
-    assert got == expected
+    assert _routes(recorded) == expected
     for name, kw in recorded:
-        assert kw["sliding_window"] == 9, "features must reach both kernels"
         if name == "decode":
-            assert kw["num_splits"] == 4
-        else:
+            assert kw["num_splits"] == 4 and kw["config"] == "decode-config"
+            assert kw["sliding_window"] == 9, "features must reach both kernels"
+        elif name == "prefill":
+            assert kw["sliding_window"] == 9, "features must reach both kernels"
+        else:  # the plan made here, without the builder's
             assert kw["max_query_len"] == 5
             assert kw["max_seq_len"] == 4096  # lets the prefill part split
 
@@ -85,10 +110,23 @@ def test_routing(recorded, num_seqs, num_decodes, expected):
 def test_explicit_num_seqs_overrides_shape(recorded):
     # A padded seq_lens (CUDA graphs) with fewer real sequences.
     dispatch.paged_attention(**_dispatch_args(8, 2), num_seqs=3)
-    assert [(n, kw["seq_start"], kw["num_seqs"]) for n, kw in recorded] == [
-        ("decode", 0, 2),
-        ("prefill", 2, 1),
-    ]
+    assert _routes(recorded) == [("decode", 0, 2), ("prefill", 2, 1)]
+
+
+def test_given_plans_are_launched_not_remade(recorded):
+    plan = SimpleNamespace(seq_start=2, num_seqs=3)
+    dispatch.paged_attention(
+        **_dispatch_args(5, 2), prefill_plan=plan, decode_config="builder's"
+    )
+    assert [name for name, _ in recorded] == ["decode", "prefill"]
+    assert recorded[0][1]["config"] == "builder's"
+    assert recorded[1][1]["plan"] is plan
+
+
+def test_a_plan_of_other_sequences_is_refused(recorded):
+    plan = SimpleNamespace(seq_start=1, num_seqs=4)
+    with pytest.raises(ValueError, match=r"covers sequences \[1, 5\)"):
+        dispatch.paged_attention(**_dispatch_args(5, 2), prefill_plan=plan)
 
 
 @pytest.mark.parametrize(
@@ -102,30 +140,6 @@ def test_inconsistent_counts_raise(recorded, over, match):
     with pytest.raises(ValueError, match=match):
         dispatch.paged_attention(**{**_dispatch_args(4, 2), **over})
     assert recorded == [], "nothing may launch on bad counts"
-
-
-def test_dispatch_does_no_tensor_work(recorded):
-    # It runs every step for every layer: host int arithmetic only. Any torch call
-    # on a tensor (a read such as .item() syncs the device; an allocation or a
-    # copy costs time) shows up in a TorchFunctionMode. Speed itself is measured
-    # in benchmarks, not asserted here.
-    from torch.overrides import TorchFunctionMode
-
-    class Spy(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = []
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.seen.append(getattr(func, "__name__", str(func)))
-            return func(*args, **(kwargs or {}))
-
-    args = _dispatch_args(64, 48)
-    with Spy() as spy:
-        dispatch.paged_attention(**args)
-    # seq_lens.shape is read when num_seqs is not given: an attribute, not work.
-    assert set(spy.seen) <= {"shape", "__get__"}, spy.seen
-    assert [name for name, _ in recorded] == ["decode", "prefill"]
 
 
 # (query_len, kv_len): decodes first (incl. a single-key one), then a chunked-prefill
@@ -283,3 +297,100 @@ def test_one_contract_for_both_kernels(kernel, build, call, match):
             softmax_scale=0.125,
             **call,
         )
+
+
+class _Recorder:
+    """Stands in for a JIT kernel: ``kernel[grid](**kwargs)`` records the launch."""
+
+    def __init__(self, name, launches):
+        self.name, self.launches = name, launches
+
+    def __getitem__(self, grid):
+        return lambda **kwargs: self.launches.append((self.name, grid))
+
+
+# What reading a launch's tensors costs nothing: metadata and views. Anything else
+# (an allocation, a copy, a read such as .item() that syncs the device) would be
+# per-layer work.
+_METADATA = {
+    "__get__", "shape", "dtype", "device", "stride", "dim", "is_contiguous",
+    "numel", "data_ptr", "is_floating_point", "element_size", "size",
+    "as_strided", "unbind", "view", "__getitem__",
+}  # fmt: skip
+
+
+def test_a_planned_batch_launches_with_no_per_layer_work(monkeypatch):
+    """With the builder's plans (decode config and splits, prefill plan with its
+    workspace view) the per-layer call checks the inputs and launches: it
+    allocates nothing, reads no tensor, asks no table and queries no device. The
+    kernels are recorders here; the plan is made before, as the builder does."""
+    from torch.overrides import TorchFunctionMode
+
+    from vllm.attention.ops import prefix_prefill as pp
+    from vllm.attention.ops import triton_attention_common as common
+    from vllm.attention.ops import triton_paged_decode_attention_2d as decode
+
+    batch = _mixed_batch()
+    features = {"sliding_window": 12, "logits_soft_cap": 4.0}
+    num_splits = 2
+    workspace = torch.empty(
+        decode_workspace_shape(
+            max_num_seqs=NUM_DECODES, num_q_heads=NUM_KV_HEADS * GROUP,
+            head_size=HEAD_SIZE, num_splits=num_splits,
+        ),
+        dtype=WORKSPACE_DTYPE,
+    )  # fmt: skip
+    buffer = torch.empty(pp.split_workspace_bound(head_size=HEAD_SIZE, num_sms=132))
+    num_seqs = len(MIXED_BATCH)
+    plan = pp.plan_prefill(
+        layer=pp.PrefillLayer.of(
+            query=batch.query, key_cache=batch.key_cache, **features
+        ),
+        device=batch.query.device, seq_start=NUM_DECODES,
+        num_seqs=num_seqs - NUM_DECODES, num_tokens=batch.query.shape[0],
+        max_query_len=batch.max_query_len, max_seq_len=40, num_splits=2,
+        workspace=buffer,
+    )  # fmt: skip
+    config = decode.config_for(batch.query, batch.key_cache, num_splits)
+    launches = []
+    for module, name in (
+        (pp, "_prefix_prefill_kernel"),
+        (decode, "_paged_decode_kernel"),
+        (common, "merge_splits_kernel"),
+    ):
+        monkeypatch.setattr(module, name, _Recorder(name, launches))
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("per-layer table lookup or device query")
+
+    for module, name in (
+        (pp, "picked_config"), (pp, "num_sms"), (pp, "plan_prefill"),
+        (decode, "config_for"), (decode, "decode_config"),
+        (dispatch, "plan_prefill"), (dispatch, "config_for"),
+    ):  # fmt: skip
+        monkeypatch.setattr(module, name, forbidden)
+
+    class Spy(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.add(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    output = torch.empty_like(batch.query)
+    with Spy() as spy:
+        _dispatch_batch(
+            batch, batch.query, output, softmax_scale=0.125,
+            decode_num_splits=num_splits, decode_workspace=workspace,
+            decode_config=config, prefill_plan=plan, **features,
+        )  # fmt: skip
+    assert spy.seen <= _METADATA, sorted(spy.seen - _METADATA)
+    assert [name for name, _ in launches] == [
+        "_paged_decode_kernel",
+        "merge_splits_kernel",
+        "_prefix_prefill_kernel",
+        "merge_splits_kernel",
+    ]
+    assert plan.workspace.data_ptr() == buffer.data_ptr()  # a view, not a new one

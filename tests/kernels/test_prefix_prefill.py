@@ -600,7 +600,7 @@ def test_launch_chooses_tile_addressing(
     the config asks for it and it can apply (and descriptors only then)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from vllm.attention.ops.prefix_prefill import _launches
+    from tests.kernels.hopper_compile import prefill_launches
 
     batch = make_paged_batch(
         seqs=[(3, 70)],
@@ -610,9 +610,7 @@ def test_launch_chooses_tile_addressing(
         block_size=block_size,
     )
     args = _args(batch, config=PrefillConfig(64, block_n, 4, 2, use_tma))
-    args.update(seq_start=0, num_seqs=1, sliding_window=None, alibi_slopes=None)
-    args.update(logits_soft_cap=None, sinks=None)
-    ((_, _, kwargs),) = _launches(**args)
+    ((_, _, kwargs),) = prefill_launches(**args)
     assert kwargs["TILE_IN_PAGE"] is tile_in_page
     assert kwargs["USE_TMA"] is expect_tma
     if expect_tma:
@@ -1108,6 +1106,24 @@ def test_split_count_rule(programs, num_warps, max_seq_len, splits):
     )
 
 
+def _plan(config, *, num_kv_heads=8, group=1, window=None, head_size=128,
+          max_query_len=2048, num_seqs=1, max_seq_len=34_816, device=None,
+          **layer):  # fmt: skip
+    """The plan of a launch of ``num_seqs`` sequences (on ``device``, default the
+    CPU, which pretends to be an H200 with 132 SMs)."""
+    layer = prefix_prefill.PrefillLayer(
+        head_size=head_size, num_q_heads=num_kv_heads * group,
+        num_kv_heads=num_kv_heads, q_dtype=torch.bfloat16,
+        kv_dtype=torch.bfloat16, block_size=64, pages_are_rows=True,
+        sliding_window=window, **layer,
+    )  # fmt: skip
+    return prefix_prefill.plan_prefill(
+        layer=layer, device=device or torch.device("cpu"), seq_start=0,
+        num_seqs=num_seqs, num_tokens=num_seqs * max_query_len,
+        max_query_len=max_query_len, max_seq_len=max_seq_len, config=config,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "window, splits",
     [
@@ -1119,33 +1135,99 @@ def test_split_count_rule(programs, num_warps, max_seq_len, splits):
 )
 def test_auto_split_count_is_bounded_by_the_window(window, splits):
     config = PrefillConfig(block_m=128, block_n=64, num_warps=4, num_stages=2)
-    got = prefix_prefill.auto_num_splits(
-        config=config, max_query_len=2048, group=1, num_seqs=1, num_kv_heads=8,
-        max_seq_len=34_816, sliding_window=window, num_sms=132,
-    )  # fmt: skip
-    assert got == splits
-    assert prefix_prefill.auto_num_splits(
-        config=config, max_query_len=2048, group=1, num_seqs=1, num_kv_heads=8,
-        max_seq_len=None, sliding_window=window, num_sms=132,
-    ) == 1  # fmt: skip
+    assert _plan(config, window=window).num_splits == splits
+    assert _plan(config, window=window, max_seq_len=None).num_splits == 1
 
 
-def test_a_gluon_program_counts_as_a_whole_sm():
+@pytest.fixture
+def on_hopper(monkeypatch):
+    """Plans made as on an sm_90 GPU (the device check answers yes)."""
+    monkeypatch.setattr(prefix_prefill, "is_hopper", lambda device: True)
+
+
+def test_a_gluon_program_counts_as_a_whole_sm(on_hopper):
     """The 2k chunk over 32k of group 1 that splits in two with the portable
     kernel's 4-warp tile fills the SMs once with Gluon programs (one per SM): no
-    split, so the Gluon kernel (which takes none) runs it. Half as many programs
-    still split."""
+    split, so the Gluon kernel runs it. Half as many programs still split, and a
+    split launch runs in the portable kernel (the Gluon kernel takes none)."""
     ws = PrefillConfig(128, 64, 4, 3, use_tma=True, gluon=True)
-    launch = dict(
-        max_query_len=2048, group=1, num_seqs=1, max_seq_len=34_816,
-        sliding_window=None, num_sms=132,
+    plan = _plan(ws)
+    assert (plan.kernel, plan.num_splits) == ("gluon", 1)
+    plan = _plan(dataclasses.replace(ws, gluon=False))
+    assert (plan.kernel, plan.num_splits) == ("triton", 2)
+    plan = _plan(ws, num_kv_heads=4)
+    assert (plan.kernel, plan.num_splits) == ("triton", 2)
+
+
+@pytest.mark.parametrize("feature", ["soft_cap", "alibi", "sinks"])
+def test_the_kernel_is_chosen_before_its_split_count(monkeypatch, feature):
+    """A layer the Gluon kernel does not take runs in the portable kernel under
+    the portable kernel's split decision, not under one made for Gluon programs:
+    the same launch that stays whole in the Gluon kernel splits here."""
+    ws = PrefillConfig(128, 64, 4, 3, use_tma=True, gluon=True)
+    monkeypatch.setattr(prefix_prefill, "is_hopper", lambda device: True)
+    assert _plan(ws).kernel == "gluon"
+    plan = _plan(ws, **{feature: True})
+    assert (plan.kernel, plan.num_splits) == ("triton", 2)
+    monkeypatch.setattr(prefix_prefill, "is_hopper", lambda device: False)
+    off_hopper = _plan(ws)
+    assert (off_hopper.kernel, off_hopper.num_splits) == ("triton", 2)
+
+
+def test_an_automatic_split_fits_the_callers_workspace():
+    """A plan views the split workspace in the caller's buffer
+    (``split_workspace_bound`` holds every automatic split of valid configs) and
+    lowers an automatic count to what a smaller buffer holds; an explicit count
+    that does not fit is refused."""
+    config = PrefillConfig(block_m=128, block_n=64, num_warps=4, num_stages=2)
+    layer = prefix_prefill.PrefillLayer(
+        head_size=128, num_q_heads=8, num_kv_heads=8, q_dtype=torch.bfloat16,
+        kv_dtype=torch.bfloat16, block_size=64, pages_are_rows=True,
     )  # fmt: skip
-    assert prefix_prefill.auto_num_splits(config=ws, num_kv_heads=8, **launch) == 1
-    portable = dataclasses.replace(ws, gluon=False)
-    assert (
-        prefix_prefill.auto_num_splits(config=portable, num_kv_heads=8, **launch) == 2
-    )
-    assert prefix_prefill.auto_num_splits(config=ws, num_kv_heads=4, **launch) == 2
+    launch = dict(
+        layer=layer, device=torch.device("cpu"), seq_start=0, num_seqs=1,
+        num_tokens=2048, max_query_len=2048, max_seq_len=34_816, config=config,
+    )  # fmt: skip
+    bound = prefix_prefill.split_workspace_bound(head_size=128, num_sms=132)
+    buffer = torch.empty(bound)
+    plan = prefix_prefill.plan_prefill(**launch, workspace=buffer)
+    assert plan.num_splits == 2
+    assert plan.workspace.data_ptr() == buffer.data_ptr()
+    assert plan.workspace.shape == (2048, 8, 2, 129)
+    one_split = 2048 * 8 * 129
+    plan = prefix_prefill.plan_prefill(**launch, workspace=buffer[: 2 * one_split - 1])
+    assert (plan.num_splits, plan.workspace) == (1, None)
+    with pytest.raises(ValueError, match="the buffer holds"):
+        prefix_prefill.plan_prefill(
+            **launch, num_splits=2, workspace=buffer[: 2 * one_split - 1]
+        )
+
+
+def test_split_workspace_bound_holds_every_automatic_split():
+    """Over random launches of the configs the tables and heuristic can give
+    (at most 32 rows per warp), every automatic split's workspace fits the
+    bound, so the builder's one buffer never lowers a split count."""
+    rng = random.Random(1)
+    splits_seen = 0
+    for _ in range(400):
+        block_m, num_warps = rng.choice([(64, 4), (128, 4), (128, 8), (256, 8)])
+        config = PrefillConfig(block_m, 64, num_warps, 2)
+        group = rng.choice([1, 2, 4, 5, 7, 8])
+        num_kv_heads = rng.choice([1, 2, 4, 8])
+        head_size = rng.choice([64, 96, 128, 256])
+        max_query_len = rng.choice([2, 17, 100, 700, 2048, 5000])
+        num_seqs = rng.choice([1, 2, 3, 8])
+        plan = _plan(
+            config, num_kv_heads=num_kv_heads, group=group, head_size=head_size,
+            max_query_len=max_query_len, num_seqs=num_seqs, max_seq_len=131_072,
+        )  # fmt: skip
+        if plan.num_splits > 1:
+            splits_seen += 1
+            bound = prefix_prefill.split_workspace_bound(
+                head_size=head_size, num_sms=132
+            )
+            assert plan.workspace.numel() <= bound, plan
+    assert splits_seen > 50
 
 
 def test_split_decision_is_decided_by_the_smallest_launch():
@@ -1165,13 +1247,13 @@ def test_split_decision_is_decided_by_the_smallest_launch():
         max_model_len = rng.choice([2048, 8192, 32768, 131072])
         shortest, longest = rng.choice(buckets)
         splits = functools.partial(
-            prefix_prefill.auto_num_splits,
-            config=PrefillConfig(block_m, 64, num_warps, 2),
-            group=group, num_kv_heads=num_kv_heads, sliding_window=window,
-            num_sms=132,
+            _plan, PrefillConfig(block_m, 64, num_warps, 2), group=group,
+            num_kv_heads=num_kv_heads, window=window,
         )  # fmt: skip
 
-        warm = splits(max_query_len=shortest, num_seqs=1, max_seq_len=max_model_len) > 1
+        warm = (
+            splits(max_query_len=shortest, num_seqs=1, max_seq_len=max_model_len)
+        ).num_splits > 1
         seen[warm] += 1
         for _ in range(20):  # launches of the bucket, often near its smallest
             query = rng.choice([shortest, rng.randint(shortest, longest)])
@@ -1180,7 +1262,7 @@ def test_split_decision_is_decided_by_the_smallest_launch():
             max_seq_len = max(query, max_seq_len)
             got = splits(
                 max_query_len=query, num_seqs=num_seqs, max_seq_len=max_seq_len
-            )
+            ).num_splits
             assert warm or got == 1
     assert min(seen.values()) > 30, seen  # both outcomes drawn
 
@@ -1196,8 +1278,8 @@ def test_split_launch_chosen_from_max_seq_len_matches_reference():
     launched = []
     real = prefix_prefill._launches
 
-    def spy(**kw):
-        launches = real(**kw)
+    def spy(plan, **kw):
+        launches = real(plan, **kw)
         launched.append([k for k, _, _ in launches])
         return launches
 

@@ -2,7 +2,8 @@
 """The Hopper prefill kernel (Gluon) and its place behind prefix_prefill_attention.
 
 Off Hopper: which launches it takes and which it leaves to the portable kernel
-(``hopper_kernel_refusal``, ``_launches``), with the GPU check stubbed. The sm_90
+(``prefix_prefill.hopper_kernel_refusal``, the plan, ``_launches``), with the GPU
+check stubbed. The sm_90
 build itself is compiled without a GPU by ``hopper_compile`` (test_prefix_prefill's
 compile test). On an sm_90 GPU: results against ``ref_paged_attention`` on batches
 whose unused cache slots are NaN, through the public function.
@@ -22,12 +23,16 @@ from tests.kernels.conftest import (  # noqa: E402
     assert_close,
     make_paged_batch,
 )
+from tests.kernels.hopper_compile import prefill_launches  # noqa: E402
 from vllm.attention.ops import prefix_prefill  # noqa: E402
 from vllm.attention.ops import prefix_prefill_hopper as hopper  # noqa: E402
 from vllm.attention.ops.prefix_prefill import (  # noqa: E402
     prefix_prefill_attention,
 )
 from vllm.attention.ops.reference import ref_paged_attention  # noqa: E402
+from vllm.attention.ops.triton_attention_common import (  # noqa: E402
+    merge_splits_kernel,
+)
 from vllm.attention.ops.tuning.prefill_configs import (  # noqa: E402
     PrefillConfig,
     is_valid_config,
@@ -47,23 +52,16 @@ def _tensors(head_size=128, group=4, block_size=64, dtype=torch.bfloat16):
     return query, cache
 
 
-def _refusal(query, cache, config=GLUON_TILE, **overrides):
-    args = dict(
-        query=query,
-        key_cache=cache[:, 0],
-        config=config,
-        alibi_slopes=None,
-        logits_soft_cap=None,
-        sinks=None,
-        num_splits=1,
+def _refusal(query, cache, config=GLUON_TILE, **features):
+    layer = prefix_prefill.PrefillLayer.of(
+        query=query, key_cache=cache[:, 0], **features
     )
-    args.update(overrides)
-    return hopper.hopper_kernel_refusal(**args)
+    return prefix_prefill.hopper_kernel_refusal(layer, config, query.device)
 
 
 @pytest.fixture
 def pretend_hopper(monkeypatch):
-    monkeypatch.setattr(hopper, "_is_hopper", lambda device: True)
+    monkeypatch.setattr(prefix_prefill, "is_hopper", lambda device: True)
 
 
 def test_refuses_off_hopper():
@@ -86,7 +84,6 @@ def _tile(**fields):
         ({}, {"alibi_slopes": torch.ones(8)}, "ALiBi"),
         ({}, {"sinks": torch.ones(8)}, "sinks"),
         ({}, {"logits_soft_cap": 30.0}, "soft-cap"),
-        ({}, {"num_splits": 2}, "KV splits"),
         ({}, _tile(num_stages=1), "2 stages"),
         ({"block_size": 16}, {}, None),  # a 128-key tile in eight TMA boxes
         ({}, _tile(block_n=32), "32-key tiles"),
@@ -107,7 +104,7 @@ def test_refusal_names_what_the_portable_kernel_keeps(
 
 def _launch_kernels(config, **features):
     query, cache = _tensors()
-    launches = prefix_prefill._launches(
+    launches = prefill_launches(
         query=query,
         key_cache=cache[:, 0],
         value_cache=cache[:, 1],
@@ -117,11 +114,11 @@ def _launch_kernels(config, **features):
         seq_lens=torch.zeros(2, dtype=torch.int32),
         max_query_len=16,
         softmax_scale=0.1,
-        seq_start=0,
         num_seqs=2,
         k_scale=None,
         v_scale=None,
         config=config,
+        num_splits=features.pop("num_splits", 1),
         **{
             "sliding_window": None,
             "alibi_slopes": None,
@@ -143,6 +140,37 @@ def test_launch_takes_the_gluon_kernel_only_where_it_applies(pretend_hopper):
     assert _launch_kernels(GLUON_TILE, sinks=torch.ones(8)) == portable
     no_flag = dataclasses.replace(GLUON_TILE, gluon=False)
     assert _launch_kernels(no_flag) == portable
+    # An explicit split runs in the portable kernel, which takes splits.
+    assert _launch_kernels(GLUON_TILE, num_splits=2) == [
+        prefix_prefill._prefix_prefill_kernel,
+        merge_splits_kernel,
+    ]
+
+
+def test_a_gluon_plan_on_pages_that_are_not_rows_runs_the_portable_kernel(
+    pretend_hopper,
+):
+    """The builder plans from the model's specs; where the tensors' pages turn
+    out not to be whole rows of the head size (a page padded to a common size),
+    the launch runs the portable kernel with pointer loads, unsplit as planned."""
+    query, cache = _tensors()
+    padded = torch.empty((6, 2 * 2 * 64 * 128 + 8), dtype=cache.dtype)
+    padded = padded[:, : cache[0].numel()].view(cache.shape)
+    layer = prefix_prefill.PrefillLayer.of(query=query, key_cache=cache[:, 0])
+    plan = prefix_prefill.plan_prefill(
+        layer=layer, device=query.device, seq_start=0, num_seqs=2, num_tokens=32,
+        max_query_len=16, config=GLUON_TILE,
+    )  # fmt: skip
+    assert plan.kernel == "gluon"
+    ((kernel, _, kwargs),) = prefix_prefill._launches(
+        plan, query=query, key_cache=padded[:, 0], value_cache=padded[:, 1],
+        output=torch.empty_like(query),
+        block_table=torch.zeros((2, 8), dtype=torch.int32),
+        query_start_loc=torch.zeros(3, dtype=torch.int32),
+        seq_lens=torch.zeros(2, dtype=torch.int32), softmax_scale=0.1,
+    )  # fmt: skip
+    assert kernel is prefix_prefill._prefix_prefill_kernel
+    assert kwargs["USE_TMA"] is False and kwargs["SPLIT_KV"] is False
 
 
 def test_launch_off_hopper_is_the_portable_kernel():
@@ -151,7 +179,7 @@ def test_launch_off_hopper_is_the_portable_kernel():
 
 def test_launch_grid_walks_every_head_and_row_tile(pretend_hopper):
     query, cache = _tensors(group=7)
-    _, grid, kwargs = hopper.hopper_launch(
+    ((kernel, grid, kwargs),) = prefill_launches(
         query=query,
         key_cache=cache[:, 0],
         value_cache=cache[:, 1],
@@ -165,6 +193,7 @@ def test_launch_grid_walks_every_head_and_row_tile(pretend_hopper):
         num_seqs=2,
         config=GLUON_TILE,
     )
+    assert kernel is hopper.hopper_prefill_kernel
     # 100 tokens x 7 heads in 6 tiles of 128 rows, for 2 sequences x 2 KV heads.
     assert grid == (6 * 4,)
     assert kwargs["num_seqs"] == 2

@@ -43,6 +43,13 @@ def tma_supported(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
+@functools.cache
+def is_hopper(device: torch.device) -> bool:
+    """Whether ``device`` is an NVIDIA Hopper (sm_90) GPU: what the prefill kernel
+    in Gluon (``prefix_prefill_hopper.py``) is built for."""
+    return nvidia_gpu(device) and torch.cuda.get_device_capability(device)[0] == 9
+
+
 def num_sms(device: torch.device) -> int:
     """SMs (compute units) of ``device``; ``H200_NUM_SMS`` off the GPU."""
     if device.type != "cuda":

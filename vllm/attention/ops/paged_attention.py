@@ -8,15 +8,28 @@ kernel, and sequences ``[num_decodes, num_seqs)`` (chunked prefill, prefix-cache
 hits, spec-decode verification, ...) go to prefix_prefill. The two launches cover
 disjoint rows of ``output``.
 
-This runs every step for every layer, so it does host integer arithmetic only, on
-values the backend's builder computed once per step; it reads no tensor contents
-(no device sync) and allocates nothing.
+This runs every step for every layer, so with the plans the backend's builder
+made once per batch (``decode_config``, ``decode_num_splits``,
+``decode_workspace``, ``prefill_plan``) it checks the inputs once and launches:
+host integer arithmetic only, no tensor read (no device sync), no allocation, no
+table lookup. Without plans (tests, benchmarks) it makes them here.
 """
 
 import torch
 
-from vllm.attention.ops.prefix_prefill import prefix_prefill_attention
-from vllm.attention.ops.triton_paged_decode_attention_2d import paged_decode_attention
+from vllm.attention.ops.prefix_prefill import (
+    PrefillLayer,
+    PrefillPlan,
+    check_sequence_range,
+    launch_prefix_prefill,
+    plan_prefill,
+)
+from vllm.attention.ops.triton_attention_common import check_attention_inputs
+from vllm.attention.ops.triton_paged_decode_attention_2d import (
+    config_for,
+    launch_paged_decode,
+)
+from vllm.attention.ops.tuning.decode_configs import DecodeConfig
 
 # Query length of a decode step; sequences with this query length (placed first in
 # the batch) use the decode kernel.
@@ -45,6 +58,8 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
     decode_num_splits: int = 1,
     decode_workspace: torch.Tensor | None = None,
+    decode_config: DecodeConfig | None = None,
+    prefill_plan: PrefillPlan | None = None,
     prefill_max_seq_len: int | None = None,
 ) -> None:
     """Attention of every query token over its sequence's paged K/V, into ``output``.
@@ -61,13 +76,18 @@ def paged_attention(
         decode_num_splits, decode_workspace: split-KV of the decode part
             (``choose_decode_splits`` / ``decode_workspace_shape``, chosen by the
             builder from the batch shape so CUDA graphs stay valid).
-        prefill_max_seq_len: host int >= the longest KV length of the prefill
-            part, or None: lets it split its keys when its grid is small
-            (``prefix_prefill.choose_prefill_splits``).
+        decode_config: the decode launch's config, or None: looked up here
+            (``triton_paged_decode_attention_2d.decode_config``).
+        prefill_plan: the prefill part's launch plan
+            (``prefix_prefill.plan_prefill`` for sequences ``[num_decodes,
+            num_seqs)``), or None: planned here, from ``prefill_max_seq_len``.
+        prefill_max_seq_len: without a plan, a host int >= the longest KV length
+            of the prefill part, or None: lets it split its keys when its grid
+            is small (``prefix_prefill.choose_prefill_splits``).
         The rest are the attention features of both kernels.
 
-    Both kernels check their part of the batch against the one input contract
-    (``triton_attention_common.check_attention_inputs``) and raise ValueError.
+    The inputs are checked once against the one input contract
+    (``triton_attention_common.check_attention_inputs``): ValueError.
     """
     if num_seqs is None:
         num_seqs = seq_lens.shape[0]
@@ -99,22 +119,45 @@ def paged_attention(
         "seq_lens": seq_lens,
         "softmax_scale": softmax_scale,
     }
+    check_attention_inputs(
+        "paged_attention", **common, **features, query_start_loc=query_start_loc
+    )
     if num_decodes > 0:
-        paged_decode_attention(
+        if decode_config is None:
+            decode_config = config_for(query, key_cache, decode_num_splits)
+        launch_paged_decode(
             **common,
             **features,
             seq_start=0,
             num_seqs=num_decodes,
             num_splits=decode_num_splits,
             workspace=decode_workspace,
+            config=decode_config,
         )
     if num_seqs > num_decodes:
-        prefix_prefill_attention(
-            **common,
-            **features,
-            query_start_loc=query_start_loc,
-            max_query_len=max_query_len,
-            seq_start=num_decodes,
-            num_seqs=num_seqs - num_decodes,
-            max_seq_len=prefill_max_seq_len,
+        check_sequence_range(
+            "paged_attention", num_decodes, num_seqs - num_decodes, seq_lens.shape[0]
+        )
+        if prefill_plan is None:
+            prefill_plan = plan_prefill(
+                layer=PrefillLayer.of(query=query, key_cache=key_cache, **features),
+                device=query.device,
+                seq_start=num_decodes,
+                num_seqs=num_seqs - num_decodes,
+                num_tokens=query.shape[0],
+                max_query_len=max_query_len,
+                max_seq_len=prefill_max_seq_len,
+            )
+        elif (prefill_plan.seq_start, prefill_plan.num_seqs) != (
+            num_decodes,
+            num_seqs - num_decodes,
+        ):
+            raise ValueError(
+                f"paged_attention: the prefill plan covers sequences "
+                f"[{prefill_plan.seq_start}, "
+                f"{prefill_plan.seq_start + prefill_plan.num_seqs}), the batch's "
+                f"prefills are [{num_decodes}, {num_seqs})."
+            )
+        launch_prefix_prefill(
+            prefill_plan, **common, **features, query_start_loc=query_start_loc
         )

@@ -77,6 +77,7 @@ of a Triton Attention Kernel", arXiv 2511.11581):
 
 import functools
 import math
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -84,13 +85,14 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vllm.attention.ops.hardware import (
+    is_hopper,
     num_sms,
     shared_memory_per_program,
     tma_supported,
 )
 from vllm.attention.ops.triton_attention_common import (
     FP8_DTYPES,
-    cache_as_rows,
+    cache_descriptor,
     check_attention_inputs,
     finalize_output,
     fp8_max,
@@ -111,9 +113,11 @@ from vllm.attention.ops.triton_attention_common import (
     to_dot_dtype,
 )
 from vllm.attention.ops.tuning.prefill_configs import (
+    GLUON_HEAD_SIZES,
     PREFILL_TABLE,
     PrefillConfig,
     fit_shared_memory,
+    gluon_config_refusal,
 )
 from vllm.attention.ops.tuning.tables import device_gpu_name
 
@@ -135,6 +139,10 @@ MAX_PREFILL_SPLITS = 16
 # whole cost into its last share; on an H200 two splits of 1024 keys were slower
 # than none).
 SPLIT_MIN_KEYS = 2048
+# Query rows per warp of a config, at most (a warpgroup of 4 warps holds at most a
+# 128-row tile: ``tuning.prefill_configs.is_valid_config``); bounds the split
+# workspace (``split_workspace_bound``).
+MAX_ROWS_PER_WARP = 32
 
 
 @triton.jit
@@ -699,22 +707,93 @@ def _prefix_prefill_kernel(
         )
 
 
-def _cache_descriptor(
-    cache: torch.Tensor, block_n: int, columns: int
-) -> TensorDescriptor:
-    """TMA descriptor of one cache view as ``cache_as_rows``'s ``[rows, head_size]``
-    matrix. Tiles are ``[block_n, columns]``: a whole row padded to
-    ``head_pad(head_size)``, whose columns past a head size below its padding (80,
-    96, 112) are out of bounds, which TMA reads as zeros (the next row's elements
-    are never loaded as padding); or one of ``head_split``'s column tiles, loaded
-    at its first column."""
-    flat = cache_as_rows(cache)
-    return TensorDescriptor(
-        flat,
-        shape=list(flat.shape),
-        strides=[flat.shape[1], 1],
-        block_shape=[block_n, columns],
-    )
+# ----------------------------------------------------------------------------------
+# Host side: the plan (once per batch), the launch (per layer), the public function
+# ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrefillLayer:
+    """What a prefill plan depends on of a layer, with no tensor in it: shapes,
+    dtypes, the cache's page layout and which features are on. The backend's
+    builder makes one per kind of layer from the model's specs, the public
+    function from its arguments (``of``); a launch checks that its tensors are the
+    plan's layer."""
+
+    head_size: int
+    num_q_heads: int
+    num_kv_heads: int
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+    block_size: int  # keys per page
+    pages_are_rows: bool  # page and head strides are multiples of head_size (TMA)
+    sliding_window: int | None = None
+    soft_cap: bool = False
+    alibi: bool = False
+    sinks: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        sliding_window: int | None = None,
+        alibi_slopes: torch.Tensor | None = None,
+        logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
+        k_scale: torch.Tensor | None = None,  # fp8 scales do not change a plan
+        v_scale: torch.Tensor | None = None,
+    ) -> "PrefillLayer":
+        """The layer of a launch's tensors and feature arguments."""
+        head_size = query.shape[2]
+        return cls(
+            head_size=head_size,
+            num_q_heads=query.shape[1],
+            num_kv_heads=key_cache.shape[1],
+            q_dtype=query.dtype,
+            kv_dtype=key_cache.dtype,
+            block_size=key_cache.shape[2],
+            pages_are_rows=key_cache.stride(0) % head_size == 0
+            and key_cache.stride(1) % head_size == 0,
+            sliding_window=sliding_window,
+            soft_cap=bool(logits_soft_cap),
+            alibi=alibi_slopes is not None,
+            sinks=sinks is not None,
+        )
+
+    @property
+    def group(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """One prefill launch, decided before it runs: by the backend's builder once
+    per batch (``plan_prefill``), or by ``prefix_prefill_attention`` when it is
+    called without one. The launch only reads it.
+
+    kernel: ``"gluon"`` (``prefix_prefill_hopper.py``) or ``"triton"`` (this
+        module's portable kernel): chosen first, then the split count for it.
+    config: the launch's tiles.
+    seq_start, num_seqs: the launch's sequences.
+    max_query_len: host bound of their query lengths (sizes the grid).
+    num_splits: KV splits (1: none; always 1 for the Gluon kernel).
+    programs: programs before splitting (the grid holds ``programs *
+        num_splits``; see ``program_coords``).
+    workspace: fp32 ``split_workspace_shape`` view when ``num_splits > 1``.
+    layer: the layer it was made for.
+    """
+
+    kernel: str
+    config: PrefillConfig
+    seq_start: int
+    num_seqs: int
+    max_query_len: int
+    num_splits: int
+    programs: int
+    workspace: torch.Tensor | None
+    layer: PrefillLayer
 
 
 @functools.cache
@@ -726,6 +805,40 @@ def _hopper_kernels():
     except ImportError:
         return None
     return prefix_prefill_hopper
+
+
+def hopper_kernel_refusal(
+    layer: PrefillLayer, config: PrefillConfig, device: torch.device
+) -> str | None:
+    """Why the Hopper kernel in Gluon cannot run ``layer`` with ``config``'s tiles
+    on ``device`` (the portable kernel runs it then), or None when it can. The one
+    eligibility rule of that kernel; the tiles' part is ``gluon_config_refusal``."""
+    if not is_hopper(device):
+        return "not an NVIDIA Hopper (sm_90) GPU"
+    if _hopper_kernels() is None:
+        return "this Triton has no Gluon"
+    if layer.q_dtype not in (torch.bfloat16, torch.float16) or (
+        layer.kv_dtype != layer.q_dtype
+    ):
+        return "the cache is not 16-bit of the query's dtype"
+    if layer.head_size not in GLUON_HEAD_SIZES:
+        return f"head size {layer.head_size} is not one of {GLUON_HEAD_SIZES}"
+    if layer.alibi or layer.sinks:
+        return "ALiBi and sinks run in the portable kernel"
+    if layer.soft_cap:
+        return "soft-cap runs in the portable kernel"
+    refusal = gluon_config_refusal(config)
+    if refusal is not None:
+        return refusal
+    box = min(config.block_n, layer.block_size)
+    if config.block_n % box or layer.block_size % box:
+        return (
+            f"{config.block_n}-key tiles are not whole slices of "
+            f"{layer.block_size}-key pages"
+        )
+    if not layer.pages_are_rows:
+        return "cache pages and heads are not whole rows of head_size elements"
+    return None
 
 
 def picked_config(device: torch.device, **key) -> PrefillConfig:
@@ -777,45 +890,163 @@ def choose_prefill_splits(
     )
 
 
-def auto_num_splits(
+def split_workspace_shape(
+    *, num_seqs: int, max_query_len: int, num_tokens: int, num_q_heads: int,
+    head_size: int, num_splits: int,
+) -> tuple[int, int, int, int]:  # fmt: skip
+    """Shape of a split launch's fp32 workspace: a row per token the launch can
+    hold (at most ``num_seqs * max_query_len``, at most the batch's tokens), the
+    partial output of each query head and split in ``[..., :head_size]`` and its
+    log-sum-exp in ``[..., head_size]``."""
+    rows = max(1, min(num_tokens, num_seqs * max_query_len))
+    return (rows, num_q_heads, num_splits, head_size + 1)
+
+
+def split_workspace_bound(*, head_size: int, num_sms: int) -> int:
+    """fp32 elements that hold the workspace of every automatic split on a GPU of
+    ``num_sms`` SMs: only launches that fill at most half of the SMs' warp slots
+    split, into at most one wave of resident programs, each of at most
+    ``MAX_ROWS_PER_WARP`` rows per warp, so (rows x query heads x splits) is at
+    most ``SPLIT_WARPS_PER_SM * num_sms * MAX_ROWS_PER_WARP`` (an H200: 33,792,
+    about 35 MB at head size 256). The backend allocates this once."""
+    return SPLIT_WARPS_PER_SM * max(1, num_sms) * MAX_ROWS_PER_WARP * (head_size + 1)
+
+
+def plan_prefill(
     *,
-    config: PrefillConfig,
-    max_query_len: int,
-    group: int,
+    layer: PrefillLayer,
+    device: torch.device,
+    seq_start: int,
     num_seqs: int,
-    num_kv_heads: int,
-    max_seq_len: int | None,
-    sliding_window: int | None,
-    num_sms: int,
-) -> int:
-    """The KV splits a launch takes when the caller gives none: 1 without
-    ``max_seq_len``, else ``choose_prefill_splits`` over the launch's programs and the
-    keys one program can see (at most ``sliding_window + block_m`` with a window).
-    A Gluon config's program counts as one per SM."""
-    if max_seq_len is None:
-        return 1
-    keys = max_seq_len
-    if sliding_window:
-        keys = min(keys, sliding_window + config.block_m)
+    num_tokens: int,
+    max_query_len: int,
+    max_seq_len: int | None = None,
+    config: PrefillConfig | None = None,
+    num_splits: int | None = None,
+    workspace: torch.Tensor | None = None,
+) -> PrefillPlan:
+    """The plan of one prefill launch, in this order:
+
+    1. the config: ``config``, else the device's table entry or heuristic for the
+       layer's key (``picked_config``);
+    2. the kernel it can run on: the Hopper kernel in Gluon where the config
+       asks for it and ``hopper_kernel_refusal`` allows, else the portable one;
+    3. the split count for that kernel: ``num_splits``, else 1 without
+       ``max_seq_len``, else ``choose_prefill_splits`` over the launch's
+       programs (a Gluon program counts as a whole SM's warps) and the keys one
+       program can see (at most ``sliding_window + block_m`` with a window). The
+       Gluon kernel takes no split: a split launch runs in the portable kernel;
+    4. the split workspace: a view of ``workspace`` (a flat fp32 buffer of
+       ``split_workspace_bound`` elements, allocated once by the caller; an
+       automatic count is lowered until its view fits), else a new tensor.
+
+    Host arithmetic on host values only: no tensor is read. Raises ValueError for
+    a config, split count or grid the kernels cannot take.
+    """
+    who = "prefix_prefill_attention"
+    if config is None:
+        config = picked_config(
+            device,
+            head_size=layer.head_size,
+            q_dtype=layer.q_dtype,
+            kv_dtype=layer.kv_dtype,
+            group=layer.group,
+            block_size=layer.block_size,
+            max_query_len=max_query_len,
+        )
+    if not (
+        config.block_m >= 16
+        and config.block_n >= 16
+        and config.block_n & (config.block_n - 1) == 0
+        and config.block_m & (config.block_m - 1) == 0
+    ):
+        raise ValueError(
+            f"{who}: config tiles must be powers of two >= 16, got {config}."
+        )
+    gluon = config.gluon and hopper_kernel_refusal(layer, config, device) is None
     programs = unsplit_programs(
         max_query_len=max_query_len,
-        group=group,
+        group=layer.group,
         block_m=config.block_m,
         num_seqs=num_seqs,
-        num_kv_heads=num_kv_heads,
+        num_kv_heads=layer.num_kv_heads,
     )
-    return choose_prefill_splits(
+    automatic = num_splits is None
+    if num_splits is None:
+        num_splits = 1
+        if max_seq_len is not None:
+            keys = max_seq_len
+            if layer.sliding_window:
+                keys = min(keys, layer.sliding_window + config.block_m)
+            num_splits = choose_prefill_splits(
+                programs=programs,
+                # A Gluon program holds an SM on its own (two consumer
+                # warpgroups, a load warp, most of the shared memory): a full
+                # SM's warp slots, so that a launch that fills the SMs once
+                # stays whole in the Gluon kernel.
+                num_warps=SPLIT_WARPS_PER_SM if gluon else config.num_warps,
+                max_seq_len=keys,
+                num_sms=num_sms(device),
+            )
+    if not 1 <= num_splits <= MAX_PREFILL_SPLITS:
+        raise ValueError(
+            f"{who}: num_splits must be in [1, {MAX_PREFILL_SPLITS}], got {num_splits}."
+        )
+    if programs * num_splits > _MAX_GRID_X:
+        raise ValueError(
+            f"{who}: {programs * num_splits} programs (max_query_len {max_query_len}"
+            f" x {layer.num_q_heads} query heads in tiles of {config.block_m} rows, "
+            f"{num_seqs} sequences, {num_splits} KV splits) exceed the grid limit "
+            f"{_MAX_GRID_X}; split the batch."
+        )
+    view = None
+    while num_splits > 1:
+        shape = split_workspace_shape(
+            num_seqs=num_seqs,
+            max_query_len=max_query_len,
+            num_tokens=num_tokens,
+            num_q_heads=layer.num_q_heads,
+            head_size=layer.head_size,
+            num_splits=num_splits,
+        )
+        numel = math.prod(shape)
+        if numel > _MAX_WORKSPACE_ELEMENTS:
+            raise ValueError(
+                f"{who}: {num_splits} KV splits need a workspace of {shape} fp32 "
+                f"elements, more than the kernel's 32-bit offsets address "
+                f"({_MAX_WORKSPACE_ELEMENTS}); pass fewer num_splits (or None) or "
+                f"split the batch."
+            )
+        if workspace is None:
+            view = torch.empty(shape, dtype=torch.float32, device=device)
+            break
+        if numel <= workspace.numel():
+            view = workspace[:numel].view(shape)
+            break
+        if not automatic:
+            raise ValueError(
+                f"{who}: {num_splits} KV splits need {numel} workspace elements, "
+                f"the buffer holds {workspace.numel()}; pass fewer num_splits."
+            )
+        num_splits -= 1
+    # The Gluon kernel takes no split: a launch of so few of its programs that it
+    # splits runs split in the portable kernel.
+    gluon = gluon and num_splits == 1
+    return PrefillPlan(
+        kernel="gluon" if gluon else "triton",
+        config=config,
+        seq_start=seq_start,
+        num_seqs=num_seqs,
+        max_query_len=max_query_len,
+        num_splits=num_splits,
         programs=programs,
-        # A Gluon program holds an SM on its own (two consumer warpgroups, a load
-        # warp, most of the shared memory): a full SM's warp slots, so that a
-        # launch that fills the SMs once is not split.
-        num_warps=SPLIT_WARPS_PER_SM if config.gluon else config.num_warps,
-        max_seq_len=keys,
-        num_sms=num_sms,
+        workspace=view,
+        layer=layer,
     )
 
 
 def _launches(
+    plan: PrefillPlan,
     *,
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -824,47 +1055,43 @@ def _launches(
     block_table: torch.Tensor,
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
-    max_query_len: int,
     softmax_scale: float,
-    seq_start: int,
-    num_seqs: int,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    sliding_window: int | None,
-    alibi_slopes: torch.Tensor | None,
-    logits_soft_cap: float | None,
-    sinks: torch.Tensor | None,
-    config: PrefillConfig,
-    num_splits: int = 1,
-    workspace: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> list[tuple]:
-    """``(kernel, grid, keyword arguments)`` of each launch of one prefill call (the
-    prefill kernel, then the merge when split); tiles from ``config``, strides from
-    the tensors; no checks. ``workspace``: ``split_workspace_shape``, fp32, when
-    ``num_splits > 1``. Separate from the launch so the offline compile check builds
-    exactly what a launch would."""
-    hopper = _hopper_kernels() if config.gluon else None
-    if hopper is not None:
-        refusal = hopper.hopper_kernel_refusal(
-            query=query, key_cache=key_cache, config=config,
-            alibi_slopes=alibi_slopes, logits_soft_cap=logits_soft_cap, sinks=sinks,
-            num_splits=num_splits,
-        )  # fmt: skip
-        if refusal is None:
-            launch = hopper.hopper_launch(
-                query=query, key_cache=key_cache, value_cache=value_cache,
-                output=output, block_table=block_table,
-                query_start_loc=query_start_loc, seq_lens=seq_lens,
-                max_query_len=max_query_len, softmax_scale=softmax_scale,
-                seq_start=seq_start, num_seqs=num_seqs, config=config,
+    """``(kernel, grid, keyword arguments)`` of each launch of ``plan`` (the
+    prefill kernel, then the merge when split); strides and descriptors from the
+    tensors; no checks. Separate from the launch so the offline compile check
+    builds exactly what a launch would."""
+    head_size = query.shape[2]
+    # Pages and heads as whole rows of the cache seen as [rows, head_size]: what
+    # TMA boxes of page slices need. The plan's layer says so from the model's
+    # specs; the tensors decide (a Gluon plan on other pages runs, unsplit, in
+    # the portable kernel with pointer loads).
+    pages_are_rows = (
+        key_cache.stride(0) % head_size == 0 and key_cache.stride(1) % head_size == 0
+    )
+    if plan.kernel == "gluon" and pages_are_rows:
+        return [
+            _hopper_kernels().hopper_launch(
+                plan,
+                query=query,
+                key_cache=key_cache,
+                value_cache=value_cache,
+                output=output,
+                block_table=block_table,
+                query_start_loc=query_start_loc,
+                seq_lens=seq_lens,
+                softmax_scale=softmax_scale,
                 sliding_window=sliding_window,
-            )  # fmt: skip
-            return [launch]
-    num_q_heads, head_size = query.shape[1], query.shape[2]
-    num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
-    group_size = num_q_heads // num_kv_heads
-    is_fp8 = key_cache.dtype in FP8_DTYPES
-    tile_in_page = block_size % config.block_n == 0
+            )
+        ]
+    config, num_splits = plan.config, plan.num_splits
+    tile_in_page = key_cache.shape[2] % config.block_n == 0
     split = head_split(head_size) if config.split_head else None
     if split:  # two exact column tiles
         lo, lo_pad, hi = split[0], split[0], split[1]
@@ -873,18 +1100,13 @@ def _launches(
     use_tma = (
         config.use_tma
         and tile_in_page
-        and key_cache.stride(0) % head_size == 0
-        and key_cache.stride(1) % head_size == 0
+        and pages_are_rows
         and tma_supported(query.device)
     )
-    programs = unsplit_programs(
-        max_query_len=max_query_len,
-        group=group_size,
-        block_m=config.block_m,
-        num_seqs=num_seqs,
-        num_kv_heads=num_kv_heads,
-    )
-    grid = (programs * num_splits,)  # see program_coords
+
+    def descriptor(cache, columns):
+        return cache_descriptor(cache, (config.block_n, columns), TensorDescriptor)
+
     kwargs = dict(
         **shared_kernel_args(
             query=query,
@@ -893,7 +1115,7 @@ def _launches(
             output=output,
             block_table=block_table,
             seq_lens=seq_lens,
-            seq_start=seq_start,
+            seq_start=plan.seq_start,
             softmax_scale=softmax_scale,
             k_scale=k_scale,
             v_scale=v_scale,
@@ -903,22 +1125,14 @@ def _launches(
             sinks=sinks,
         ),
         query_start_loc_ptr=query_start_loc,
-        workspace_ptr=workspace,  # None unless split
-        k_desc=_cache_descriptor(key_cache, config.block_n, lo_pad)
-        if use_tma
-        else None,
-        v_desc=_cache_descriptor(value_cache, config.block_n, lo_pad)
-        if use_tma
-        else None,
-        k_desc_hi=_cache_descriptor(key_cache, config.block_n, hi)
-        if use_tma and split
-        else None,
-        v_desc_hi=_cache_descriptor(value_cache, config.block_n, hi)
-        if use_tma and split
-        else None,
-        num_seqs=num_seqs,
+        workspace_ptr=plan.workspace,  # None unless split
+        k_desc=descriptor(key_cache, lo_pad) if use_tma else None,
+        v_desc=descriptor(value_cache, lo_pad) if use_tma else None,
+        k_desc_hi=descriptor(key_cache, hi) if use_tma and split else None,
+        v_desc_hi=descriptor(value_cache, hi) if use_tma and split else None,
+        num_seqs=plan.num_seqs,
         num_splits=num_splits,
-        NUM_KV_HEADS=num_kv_heads,
+        NUM_KV_HEADS=plan.layer.num_kv_heads,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         HEAD_LO=lo,
@@ -927,40 +1141,56 @@ def _launches(
         SPLIT_HEAD=split is not None,
         TILE_IN_PAGE=tile_in_page,
         USE_TMA=use_tma,
-        FP8_QK=is_fp8 and config.fp8_qk,
+        FP8_QK=key_cache.dtype in FP8_DTYPES and config.fp8_qk,
         FP8_MAX=fp8_max(key_cache.dtype),
         LONGEST_FIRST=config.longest_first,
         SPLIT_KV=num_splits > 1,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    launches = [(_prefix_prefill_kernel, grid, kwargs)]
+    launches = [(_prefix_prefill_kernel, (plan.programs * num_splits,), kwargs)]
     if num_splits > 1:
         launches.append(
             merge_launch(
                 kwargs,
-                num_seqs=num_seqs,
+                num_seqs=plan.num_seqs,
                 num_splits=num_splits,
-                rows=workspace.shape[0],
+                rows=plan.workspace.shape[0],
                 splits_pad=MAX_PREFILL_SPLITS,  # one variant for every split count
             )
         )
     return launches
 
 
-def split_workspace_shape(
-    *, num_seqs: int, max_query_len: int, num_tokens: int, num_q_heads: int,
-    head_size: int, num_splits: int,
-) -> tuple[int, int, int, int]:  # fmt: skip
-    """Shape of a split launch's fp32 workspace: a row per token the launch can
-    hold (at most ``num_seqs * max_query_len``, at most the batch's tokens), the
-    partial output of each query head and split in ``[..., :head_size]`` and its
-    log-sum-exp in ``[..., head_size]``. Only launches that fill at most half of
-    the SMs' warp slots split, into at most one wave of programs, which
-    bounds it (an H200: one wave, at most 264 4-warp programs of 128 rows or 132
-    8-warp programs of 256, about 35 MB at head size 256)."""
-    rows = max(1, min(num_tokens, num_seqs * max_query_len))
-    return (rows, num_q_heads, num_splits, head_size + 1)
+# The launch arguments a PrefillLayer is made of.
+_LAYER_ARGUMENTS = (
+    "query",
+    "key_cache",
+    "sliding_window",
+    "alibi_slopes",
+    "logits_soft_cap",
+    "sinks",
+)
+
+
+def launch_prefix_prefill(plan: PrefillPlan, **tensors) -> None:
+    """Run ``plan`` on a layer's tensors (``_launches``' keyword arguments), which
+    have passed the input contract (``check_attention_inputs``): the per-layer
+    step. It checks only that they are the layer the plan was made for (host
+    attributes; the page layout is the tensors', see ``_launches``), then
+    launches; no table, device query or allocation."""
+    layer = PrefillLayer.of(
+        **{name: tensors.get(name) for name in _LAYER_ARGUMENTS if name in tensors}
+    )
+    if replace(layer, pages_are_rows=plan.layer.pages_are_rows) != plan.layer:
+        raise ValueError(
+            f"prefix_prefill_attention: the plan was made for {plan.layer}, the "
+            f"tensors are {layer}; plan with this layer (plan_prefill)."
+        )
+    if plan.num_seqs == 0 or plan.max_query_len <= 0:
+        return
+    for kernel, grid, kwargs in _launches(plan, **tensors):
+        kernel[grid](**kwargs)
 
 
 def prefix_prefill_attention(
@@ -987,7 +1217,9 @@ def prefix_prefill_attention(
     num_splits: int | None = None,
 ) -> None:
     """Causal attention of sequences ``[seq_start, seq_start + num_seqs)`` over the
-    paged KV cache, written into ``output``.
+    paged KV cache, written into ``output``: checks the inputs, plans the launch
+    (``plan_prefill``) and runs it (``launch_prefix_prefill``). The backend plans
+    once per batch and calls ``launch_prefix_prefill`` per layer instead.
 
     Args (semantics in docs/design.md):
         query: [num_tokens, num_q_heads, head_size] bf16/fp16, last dim contiguous.
@@ -1012,10 +1244,10 @@ def prefix_prefill_attention(
         config: launch configuration; None picks it from the tuning table.
         max_seq_len: host int >= the longest KV length of the launched sequences,
             or None (unknown: no split).
-        num_splits: KV splits (1 to ``MAX_PREFILL_SPLITS``); None chooses them from
-            the grid, ``max_seq_len`` and the window (``auto_num_splits``). Split
-            launches write partials to an fp32 workspace (``split_workspace_shape``),
-            allocated per call, and merge them in a second kernel.
+        num_splits: KV splits (1 to ``MAX_PREFILL_SPLITS``); None chooses them
+            (``plan_prefill``). Split launches write partials to an fp32
+            workspace (``split_workspace_shape``), allocated per call here, and
+            merge them in a second kernel.
 
     Raises ValueError for unsupported inputs (nothing is launched then).
     """
@@ -1037,73 +1269,31 @@ def prefix_prefill_attention(
         sinks=sinks,
         query_start_loc=query_start_loc,
     )
-    num_tokens, num_q_heads, head_size = query.shape
-    num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
     num_seqs_total = seq_lens.shape[0]
     if num_seqs is None:
         num_seqs = num_seqs_total - seq_start
-    if not (
-        seq_start >= 0 and num_seqs >= 0 and seq_start + num_seqs <= num_seqs_total
-    ):
-        raise ValueError(
-            f"{who}: sequence range [{seq_start}, {seq_start + num_seqs}) is outside "
-            f"the {num_seqs_total} sequences of seq_lens; pass a range inside it."
-        )
-    if num_seqs == 0 or max_query_len <= 0 or num_tokens == 0:
+    check_sequence_range(who, seq_start, num_seqs, num_seqs_total)
+    if num_seqs == 0 or max_query_len <= 0 or query.shape[0] == 0:
         return
-    if config is None:
-        config = picked_config(
-            query.device,
-            head_size=head_size,
-            q_dtype=query.dtype,
-            kv_dtype=key_cache.dtype,
-            group=num_q_heads // num_kv_heads,
-            block_size=block_size,
-            max_query_len=max_query_len,
-        )
-    if not (
-        config.block_m >= 16
-        and config.block_n >= 16
-        and config.block_n & (config.block_n - 1) == 0
-        and config.block_m & (config.block_m - 1) == 0
-    ):
-        raise ValueError(
-            f"{who}: config tiles must be powers of two >= 16, got {config}."
-        )
-    if num_splits is None:
-        num_splits = auto_num_splits(
-            config=config,
-            max_query_len=max_query_len,
-            group=num_q_heads // num_kv_heads,
-            num_seqs=num_seqs,
-            num_kv_heads=num_kv_heads,
-            max_seq_len=max_seq_len,
-            sliding_window=sliding_window,
-            num_sms=num_sms(query.device),
-        )
-    if not 1 <= num_splits <= MAX_PREFILL_SPLITS:
-        raise ValueError(
-            f"{who}: num_splits must be in [1, {MAX_PREFILL_SPLITS}], got {num_splits}."
-        )
-    workspace = None
-    if num_splits > 1:
-        shape = split_workspace_shape(
-            num_seqs=num_seqs,
-            max_query_len=max_query_len,
-            num_tokens=num_tokens,
-            num_q_heads=num_q_heads,
-            head_size=head_size,
-            num_splits=num_splits,
-        )
-        if math.prod(shape) > _MAX_WORKSPACE_ELEMENTS:
-            raise ValueError(
-                f"{who}: {num_splits} KV splits need a workspace of {shape} fp32 "
-                f"elements, more than the kernel's 32-bit offsets address "
-                f"({_MAX_WORKSPACE_ELEMENTS}); pass fewer num_splits (or None) or "
-                f"split the batch."
-            )
-        workspace = torch.empty(shape, dtype=torch.float32, device=query.device)
-    launches = _launches(
+    features = dict(
+        sliding_window=sliding_window,
+        alibi_slopes=alibi_slopes,
+        logits_soft_cap=logits_soft_cap,
+        sinks=sinks,
+    )
+    plan = plan_prefill(
+        layer=PrefillLayer.of(query=query, key_cache=key_cache, **features),
+        device=query.device,
+        seq_start=seq_start,
+        num_seqs=num_seqs,
+        num_tokens=query.shape[0],
+        max_query_len=max_query_len,
+        max_seq_len=max_seq_len,
+        config=config,
+        num_splits=num_splits,
+    )
+    launch_prefix_prefill(
+        plan,
         query=query,
         key_cache=key_cache,
         value_cache=value_cache,
@@ -1111,27 +1301,22 @@ def prefix_prefill_attention(
         block_table=block_table,
         query_start_loc=query_start_loc,
         seq_lens=seq_lens,
-        max_query_len=max_query_len,
         softmax_scale=softmax_scale,
-        seq_start=seq_start,
-        num_seqs=num_seqs,
         k_scale=k_scale,
         v_scale=v_scale,
-        sliding_window=sliding_window,
-        alibi_slopes=alibi_slopes,
-        logits_soft_cap=logits_soft_cap,
-        sinks=sinks,
-        config=config,
-        num_splits=num_splits,
-        workspace=workspace,
+        **features,
     )
-    grid = launches[0][1]
-    if grid[0] > _MAX_GRID_X:
+
+
+def check_sequence_range(
+    who: str, seq_start: int, num_seqs: int, num_seqs_total: int
+) -> None:
+    """A launch's sequences ``[seq_start, seq_start + num_seqs)`` lie inside the
+    batch's ``num_seqs_total``; raises ValueError naming ``who`` otherwise."""
+    if not (
+        seq_start >= 0 and num_seqs >= 0 and seq_start + num_seqs <= num_seqs_total
+    ):
         raise ValueError(
-            f"{who}: {grid[0]} programs (max_query_len {max_query_len} x "
-            f"{num_q_heads} query heads in tiles of {config.block_m} rows, "
-            f"{num_seqs} sequences, {num_splits} KV splits) exceed the grid limit "
-            f"{_MAX_GRID_X}; split the batch."
+            f"{who}: sequence range [{seq_start}, {seq_start + num_seqs}) is outside "
+            f"the {num_seqs_total} sequences of seq_lens; pass a range inside it."
         )
-    for kernel, grid, kwargs in launches:
-        kernel[grid](**kwargs)

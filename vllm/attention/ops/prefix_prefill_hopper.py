@@ -5,9 +5,12 @@ The same contract as ``prefix_prefill.py`` (query rows over the paged KV cache,
 causal, the new tokens' K/V already in the cache) for the common case: a 16-bit
 cache of the query's dtype, head size 64, 128 or 256, a sliding window or none,
 no soft-cap, ALiBi or sinks, K/V tiles that are whole slices of pages, no KV
-split. Everything else runs in the portable Triton kernel;
-``prefix_prefill_attention`` is the one place that chooses
-(``hopper_kernel_refusal``), from the launch config's ``gluon`` flag.
+split. Everything else runs in the portable Triton kernel; the launch plan
+(``prefix_prefill.plan_prefill``) is the one place that chooses, from the launch
+config's ``gluon`` flag and ``prefix_prefill.hopper_kernel_refusal``, before it
+chooses the split count. This module holds the kernel and its launch only; the
+constants of what it takes live with the configs
+(``tuning/prefill_configs.py``: ``GLUON_*``).
 
 Why a second kernel: Triton 3.6 issues each ``tl.dot`` of the portable kernel as a
 wgmma and waits for it where it is issued, so a warpgroup's GEMMs and its softmax
@@ -45,8 +48,6 @@ never overlap. Gluon states the schedule explicitly:
 * The accumulator is divided by the row sums and stored through pointers.
 """
 
-import functools
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -59,17 +60,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from vllm.attention.ops.hardware import nvidia_gpu
-from vllm.attention.ops.prefix_prefill import unsplit_programs
-from vllm.attention.ops.triton_attention_common import cache_as_rows
-from vllm.attention.ops.tuning.prefill_configs import PrefillConfig
+from vllm.attention.ops.triton_attention_common import LOG2E, cache_descriptor
+from vllm.attention.ops.tuning.prefill_configs import GLUON_BLOCK_M
 
-LOG2E = gl.constexpr(1.4426950408889634)
-HEAD_SIZES = (64, 128, 256)
-# Query rows per consumer warpgroup: a wgmma instruction covers 64 rows of 4 warps.
-_WG_ROWS = gl.constexpr(64)
-# Query rows of a program: two consumer warpgroups.
-PROGRAM_ROWS = 2 * _WG_ROWS.value
+# Query rows per consumer warpgroup: a wgmma instruction covers 64 rows of 4 warps;
+# a program's GLUON_BLOCK_M rows are two consumer warpgroups.
+_WG_ROWS = gl.constexpr(GLUON_BLOCK_M // 2)
 _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # The block-wide barrier: ``thread_barrier`` in Triton 3.6, ``barrier`` in 3.8.
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -406,72 +402,8 @@ def hopper_prefill_kernel(
         # fmt: on
 
 
-@functools.cache
-def _is_hopper(device: torch.device) -> bool:
-    return nvidia_gpu(device) and torch.cuda.get_device_capability(device)[0] == 9
-
-
-def hopper_kernel_refusal(
-    *,
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    config: PrefillConfig,
-    alibi_slopes: torch.Tensor | None,
-    logits_soft_cap: float | None,
-    sinks: torch.Tensor | None,
-    num_splits: int,
-    device: torch.device | None = None,
-) -> str | None:
-    """Why this module cannot run a launch of ``config`` (the portable kernel runs
-    it then), or None when it can. ``device``: where the
-    launch runs (default: the query's)."""
-    head_size = query.shape[2]
-    block_size = key_cache.shape[2]
-    block_m, block_n, num_warps = config.block_m, config.block_n, config.num_warps
-    if not _is_hopper(device or query.device):
-        return "not an NVIDIA Hopper (sm_90) GPU"
-    if query.dtype not in _GL_DTYPE or key_cache.dtype != query.dtype:
-        return "the cache is not 16-bit of the query's dtype"
-    if head_size not in HEAD_SIZES:
-        return f"head size {head_size} is not one of {HEAD_SIZES}"
-    if alibi_slopes is not None or sinks is not None:
-        return "ALiBi and sinks run in the portable kernel"
-    if logits_soft_cap:
-        return "soft-cap runs in the portable kernel"
-    if num_splits != 1:
-        return "KV splits run in the portable kernel"
-    if (block_m, num_warps) != (PROGRAM_ROWS, 4):
-        return (
-            f"the Hopper kernel takes {PROGRAM_ROWS} rows on 4 warps (two consumer "
-            f"warpgroups; it adds its own warps), not {block_m} on {num_warps}"
-        )
-    if config.num_stages < 2:
-        return "the key loop needs at least 2 stages"
-    box = min(block_n, block_size)
-    if block_n % box or block_size % box or block_n not in (64, 128):
-        return f"{block_n}-key tiles are not whole slices of {block_size}-key pages"
-    if key_cache.stride(0) % head_size or key_cache.stride(1) % head_size:
-        return "cache pages and heads are not whole rows of head_size elements"
-    return None
-
-
-def _cache_descriptor(cache: torch.Tensor, box_n: int) -> TensorDescriptor:
-    """TMA descriptor of a cache view as ``cache_as_rows``'s ``[rows, head_size]``
-    matrix, read in ``[box_n, head_size]`` boxes."""
-    flat = cache_as_rows(cache)
-    layout = gl.NVMMASharedLayout.get_default_for(
-        [box_n, flat.shape[1]], _GL_DTYPE[cache.dtype]
-    )
-    return TensorDescriptor(
-        flat,
-        shape=list(flat.shape),
-        strides=[flat.shape[1], 1],
-        block_shape=[box_n, flat.shape[1]],
-        layout=layout,
-    )
-
-
 def hopper_launch(
+    plan,
     *,
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -480,45 +412,35 @@ def hopper_launch(
     block_table: torch.Tensor,
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
-    max_query_len: int,
     softmax_scale: float,
-    seq_start: int,
-    num_seqs: int,
-    config: PrefillConfig,
     sliding_window: int | None = None,
 ) -> tuple:
-    """``(kernel, grid, keyword arguments)`` of one launch of ``config``; the
-    caller has checked ``hopper_kernel_refusal``."""
-    num_q_heads, head_size = query.shape[1], query.shape[2]
-    num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
-    group = num_q_heads // num_kv_heads
-    box_n = min(config.block_n, block_size)
-    programs = unsplit_programs(
-        max_query_len=max_query_len,
-        group=group,
-        block_m=config.block_m,
-        num_seqs=num_seqs,
-        num_kv_heads=num_kv_heads,
-    )
+    """``(kernel, grid, keyword arguments)`` of the launch of ``plan``
+    (``prefix_prefill.PrefillPlan``, made for this kernel: ``plan.kernel ==
+    "gluon"``, which ``hopper_kernel_refusal`` allowed)."""
+    config, head_size = plan.config, query.shape[2]
+    block_size = key_cache.shape[2]
+    box = (min(config.block_n, block_size), head_size)
+    layout = gl.NVMMASharedLayout.get_default_for(box, _GL_DTYPE[key_cache.dtype])
     kwargs = dict(
         query_ptr=query,
         output_ptr=output,
-        k_desc=_cache_descriptor(key_cache, box_n),
-        v_desc=_cache_descriptor(value_cache, box_n),
+        k_desc=cache_descriptor(key_cache, box, TensorDescriptor, layout=layout),
+        v_desc=cache_descriptor(value_cache, box, TensorDescriptor, layout=layout),
         block_table_ptr=block_table,
         query_start_loc_ptr=query_start_loc,
         seq_lens_ptr=seq_lens,
         softmax_scale=float(softmax_scale),
         sliding_window=int(sliding_window or 0),
         block_table_stride=block_table.stride(0),
-        seq_start=seq_start,
-        num_seqs=num_seqs,
+        seq_start=plan.seq_start,
+        num_seqs=plan.num_seqs,
         STRIDE_Q_TOKEN=query.stride(0),
         STRIDE_Q_HEAD=query.stride(1),
         STRIDE_O_TOKEN=output.stride(0),
         STRIDE_O_HEAD=output.stride(1),
-        NUM_KV_HEADS=num_kv_heads,
-        GROUP_SIZE=group,
+        NUM_KV_HEADS=plan.layer.num_kv_heads,
+        GROUP_SIZE=plan.layer.group,
         HEAD_SIZE=head_size,
         BLOCK_SIZE=block_size,
         ROWS_PER_BLOCK=key_cache.stride(0) // head_size,
@@ -529,4 +451,4 @@ def hopper_launch(
         USE_WINDOW=bool(sliding_window),
         num_warps=config.num_warps,
     )
-    return hopper_prefill_kernel, (programs,), kwargs
+    return hopper_prefill_kernel, (plan.programs,), kwargs

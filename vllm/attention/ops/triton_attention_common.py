@@ -133,6 +133,23 @@ def cache_as_rows(cache: torch.Tensor) -> torch.Tensor:
     return cache.as_strided((rows, head_size), (head_size, 1))
 
 
+def cache_descriptor(cache: torch.Tensor, block_shape, descriptor_cls, **kwargs):
+    """A TMA descriptor (``descriptor_cls``: Triton's or Gluon's, which also takes
+    a shared-memory ``layout`` among ``kwargs``) of one cache view as
+    ``cache_as_rows``'s ``[rows, head_size]`` matrix, loaded in ``block_shape``
+    boxes. A box wider than the head size (80, 96, 112 in a padded tile) has
+    columns outside the matrix, which TMA reads as zeros; a box of some of the
+    columns is loaded at its first column."""
+    flat = cache_as_rows(cache)
+    return descriptor_cls(
+        flat,
+        shape=list(flat.shape),
+        strides=[flat.shape[1], 1],
+        block_shape=list(block_shape),
+        **kwargs,
+    )
+
+
 def shared_kernel_args(
     *,
     query,

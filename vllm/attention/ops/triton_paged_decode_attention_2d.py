@@ -516,9 +516,8 @@ def paged_decode_attention(
         ValueError: for unsupported inputs (nothing is launched then).
 
     """
-    who = "paged_decode_attention"
-    is_fp8 = check_attention_inputs(
-        who,
+    check_attention_inputs(
+        "paged_decode_attention",
         query=query,
         key_cache=key_cache,
         value_cache=value_cache,
@@ -533,6 +532,85 @@ def paged_decode_attention(
         logits_soft_cap=logits_soft_cap,
         sinks=sinks,
     )
+    if config is None:
+        config = config_for(query, key_cache, num_splits)
+    launch_paged_decode(
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        output=output,
+        block_table=block_table,
+        seq_lens=seq_lens,
+        softmax_scale=softmax_scale,
+        seq_start=seq_start,
+        num_seqs=num_seqs,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        sliding_window=sliding_window,
+        alibi_slopes=alibi_slopes,
+        logits_soft_cap=logits_soft_cap,
+        sinks=sinks,
+        num_splits=num_splits,
+        workspace=workspace,
+        config=config,
+    )
+
+
+def decode_config(
+    *,
+    device: torch.device,
+    head_size: int,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    group: int,
+    block_size: int,
+    split: bool,
+) -> DecodeConfig:
+    """The launch config of a decode launch: the device's tuning-table entry for
+    its key, else the heuristic (tuning/decode_configs.py). The backend asks once
+    per model shape and split flag, not per layer."""
+    return DECODE_TABLE.lookup(
+        gpu_name=device_gpu_name(device),
+        head_size=head_size,
+        q_dtype=q_dtype,
+        kv_dtype=kv_dtype,
+        group=group,
+        block_size=block_size,
+        split=split,
+        is_hip=torch.version.hip is not None,
+    )
+
+
+def config_for(
+    query: torch.Tensor, key_cache: torch.Tensor, num_splits: int
+) -> DecodeConfig:
+    """``decode_config`` of a launch on these tensors."""
+    return decode_config(
+        device=query.device,
+        head_size=query.shape[2],
+        q_dtype=query.dtype,
+        kv_dtype=key_cache.dtype,
+        group=query.shape[1] // key_cache.shape[1],
+        block_size=key_cache.shape[2],
+        split=num_splits > 1,
+    )
+
+
+def launch_paged_decode(
+    *,
+    config: DecodeConfig,
+    num_seqs: int | None = None,
+    seq_start: int = 0,
+    num_splits: int = 1,
+    workspace: torch.Tensor | None = None,
+    **tensors,
+) -> None:
+    """The per-layer step of ``paged_decode_attention``: the launch of inputs
+    that have passed the input contract (``check_attention_inputs``), with the
+    config and split plan decided (``decode_config``, ``choose_decode_splits``).
+    Checks the sequence range, the split count and the workspace (host
+    attributes); allocates only when a split call brings no workspace."""
+    query, seq_lens = tensors["query"], tensors["seq_lens"]
     if num_seqs is None:
         num_seqs = seq_lens.shape[0] - seq_start
     if num_seqs <= 0:
@@ -547,13 +625,11 @@ def paged_decode_attention(
             f"paged_decode_attention: num_splits {num_splits} must be in "
             f"[1, {SPLIT_LIMIT}]; use choose_decode_splits(...)."
         )
-    num_q_heads, head_size = query.shape[1], query.shape[2]
-    num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
     if num_splits > 1:
         shape = decode_workspace_shape(
             max_num_seqs=num_seqs,
-            num_q_heads=num_q_heads,
-            head_size=head_size,
+            num_q_heads=query.shape[1],
+            head_size=query.shape[2],
             num_splits=num_splits,
         )
         if workspace is None:
@@ -568,34 +644,10 @@ def paged_decode_attention(
                 f"with >= {math.prod(shape)} elements (decode_workspace_shape"
                 f"{shape}); got {workspace.dtype} {tuple(workspace.shape)}."
             )
-
-    if config is None:
-        config = DECODE_TABLE.lookup(
-            gpu_name=device_gpu_name(query.device),
-            head_size=head_size,
-            q_dtype=query.dtype,
-            kv_dtype=key_cache.dtype,
-            group=num_q_heads // num_kv_heads,
-            block_size=block_size,
-            split=num_splits > 1,
-            is_hip=torch.version.hip is not None,
-        )
     launches = _launches(
-        query=query,
-        key_cache=key_cache,
-        value_cache=value_cache,
-        output=output,
-        block_table=block_table,
-        seq_lens=seq_lens,
-        softmax_scale=softmax_scale,
+        **tensors,
         seq_start=seq_start,
         num_seqs=num_seqs,
-        k_scale=k_scale if is_fp8 else None,
-        v_scale=v_scale if is_fp8 else None,
-        sliding_window=sliding_window,
-        alibi_slopes=alibi_slopes,
-        logits_soft_cap=logits_soft_cap,
-        sinks=sinks,
         num_splits=num_splits,
         workspace=workspace,
         config=config,
@@ -609,6 +661,9 @@ __all__ = [
     "SPLIT_LIMIT",
     "WORKSPACE_DTYPE",
     "choose_decode_splits",
+    "config_for",
+    "decode_config",
     "decode_workspace_shape",
+    "launch_paged_decode",
     "paged_decode_attention",
 ]

@@ -44,6 +44,18 @@ QUERY_LEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384)
 # 192 also split but are untimed.
 SPLIT_HEAD_SIZES = (96,)
 
+# What the Hopper kernel in Gluon (``prefix_prefill_hopper.py``) takes: two
+# consumer warpgroups of 64 rows on 4 warps each (the kernel adds the second
+# warpgroup and its load warp), K/V tiles of 64 or 128 keys in a ring of at least
+# 2 stages, head sizes whose tiles are whole wgmma operands. One rule, read by the
+# sweep's validity filter (``is_valid_config``) and by the launch plan
+# (``prefix_prefill.hopper_kernel_refusal``).
+GLUON_BLOCK_M = 128
+GLUON_NUM_WARPS = 4
+GLUON_BLOCK_NS = (64, 128)
+GLUON_MIN_STAGES = 2
+GLUON_HEAD_SIZES = (64, 128, 256)
+
 # The sweep of a tuning run (candidates violating `is_valid_config` are skipped).
 PREFILL_CONFIG_SPACE = {
     # 256 rows need 8 warps: two warpgroups of 128 rows sharing each K/V tile.
@@ -104,7 +116,9 @@ class PrefillConfig:
         overlaps the softmax of the next. Honoured where that kernel applies
         (``hopper_kernel_refusal``: sm_90, a 16-bit cache, head size 64, 128 or
         256, no soft-cap, ALiBi or sinks, no KV split); elsewhere the portable
-        kernel runs the same config, with the same result.
+        kernel runs the same config, with the same result. The launch plan
+        (``prefix_prefill.plan_prefill``) chooses the kernel first and then the
+        split count for that kernel.
     """
 
     block_m: int
@@ -150,15 +164,26 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         and not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 64)
         and not (config.fp8_qk and dtype_name(kv_dtype) != "fp8")
         and not (config.split_head and head_split(head_size) is None)
-        and not (
-            config.gluon
-            and (
-                (config.block_m, config.num_warps) != (128, 4)
-                or config.num_stages < 2
-                or config.block_n not in (64, 128)
-            )
-        )
+        and not (config.gluon and gluon_config_refusal(config) is not None)
     )
+
+
+def gluon_config_refusal(config: PrefillConfig) -> str | None:
+    """Why the Hopper kernel cannot run ``config``'s tiles (None: it can)."""
+    if (config.block_m, config.num_warps) != (GLUON_BLOCK_M, GLUON_NUM_WARPS):
+        return (
+            f"the Hopper kernel takes {GLUON_BLOCK_M} rows on {GLUON_NUM_WARPS} "
+            "warps (two consumer warpgroups; it adds its own warps), not "
+            f"{config.block_m} on {config.num_warps}"
+        )
+    if config.num_stages < GLUON_MIN_STAGES:
+        return f"the key loop needs at least {GLUON_MIN_STAGES} stages"
+    if config.block_n not in GLUON_BLOCK_NS:
+        return (
+            f"{config.block_n}-key tiles: the Hopper kernel takes tiles of "
+            f"{' or '.join(map(str, GLUON_BLOCK_NS))} keys"
+        )
+    return None
 
 
 def heuristic_prefill_config(

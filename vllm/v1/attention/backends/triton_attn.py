@@ -77,11 +77,20 @@ import vllm.envs as envs
 from vllm.attention.ops.hardware import num_sms
 from vllm.attention.ops.paged_attention import DECODE_QUERY_LEN, paged_attention
 from vllm.attention.ops.paged_cache_write import write_to_paged_cache
+from vllm.attention.ops.prefix_prefill import (
+    SPLIT_MIN_KEYS,
+    PrefillLayer,
+    PrefillPlan,
+    plan_prefill,
+    split_workspace_bound,
+)
 from vllm.attention.ops.triton_paged_decode_attention_2d import (
     WORKSPACE_DTYPE,
     choose_decode_splits,
+    decode_config,
     decode_workspace_shape,
 )
+from vllm.attention.ops.tuning.decode_configs import DecodeConfig
 from vllm.attention.ops.tuning.prefill_configs import (
     QUERY_LEN_BUCKETS,
     query_len_bucket,
@@ -184,7 +193,11 @@ class TritonAttentionMetadata:
     num_decode_tokens: int  # their tokens: rows [0, num_decode_tokens)
     decode_num_splits: int  # split-KV count of the decode launch
     decode_workspace: torch.Tensor | None  # fp32 scratch when decode_num_splits > 1
+    decode_config: DecodeConfig | None  # the decode launch's tiles
     prefill_max_seq_len: int  # >= every prefill request's seq_len (its split-KV)
+    # The prefill launch of each kind of layer the builder serves (empty without
+    # prefills): kernel, tiles, split count, workspace view (plan_prefill).
+    prefill_plans: dict[PrefillLayer, PrefillPlan]
     causal: bool = True
 
     @property
@@ -209,6 +222,7 @@ _DISPATCH_FIELDS = (
     "num_decode_tokens",
     "decode_num_splits",
     "decode_workspace",
+    "decode_config",
     "prefill_max_seq_len",
 )
 # The metadata fields a batch's CommonAttentionMetadata gives: {ours: vLLM's}.
@@ -332,6 +346,19 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             for n in range(1, self.max_decode_seqs + 1)
         ]
         self._workspaces = self._allocate_workspaces(self.device)
+        self._decode_configs = self._decode_configs_of(vllm_config, kv_cache_spec)
+        # The kinds of prefill launch the group's layers make (each layer's
+        # features on the group's cache), planned for every batch; and the
+        # buffer their split workspaces are views of (no split below
+        # 2 * SPLIT_MIN_KEYS keys).
+        self.prefill_layers = self._prefill_layers_of(vllm_config, kv_cache_spec)
+        self._prefill_workspace = None
+        if vllm_config.model_config.max_model_len >= 2 * SPLIT_MIN_KEYS:
+            self._prefill_workspace = torch.empty(
+                split_workspace_bound(head_size=self.head_size, num_sms=self.num_sms),
+                dtype=torch.float32,
+                device=self.device,
+            )
 
         # Compile every kernel specialisation now, at startup (see warm_up).
         self._warmed_stride_classes: set[tuple[bool, bool]] = set()
@@ -356,6 +383,67 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
                 vllm_config.parallel_config
             )
         return heads
+
+    def _cache_dtypes(self, vllm_config: "VllmConfig") -> tuple:
+        """``(query dtype, cache dtype as the kernels see it)``: vLLM allocates an
+        fp8 cache as bytes, which the impl views as the platform's e4m3."""
+        q_dtype = vllm_config.model_config.dtype
+        kv_dtype = self.kv_cache_spec.dtype
+        if vllm_config.cache_config.cache_dtype in FP8_CACHE_DTYPES:
+            from vllm.platforms import current_platform
+
+            kv_dtype = current_platform.fp8_dtype()
+        elif kv_dtype == torch.uint8:  # not a cache these kernels take
+            kv_dtype = q_dtype
+        return q_dtype, kv_dtype
+
+    def _decode_configs_of(
+        self, vllm_config: "VllmConfig", spec: AttentionSpec
+    ) -> dict[bool, DecodeConfig]:
+        """The decode launch's config, unsplit and split, looked up once."""
+        q_dtype, kv_dtype = self._cache_dtypes(vllm_config)
+        return {
+            split: decode_config(
+                device=self.device,
+                head_size=self.head_size,
+                q_dtype=q_dtype,
+                kv_dtype=kv_dtype,
+                group=self.num_q_heads // self.num_kv_heads,
+                block_size=spec.block_size,
+                split=split,
+            )
+            for split in (False, True)
+        }
+
+    def _prefill_layers_of(
+        self, vllm_config: "VllmConfig", spec: AttentionSpec
+    ) -> set[PrefillLayer]:
+        """What ``plan_prefill`` needs of each of the group's layers: their
+        features on the group's cache. Pages are whole rows of the head size when
+        vLLM's page (padded to a common size in hybrid models) is."""
+        from vllm.config import get_layers_from_vllm_config
+        from vllm.model_executor.layers.attention_layer_base import (
+            AttentionLayerBase,
+        )
+
+        q_dtype, kv_dtype = self._cache_dtypes(vllm_config)
+        itemsize = torch.empty((), dtype=spec.dtype).element_size()
+        pages_are_rows = (spec.page_size_bytes // itemsize) % self.head_size == 0
+        layers = get_layers_from_vllm_config(
+            vllm_config,
+            AttentionLayerBase,  # type: ignore[type-abstract]
+            self.layer_names,
+        )
+        return {
+            layer.impl.prefill_layer(
+                q_dtype=q_dtype,
+                kv_dtype=kv_dtype,
+                block_size=spec.block_size,
+                pages_are_rows=pages_are_rows,
+            )
+            for layer in layers.values()
+            if isinstance(getattr(layer, "impl", None), TritonAttentionImpl)
+        }
 
     def _allocate_workspaces(self, device: torch.device) -> dict[int, torch.Tensor]:
         """One fp32 buffer, viewed once per split count.
@@ -387,13 +475,43 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             for splits, shape in shapes.items()
         }
 
-    def decode_plan(self, num_decodes: int) -> tuple[int, torch.Tensor | None]:
-        """``(num_splits, workspace)`` for a decode launch over ``num_decodes``."""
+    def decode_plan(
+        self, num_decodes: int
+    ) -> tuple[int, torch.Tensor | None, DecodeConfig]:
+        """``(num_splits, workspace, config)`` of a decode launch over
+        ``num_decodes``."""
         if num_decodes > self.max_decode_seqs:
             # Cannot come from vLLM's scheduler; such a batch fills the GPU anyway.
-            return 1, None
+            return 1, None, self._decode_configs[False]
         splits = self._splits_for_batch[num_decodes]
-        return splits, self._workspaces.get(splits)
+        return splits, self._workspaces.get(splits), self._decode_configs[splits > 1]
+
+    def prefill_plans(
+        self,
+        *,
+        num_decodes: int,
+        num_reqs: int,
+        num_tokens: int,
+        max_query_len: int,
+        max_seq_len: int,
+    ) -> dict[PrefillLayer, PrefillPlan]:
+        """The prefill launch of each kind of layer over requests ``[num_decodes,
+        num_reqs)`` (``plan_prefill``), once per batch."""
+        if num_reqs <= num_decodes:
+            return {}
+        return {
+            layer: plan_prefill(
+                layer=layer,
+                device=self.device,
+                seq_start=num_decodes,
+                num_seqs=num_reqs - num_decodes,
+                num_tokens=num_tokens,
+                max_query_len=max_query_len,
+                max_seq_len=max_seq_len,
+                workspace=self._prefill_workspace,
+            )
+            for layer in self.prefill_layers
+        }
 
     def warm_up_plan(self, block_table_stride: int) -> list["_WarmUpBatch"]:
         """The batches whose launches cover every specialisation (docs/backend.md).
@@ -417,28 +535,37 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
                 _WarmUpBatch(f"decode x{num_seqs} ({splits} splits)", [1] * num_seqs)
             )
         # prefix_prefill: per query-length bucket the scheduler can reach (tile
-        # configs are chosen per bucket), its unsplit and its split variant
-        # (SPLIT_KV is a constexpr; the split one also builds the merge).
+        # configs are chosen per bucket), its unsplit launch and, where the plan
+        # of some layer splits it, its split one (SPLIT_KV is a constexpr; the
+        # split one also builds the merge, and may run the other kernel).
         # max_query_len is an upper bound for the kernel, so a 2-token query
         # stands in for a long one. A launch splits when it has few programs and
         # long sequences: one sequence with the bucket's shortest query over
-        # max_model_len keys splits exactly when some launch of the bucket can
-        # (the launcher decides, as in serving; a bucket that cannot split repeats
-        # its unsplit launch).
+        # max_model_len keys splits exactly when some launch of the bucket can,
+        # which plan_prefill answers for each of the group's layers.
         top = query_len_bucket(self._max_query_len)
         shortest = 2  # a query of one token is a decode
+        max_model_len = self.vllm_config.model_config.max_model_len
         for bound in (b for b in QUERY_LEN_BUCKETS if b <= top):
             batches.append(
                 _WarmUpBatch(f"prefill bucket {bound}", [2], max_query_len=bound)
             )
-            batches.append(
-                _WarmUpBatch(
-                    f"prefill bucket {bound}, split-KV",
-                    [2],
-                    max_query_len=shortest,
-                    max_seq_len=self.vllm_config.model_config.max_model_len,
-                )
+            plans = self.prefill_plans(
+                num_decodes=0,
+                num_reqs=1,
+                num_tokens=2,
+                max_query_len=shortest,
+                max_seq_len=max_model_len,
             )
+            if not plans or any(plan.num_splits > 1 for plan in plans.values()):
+                batches.append(
+                    _WarmUpBatch(
+                        f"prefill bucket {bound}, split-KV",
+                        [2],
+                        max_query_len=shortest,
+                        max_seq_len=max_model_len,
+                    )
+                )
             shortest = bound + 1
         return batches
 
@@ -636,7 +763,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         num_decodes, num_decode_tokens = split_decodes(
             query_start_loc_cpu, batch["num_reqs"], batch["max_query_len"]
         )
-        num_splits, workspace = self.decode_plan(num_decodes)
+        num_splits, workspace, config = self.decode_plan(num_decodes)
         prefill_max_seq_len = batch["max_seq_len"]
         if seq_lens_upper_bound_cpu is not None and num_decodes < batch["num_reqs"]:
             prefills = seq_lens_upper_bound_cpu[num_decodes : batch["num_reqs"]]
@@ -647,7 +774,15 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             num_decode_tokens=num_decode_tokens,
             decode_num_splits=num_splits,
             decode_workspace=workspace,
+            decode_config=config,
             prefill_max_seq_len=prefill_max_seq_len,
+            prefill_plans=self.prefill_plans(
+                num_decodes=num_decodes,
+                num_reqs=batch["num_reqs"],
+                num_tokens=batch["num_actual_tokens"],
+                max_query_len=batch["max_query_len"],
+                max_seq_len=prefill_max_seq_len,
+            ),
         )
 
 
@@ -1159,6 +1294,31 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
 
             self._fp8_dtype = current_platform.fp8_dtype()
 
+    def prefill_layer(
+        self,
+        *,
+        q_dtype: torch.dtype,
+        kv_dtype: torch.dtype,
+        block_size: int,
+        pages_are_rows: bool,
+    ) -> PrefillLayer:
+        """What a prefill plan needs of this layer on a cache (the builder plans
+        once per batch for each kind of layer; ``forward`` finds its plan by the
+        same value, ``PrefillLayer.of`` its tensors)."""
+        return PrefillLayer(
+            head_size=self.head_size,
+            num_q_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            q_dtype=q_dtype,
+            kv_dtype=kv_dtype,
+            block_size=block_size,
+            pages_are_rows=pages_are_rows,
+            sliding_window=self.sliding_window,
+            soft_cap=self.logits_soft_cap is not None,
+            alibi=self.alibi_slopes is not None,
+            sinks=self.sinks is not None,
+        )
+
     def kernel_variant(self) -> tuple:
         """What selects compiled kernels (constexpr flags and specialised ints);
         layers with equal variants share them."""
@@ -1241,6 +1401,25 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
                 "process_weights_after_loading() after loading, call it first."
             )
         key_cache, value_cache = self._cache_views(kv_cache)
+        features = dict(
+            sliding_window=self.sliding_window,
+            alibi_slopes=self.alibi_slopes,
+            logits_soft_cap=self.logits_soft_cap,
+            sinks=self._kernel_sinks,
+        )
+        prefill_plan = None
+        if attn_metadata.num_prefills:
+            prefill_plan = attn_metadata.prefill_plans.get(
+                PrefillLayer.of(query=query, key_cache=key_cache, **features)
+            )
+            if prefill_plan is None:
+                # A layer the builder did not see at startup: paged_attention
+                # plans its prefill launch per call (same result, host work per
+                # layer).
+                logger.warning_once(
+                    "TRITON_ATTN: a layer of this model was not among the "
+                    "builder's layers; its prefill is planned per call."
+                )
         paged_attention(
             query=query,
             key_cache=key_cache,
@@ -1249,10 +1428,8 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
             softmax_scale=self.scale,
             k_scale=layer._k_scale if self.is_fp8_cache else None,
             v_scale=layer._v_scale if self.is_fp8_cache else None,
-            sliding_window=self.sliding_window,
-            alibi_slopes=self.alibi_slopes,
-            logits_soft_cap=self.logits_soft_cap,
-            sinks=self._kernel_sinks,
+            prefill_plan=prefill_plan,
+            **features,
             **attn_metadata.dispatch_args,
         )
         return output
