@@ -829,24 +829,26 @@ def check_warm_up_registry():
     """The JIT warm-up registry of vLLM: the builder's warm-up is registered there
     (once per builder and stride) and runs when the registry does."""
     from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
-    from vllm.v1.attention.backends import triton_attn
+    from vllm.v1.attention.backends import triton_attn_warmup as warmup
 
     calls = []
 
     class Builder:  # hashable, as the real builder is
         _warmed_stride_classes: set = set()
 
-        def warm_up(self, stride):
-            calls.append(stride)
-
     builder = Builder()
     registry = JitWarmupRegistry(vllm_config=None)
-    with registry.activate():
-        triton_attn._register_jit_warm_up(builder, 64)
-        triton_attn._register_jit_warm_up(builder, 64)  # deduplicated
-    assert calls == [], "the warm-up ran before the registry's turn"
-    assert builder._warmed_stride_classes == {triton_attn._stride_class(64)}
-    registry.warmup()
+    real = warmup.warm_up
+    warmup.warm_up = lambda builder, stride: calls.append(stride)
+    try:
+        with registry.activate():
+            warmup.register_jit_warm_up(builder, 64)
+            warmup.register_jit_warm_up(builder, 64)  # deduplicated
+        assert calls == [], "the warm-up ran before the registry's turn"
+        assert builder._warmed_stride_classes == {warmup.stride_class(64)}
+        registry.warmup()
+    finally:
+        warmup.warm_up = real
     assert calls == [64], calls
     return "warm-up registered with vLLM's JIT warm-up registry"
 
@@ -1086,12 +1088,12 @@ def check_warm_up():
     batches run through the real kernels (here on the CPU)."""
     import torch
 
-    from vllm.v1.attention.backends import triton_attn as triton_attn_module
+    from vllm.v1.attention.backends import triton_attn_warmup as warmup
     from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
 
     # 64 requests: split counts 64, 32, 16, 8 and 4 with 2 KV heads on 132 SMs.
     builder = _builder(16, 64, torch.bfloat16, max_num_seqs=64)
-    plan = builder.warm_up_plan(block_table_stride=64)
+    plan = warmup.warm_up_plan(builder, block_table_stride=64)
     decodes = [b for b in plan if b.max_query_len is None]
     split_counts = {builder.decode_plan(len(b.query_lens))[0] for b in decodes}
     assert split_counts == set(builder._splits_for_batch[1:]), split_counts
@@ -1125,10 +1127,10 @@ def check_warm_up():
     layer = SimpleNamespace(
         impl=impl, _k_scale=torch.tensor(1.0), _v_scale=torch.tensor(1.0)
     )
-    mixed = triton_attn_module._WarmUpBatch("mixed", [1, 1, 1, 2], max_query_len=16)
+    mixed = warmup.WarmUpBatch("mixed", [1, 1, 1, 2], max_query_len=16)
     for batch in (decodes[0], mixed):  # 1 decode; 3 decodes + a prefill
         for layout in ("qkv_view", "contiguous"):
-            builder._run_warm_up_batch(layer, batch, 64, layout)
+            warmup.run_warm_up_batch(builder, layer, batch, 64, layout)
     kernels, real = [], prefix_prefill._launches
 
     def spy(plan, **kw):
@@ -1138,7 +1140,7 @@ def check_warm_up():
 
     prefix_prefill._launches = spy
     try:
-        builder._run_warm_up_batch(layer, split, 64, "contiguous")
+        warmup.run_warm_up_batch(builder, layer, split, 64, "contiguous")
     finally:
         prefix_prefill._launches = real
     assert kernels == [
@@ -1148,7 +1150,6 @@ def check_warm_up():
 
     # warm_up() over a group of three layers with two kernel variants (plain,
     # sliding window): each variant once, and never twice per process.
-    from vllm.v1.attention.backends import triton_attn
 
     layers = {
         f"layers.{i}.attn": _FakeAttentionLayer(
@@ -1164,22 +1165,24 @@ def check_warm_up():
     }
     builder = _builder(16, 64, torch.bfloat16)
     # The plan was checked above; one batch keeps the interpreter run short.
-    builder.warm_up_plan = lambda stride: plan[:1]
+    real_plan = warmup.warm_up_plan
+    warmup.warm_up_plan = lambda builder, stride: plan[:1]
     builder.vllm_config.compilation_config.static_forward_context = layers
     builder.layer_names = list(layers)
-    before = len(triton_attn._WARMED_UP)
+    before = len(warmup.WARMED_UP)
     records = _Records()
-    level = triton_attn.logger.level
-    triton_attn.logger.setLevel(logging.INFO)
-    triton_attn.logger.addHandler(records)
+    level = warmup.logger.level
+    warmup.logger.setLevel(logging.INFO)
+    warmup.logger.addHandler(records)
     try:
-        builder.warm_up(64)
-        assert len(triton_attn._WARMED_UP) == before + 2, triton_attn._WARMED_UP
-        builder.warm_up(64)
-        assert len(triton_attn._WARMED_UP) == before + 2
+        warmup.warm_up(builder, 64)
+        assert len(warmup.WARMED_UP) == before + 2, warmup.WARMED_UP
+        warmup.warm_up(builder, 64)
+        assert len(warmup.WARMED_UP) == before + 2
     finally:
-        triton_attn.logger.removeHandler(records)
-        triton_attn.logger.setLevel(level)
+        warmup.warm_up_plan = real_plan
+        warmup.logger.removeHandler(records)
+        warmup.logger.setLevel(level)
     assert not [m for m in records.messages if "failed" in m], records.messages
     assert any("4 batches (2 kernel variants" in m for m in records.messages), (
         records.messages
@@ -1463,8 +1466,10 @@ def check_extensible_kv_cache():
         out, ref, md, n = _run_step(q_dtype=q_dtype, uncommitted=3, **case)
         tolerance = _TOLERANCE["float16" if q_dtype == torch.float16 else "bfloat16"]
         _assert_close(out[:n], ref, *tolerance, f"uncommitted blocks: {case}")
+    from vllm.v1.attention.backends import triton_attn_warmup as warmup
+
     builder = _builder(16, 64, torch.bfloat16)
-    assert builder._scratch_kv_cache(2).shape[0] == 2
+    assert warmup.scratch_kv_cache(builder, 2).shape[0] == 2
     return f"{len(cases)} batches, no read or write past the committed blocks"
 
 

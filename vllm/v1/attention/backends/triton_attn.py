@@ -42,8 +42,8 @@ captured for a batch size stays valid while contexts grow.
 
 No Triton compilation while serving: vLLM's own warm-ups miss most of our
 specialisations, so the builder launches every one of them on a scratch cache at
-startup (``warm_up_plan``; list in docs/backend.md), through vLLM's JIT warm-up
-registry (it runs before CUDA-graph capture).
+startup (``triton_attn_warmup.py``; list in docs/backend.md), through vLLM's JIT
+warm-up registry (it runs before CUDA-graph capture).
 
 Layers our kernels do not take (``kernel_refusals``: encoder, encoder-only and
 cross attention, non-causal attention, head sizes outside ``SUPPORTED_HEAD_SIZES``,
@@ -66,7 +66,6 @@ build keeps stock's backend as ``triton_unified_attn.py`` and points them at it
 """
 
 import functools
-import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
@@ -91,10 +90,6 @@ from vllm.attention.ops.triton_paged_decode_attention_2d import (
     decode_workspace_shape,
 )
 from vllm.attention.ops.tuning.decode_configs import DecodeConfig
-from vllm.attention.ops.tuning.prefill_configs import (
-    QUERY_LEN_BUCKETS,
-    query_len_bucket,
-)
 from vllm.logger import init_logger
 from vllm.v1.attention.backend import (
     AttentionBackend,
@@ -103,6 +98,7 @@ from vllm.v1.attention.backend import (
     AttentionMetadataBuilder,
     AttentionType,
 )
+from vllm.v1.attention.backends import triton_attn_warmup as warmup
 from vllm.v1.attention.backends import triton_unified_attn as stock_triton
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheSpec
 
@@ -264,41 +260,6 @@ def split_decodes(
 # ----------------------------------------------------------------------------------
 
 
-# Kernel configurations warmed up in this process (builders of several KV-cache
-# groups or micro-batches share them).
-_WARMED_UP: set[tuple] = set()
-# How queries reach forward(): vLLM passes a view of the fused QKV output, or a
-# contiguous tensor after some compiler passes; the decode kernel specialises on it.
-_QUERY_LAYOUTS = ("qkv_view", "contiguous")
-
-
-@dataclass
-class _WarmUpBatch:
-    """A batch of the warm-up: query lengths (decodes first) and the host
-    ``max_query_len`` and ``max_seq_len`` to launch with (upper bounds, default the
-    longest query)."""
-
-    name: str
-    query_lens: list[int]
-    max_query_len: int | None = None
-    max_seq_len: int | None = None
-
-
-def _stride_class(stride: int) -> tuple[bool, bool]:
-    """What Triton specialises an integer argument on: == 1, multiple of 16."""
-    return stride == 1, stride % 16 == 0
-
-
-def _guess_block_table_stride(vllm_config: "VllmConfig", spec: AttentionSpec) -> int:
-    """Row stride of vLLM's block table (max blocks per request), as the model
-    runners size it: ``cdiv(max_model_len, block_size)``, rounded up to a multiple
-    of ``128 // block_size`` (V2 runner). Only its class matters (_stride_class);
-    build() re-checks the real one."""
-    blocks = -(-vllm_config.model_config.max_model_len // spec.block_size)
-    align = max(1, 128 // spec.block_size)
-    return -(-blocks // align) * align
-
-
 class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMetadata]):
     """Builds ``TritonAttentionMetadata``; owns the split-KV decode workspace."""
 
@@ -368,8 +329,8 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         )
         self._warm_up_enabled = self.device.type == "cuda"
         if self._warm_up_enabled:
-            stride = _guess_block_table_stride(vllm_config, kv_cache_spec)
-            _register_jit_warm_up(self, stride)
+            stride = warmup.guess_block_table_stride(vllm_config, kv_cache_spec)
+            warmup.register_jit_warm_up(self, stride)
 
     @staticmethod
     def _num_q_heads(vllm_config: "VllmConfig", layer_names: list[str]) -> int:
@@ -513,207 +474,6 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             for layer in self.prefill_layers
         }
 
-    def warm_up_plan(self, block_table_stride: int) -> list["_WarmUpBatch"]:
-        """The batches whose launches cover every specialisation (docs/backend.md).
-
-        Specialisations: constexprs (tile configs, split count, features, dtypes,
-        strides of query/output/cache in the decode kernel) and the integer
-        arguments Triton specialises by value (== 1, multiple of 16): the
-        block-table row stride. The ints that change from step to step in the
-        prefill and merge kernels (``seq_start`` = num_decodes, ``num_seqs``,
-        ``num_splits``) are ``do_not_specialize``, so the number of decodes in
-        front of the prefills selects nothing.
-        """
-        batches = []
-        # Decode: the smallest batch of each split count (the grid's third axis and
-        # the merge kernel depend on it).
-        first_batch_of_splits: dict[int, int] = {}
-        for num_seqs in range(1, self.max_decode_seqs + 1):
-            first_batch_of_splits.setdefault(self._splits_for_batch[num_seqs], num_seqs)
-        for splits, num_seqs in sorted(first_batch_of_splits.items()):
-            batches.append(
-                _WarmUpBatch(f"decode x{num_seqs} ({splits} splits)", [1] * num_seqs)
-            )
-        # prefix_prefill: per query-length bucket the scheduler can reach (tile
-        # configs are chosen per bucket), its unsplit launch and, where the plan
-        # of some layer splits it, its split one (SPLIT_KV is a constexpr; the
-        # split one also builds the merge, and may run the other kernel).
-        # max_query_len is an upper bound for the kernel, so a 2-token query
-        # stands in for a long one. A launch splits when it has few programs and
-        # long sequences: one sequence with the bucket's shortest query over
-        # max_model_len keys splits exactly when some launch of the bucket can,
-        # which plan_prefill answers for each of the group's layers.
-        top = query_len_bucket(self._max_query_len)
-        shortest = 2  # a query of one token is a decode
-        max_model_len = self.vllm_config.model_config.max_model_len
-        for bound in (b for b in QUERY_LEN_BUCKETS if b <= top):
-            batches.append(
-                _WarmUpBatch(f"prefill bucket {bound}", [2], max_query_len=bound)
-            )
-            plans = self.prefill_plans(
-                num_decodes=0,
-                num_reqs=1,
-                num_tokens=2,
-                max_query_len=shortest,
-                max_seq_len=max_model_len,
-            )
-            if not plans or any(plan.num_splits > 1 for plan in plans.values()):
-                batches.append(
-                    _WarmUpBatch(
-                        f"prefill bucket {bound}, split-KV",
-                        [2],
-                        max_query_len=shortest,
-                        max_seq_len=max_model_len,
-                    )
-                )
-            shortest = bound + 1
-        return batches
-
-    def warm_up(self, block_table_stride: int) -> None:
-        """Launch every kernel specialisation this group's layers can use, on a
-        scratch cache, so that no Triton compilation happens while serving. (vLLM's
-        JIT monitor, activated after the worker's warm-up, logs any that does:
-        ``--jit-monitor-mode error`` makes it fail instead.)
-
-        A failure here is logged, not raised: it costs compilations at first use,
-        never a wrong answer (the same launches then fail or succeed in forward).
-        """
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            return  # never launch scratch work into a CUDA graph
-        self._warmed_stride_classes.add(_stride_class(block_table_stride))
-        try:
-            self._warm_up(block_table_stride)
-        except Exception as e:  # the model may still run; say why it was not warmed
-            logger.warning(
-                "TRITON_ATTN warm-up failed (%s: %s); kernels will compile at first "
-                "use.",
-                type(e).__name__,
-                e,
-            )
-
-    def _warm_up(self, block_table_stride: int) -> None:
-        from vllm.config import get_layers_from_vllm_config
-        from vllm.model_executor.layers.attention_layer_base import (
-            AttentionLayerBase,
-        )
-
-        layers = get_layers_from_vllm_config(
-            self.vllm_config,
-            AttentionLayerBase,  # type: ignore[type-abstract]
-            self.layer_names,
-        )
-        plan = self.warm_up_plan(block_table_stride)
-        # One representative layer per distinct set of kernel features.
-        variants = {}
-        for layer in layers.values():
-            impl = layer.impl
-            if isinstance(impl, TritonAttentionImpl):
-                variants.setdefault(impl.kernel_variant(), layer)
-        key_base = (
-            str(self.device),
-            self.kv_cache_spec.block_size,
-            self.kv_cache_spec.dtype,
-            self.num_q_heads,
-            self.num_kv_heads,
-            self.head_size,
-            _stride_class(block_table_stride),
-            len(plan),
-        )
-        start = time.perf_counter()
-        launched = 0
-        for variant, layer in variants.items():
-            if (key_base, variant) in _WARMED_UP:
-                continue
-            _WARMED_UP.add((key_base, variant))
-            for batch in plan:
-                for query_layout in _QUERY_LAYOUTS:
-                    self._run_warm_up_batch(
-                        layer, batch, block_table_stride, query_layout
-                    )
-                    launched += 1
-        if launched:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            logger.info(
-                "TRITON_ATTN warm-up: %d batches (%d kernel variants of the layers) "
-                "in %.1f s.",
-                launched,
-                len(variants),
-                time.perf_counter() - start,
-            )
-
-    def _scratch_kv_cache(self, num_blocks: int) -> torch.Tensor:
-        """A zeroed cache with the real block stride (vLLM pads pages when KV-cache
-        groups of different page sizes share one pool; the decode kernel takes the
-        block stride as a constexpr)."""
-        spec = self.kv_cache_spec
-        shape = TritonAttentionBackend.get_kv_cache_shape(
-            num_blocks, spec.block_size, self.num_kv_heads, self.head_size
-        )
-        itemsize = torch.empty((), dtype=spec.dtype).element_size()
-        block_stride = max(spec.page_size_bytes // itemsize, int(np.prod(shape[1:])))
-        storage = torch.zeros(
-            num_blocks * block_stride, dtype=spec.dtype, device=self.device
-        )
-        dense = torch.empty(shape, device="meta").stride()
-        return storage.as_strided(shape, (block_stride, *dense[1:]))
-
-    def _run_warm_up_batch(
-        self,
-        layer: "AttentionLayer",
-        batch: "_WarmUpBatch",
-        block_table_stride: int,
-        query_layout: str,
-    ) -> None:
-        impl: TritonAttentionImpl = layer.impl  # type: ignore[attr-defined]
-        device = self.device
-        block_size = self.kv_cache_spec.block_size
-        num_reqs = len(batch.query_lens)
-        num_tokens = sum(batch.query_lens)
-        dtype = self.vllm_config.model_config.dtype
-        kv_cache = self._scratch_kv_cache(num_blocks=2)
-        # Queries as vLLM hands them over: contiguous, or a view of the fused
-        # QKV projection output (row stride (num_q + 2 * num_kv) * head_size).
-        q_width = self.num_q_heads * self.head_size
-        kv_width = self.num_kv_heads * self.head_size
-        qkv = torch.zeros(
-            (num_tokens, q_width + 2 * kv_width), dtype=dtype, device=device
-        )
-        if query_layout == "contiguous":
-            query = qkv[:, :q_width].contiguous()
-        else:
-            query = qkv[:, :q_width]
-        query = query.view(num_tokens, self.num_q_heads, self.head_size)
-        key = qkv[:, q_width : q_width + kv_width].view(
-            num_tokens, self.num_kv_heads, self.head_size
-        )
-        value = qkv[:, q_width + kv_width :].view(
-            num_tokens, self.num_kv_heads, self.head_size
-        )
-        output = torch.empty_like(query, memory_format=torch.contiguous_format)
-        slot_mapping = torch.arange(num_tokens, dtype=torch.int64, device=device)
-        impl.do_kv_cache_update(layer, key, value, kv_cache, slot_mapping % block_size)
-        starts = [0]
-        for q in batch.query_lens:
-            starts.append(starts[-1] + q)
-        query_start_loc_cpu = torch.tensor(starts, dtype=torch.int32)
-        # Every request reads page 1 (1 or 2 keys); rows have the real row stride.
-        block_table = torch.ones(
-            (num_reqs, block_table_stride), dtype=torch.int32, device=device
-        )
-        md = self._metadata(
-            query_start_loc_cpu,
-            num_actual_tokens=num_tokens,
-            num_reqs=num_reqs,
-            max_query_len=batch.max_query_len or max(batch.query_lens),
-            max_seq_len=batch.max_seq_len or max(batch.query_lens),
-            query_start_loc=query_start_loc_cpu.to(device),
-            seq_lens=torch.tensor(batch.query_lens, dtype=torch.int32, device=device),
-            block_table=block_table,
-            slot_mapping=slot_mapping,
-        )
-        impl.forward(layer, query, key, value, kv_cache, md, output)
-
     def build(
         self,
         common_prefix_len: int,
@@ -722,14 +482,14 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
     ) -> TritonAttentionMetadata:
         cm = common_attn_metadata
         if self._warm_up_enabled and (
-            _stride_class(cm.block_table_tensor.stride(0))
+            warmup.stride_class(cm.block_table_tensor.stride(0))
             not in self._warmed_stride_classes
         ):
             # The block-table row stride is a kernel argument that Triton
             # specialises on and the startup guess missed its class. This is the
             # first batch, still before serving: vLLM's warm-up and CUDA-graph
             # capture build metadata first.
-            self.warm_up(cm.block_table_tensor.stride(0))
+            warmup.warm_up(self, cm.block_table_tensor.stride(0))
         if cm.causal is not True:
             raise NotImplementedError(
                 "TRITON_ATTN runs causal attention only; this batch asks for "
@@ -784,43 +544,6 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
                 max_seq_len=prefill_max_seq_len,
             ),
         )
-
-
-@dataclass(frozen=True)
-class _WarmUpKey:
-    builder: TritonAttentionMetadataBuilder
-    block_table_stride: int
-
-
-_JIT_WARM_UP = None  # the vLLM JIT-kernel object, made on first use
-
-
-def _register_jit_warm_up(
-    builder: TritonAttentionMetadataBuilder, block_table_stride: int
-) -> None:
-    """Hand ``builder``'s warm-up to vLLM's JIT warm-up registry, which runs it with
-    the other kernels' before CUDA-graph capture."""
-    global _JIT_WARM_UP
-    from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
-
-    if _JIT_WARM_UP is None:
-
-        class TritonAttentionWarmUp(VllmJitKernel):
-            """One key per builder and block-table stride; compiling a key runs
-            that builder's warm-up batches (``warm_up_plan``)."""
-
-            CompileKey = _WarmUpKey
-
-            def get_warmup_keys(self, builder, block_table_stride):
-                return [_WarmUpKey(builder, block_table_stride)]
-
-            def compile(self, compile_key: _WarmUpKey) -> None:
-                compile_key.builder.warm_up(compile_key.block_table_stride)
-
-        _JIT_WARM_UP = TritonAttentionWarmUp()
-    # build() must not warm this stride class up again before the registry does.
-    builder._warmed_stride_classes.add(_stride_class(block_table_stride))
-    _JIT_WARM_UP.register_warmup(builder, block_table_stride)
 
 
 # ----------------------------------------------------------------------------------
@@ -1325,7 +1048,7 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         window = self.sliding_window
         return (
             self.kv_cache_dtype,
-            window if window is None else _stride_class(window),
+            window if window is None else warmup.stride_class(window),
             self.logits_soft_cap is not None,
             self.alibi_slopes is not None,
             self.sinks is not None,
