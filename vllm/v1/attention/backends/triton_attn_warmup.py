@@ -135,7 +135,7 @@ def warm_up(builder, block_table_stride: int) -> None:
     """
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return  # never launch scratch work into a CUDA graph
-    builder._warmedstride_classes.add(stride_class(block_table_stride))
+    builder._warmed_stride_classes.add(stride_class(block_table_stride))
     try:
         _warm_up(builder, block_table_stride)
     except Exception as e:  # the model may still run; say why it was not warmed
@@ -306,5 +306,5 @@ def register_jit_warm_up(
 
         _JIT_WARM_UP = TritonAttentionWarmUp()
     # build() must not warm this stride class up again before the registry does.
-    builder._warmedstride_classes.add(stride_class(block_table_stride))
+    builder._warmed_stride_classes.add(stride_class(block_table_stride))
     _JIT_WARM_UP.register_warmup(builder, block_table_stride)
