@@ -184,49 +184,41 @@ def program_coords(
 
 @triton.jit
 def _attend_kv_range(
-    acc,  # [BLOCK_M, HEAD_LO_PAD] fp32
-    acc_hi,  # [BLOCK_M, HEAD_HI] fp32 (SPLIT_HEAD)
-    m_i,  # [BLOCK_M] fp32
-    l_i,  # [BLOCK_M] fp32
-    q,  # [BLOCK_M, HEAD_LO_PAD] query dtype
-    q_hi,  # [BLOCK_M, HEAD_HI] query dtype (SPLIT_HEAD)
-    q_pos,  # [BLOCK_M] int32: absolute positions of the rows' tokens
-    alibi_slope,  # [BLOCK_M] fp32 (USE_ALIBI)
+    state,  # (acc, acc_hi, m_i, l_i): the running softmax (SOFTMAX_STATE below)
+    queries,  # (q, q_hi, q_pos, alibi_slope): the program's rows (QUERIES below)
+    pages,  # this sequence's K/V pages of this KV head (PAGES below)
+    scoring,  # (qk_scale, softcap, sliding_window, kv_len) (SCORING below)
     kv_start,  # first key of the range (multiple of BLOCK_N)
     kv_stop,  # one past the last key of the range
-    kv_len,  # keys >= kv_len do not exist
-    k_head_ptr,  # key cache at (block 0, this KV head)
-    v_head_ptr,  # value cache at (block 0, this KV head)
-    block_table_row_ptr,  # [max_blocks_per_seq] int32
-    k_desc,  # TMA descriptors of the caches as [rows, HEAD_SIZE], boxes of
-    v_desc,  # [BLOCK_N, HEAD_LO_PAD] (USE_TMA)
-    k_desc_hi,  # the same with boxes of [BLOCK_N, HEAD_HI] (USE_TMA, SPLIT_HEAD)
-    v_desc_hi,
-    head_offset,  # elements from a cache's start to this KV head (USE_TMA)
-    qk_scale,  # scale of q.k (softmax_scale; fp8: k_scale, q pre-scaled)
-    softcap,  # fp32 (USE_SOFTCAP)
-    sliding_window,  # int (USE_WINDOW)
-    STRIDE_KV_BLOCK: tl.constexpr,  # elements between pages (same for K and V)
-    BLOCK_N: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    HEAD_SIZE: tl.constexpr,  # elements of a cache row
-    HEAD_LO: tl.constexpr,  # head columns of the first column tile
-    HEAD_LO_PAD: tl.constexpr,  # its width (a power of two)
-    HEAD_HI: tl.constexpr,  # width of the second column tile (SPLIT_HEAD)
-    SPLIT_HEAD: tl.constexpr,  # columns [HEAD_LO, HEAD_SIZE) in the second tile
-    TILE_IN_PAGE: tl.constexpr,  # BLOCK_N divides BLOCK_SIZE: one page per tile
-    USE_TMA: tl.constexpr,  # load K/V tiles by TMA (needs TILE_IN_PAGE)
-    FP8_QK: tl.constexpr,  # q is fp8 (the cache's format): V goes to fp16 for p.v
+    TILE: tl.constexpr,  # the kernel's TILE: shapes of a K/V tile and of a page
+    FEATURES: tl.constexpr,  # the kernel's FEATURES: what the launch turns on
     MASKED: tl.constexpr,  # False: every key of every tile is visible to every row
-    USE_SOFTCAP: tl.constexpr,
-    USE_ALIBI: tl.constexpr,
-    USE_WINDOW: tl.constexpr,
 ):
     """Online softmax over the KV tiles starting at kv_start, kv_start + BLOCK_N, ...
     below kv_stop. With MASKED=False the tiles skip key-validity and visibility
     masks (the caller guarantees they are fully visible). With SPLIT_HEAD, every
     K/V tile is loaded as two column tiles: q.k sums two dots, p.v updates two
-    accumulators."""
+    accumulators. The arguments are packed as the kernel packs them once for its
+    three stages (see ``_prefix_prefill_kernel``)."""
+    acc, acc_hi, m_i, l_i = state
+    q, q_hi, q_pos, alibi_slope = queries
+    (k_head_ptr, v_head_ptr, block_table_row_ptr, head_offset,
+     k_desc, v_desc, k_desc_hi, v_desc_hi) = pages  # fmt: skip
+    qk_scale, softcap, sliding_window, kv_len = scoring
+    BLOCK_N: tl.constexpr = TILE[0]
+    BLOCK_SIZE: tl.constexpr = TILE[1]
+    HEAD_SIZE: tl.constexpr = TILE[2]
+    HEAD_LO: tl.constexpr = TILE[3]
+    HEAD_LO_PAD: tl.constexpr = TILE[4]
+    HEAD_HI: tl.constexpr = TILE[5]
+    STRIDE_KV_BLOCK: tl.constexpr = TILE[6]
+    SPLIT_HEAD: tl.constexpr = FEATURES[0]
+    TILE_IN_PAGE: tl.constexpr = FEATURES[1]
+    USE_TMA: tl.constexpr = FEATURES[2]
+    FP8_QK: tl.constexpr = FEATURES[3]
+    USE_SOFTCAP: tl.constexpr = FEATURES[4]
+    USE_ALIBI: tl.constexpr = FEATURES[5]
+    USE_WINDOW: tl.constexpr = FEATURES[6]
     for tile_start in tl.range(kv_start, kv_stop, BLOCK_N):
         k_pos = tile_start + tl.arange(0, BLOCK_N)
         key_valid = k_pos < kv_len
@@ -547,124 +539,40 @@ def _prefix_prefill_kernel(
     v_head_ptr = value_cache_ptr + head_offset
     block_table_row_ptr = block_table_ptr + seq.to(tl.int64) * block_table_stride
 
-    if USE_WINDOW:
-        acc, acc_hi, m_i, l_i = _attend_kv_range(
-            acc,
-            acc_hi,
-            m_i,
-            l_i,
-            q,
-            q_hi,
-            q_pos,
-            alibi_slope,
-            edge_lo,
-            edge_hi,
-            kv_len,
-            k_head_ptr,
-            v_head_ptr,
-            block_table_row_ptr,
-            k_desc,
-            v_desc,
-            k_desc_hi,
-            v_desc_hi,
-            head_offset,
-            qk_scale,
-            softcap,
-            sliding_window,
-            STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
-            BLOCK_N=BLOCK_N,
-            BLOCK_SIZE=BLOCK_SIZE,
-            HEAD_SIZE=HEAD_SIZE,
-            HEAD_LO=HEAD_LO,
-            HEAD_LO_PAD=HEAD_LO_PAD,
-            HEAD_HI=HEAD_HI,
-            SPLIT_HEAD=SPLIT_HEAD,
-            TILE_IN_PAGE=TILE_IN_PAGE,
-            USE_TMA=USE_TMA,
-            FP8_QK=FP8_QK,
+    # What the three stages share, packed once (``_attend_kv_range``):
+    # SOFTMAX_STATE  (acc [BLOCK_M, HEAD_LO_PAD], acc_hi [BLOCK_M, HEAD_HI], m_i, l_i)
+    # QUERIES        (q, q_hi, q_pos, alibi_slope)
+    # PAGES          (k_head_ptr, v_head_ptr, block_table_row_ptr, head_offset,
+    #                 k_desc, v_desc, k_desc_hi, v_desc_hi): the caches at this KV
+    #                 head, the sequence's block-table row, the TMA descriptors
+    # SCORING        (qk_scale, softcap, sliding_window, kv_len)
+    # TILE           (BLOCK_N, BLOCK_SIZE, HEAD_SIZE, HEAD_LO, HEAD_LO_PAD, HEAD_HI,
+    #                 STRIDE_KV_BLOCK)
+    # FEATURES       (SPLIT_HEAD, TILE_IN_PAGE, USE_TMA, FP8_QK, USE_SOFTCAP,
+    #                 USE_ALIBI, USE_WINDOW)
+    state = (acc, acc_hi, m_i, l_i)
+    queries = (q, q_hi, q_pos, alibi_slope)
+    pages = (k_head_ptr, v_head_ptr, block_table_row_ptr, head_offset,
+             k_desc, v_desc, k_desc_hi, v_desc_hi)  # fmt: skip
+    scoring = (qk_scale, softcap, sliding_window, kv_len)
+    TILE: tl.constexpr = (BLOCK_N, BLOCK_SIZE, HEAD_SIZE, HEAD_LO, HEAD_LO_PAD,
+                          HEAD_HI, STRIDE_KV_BLOCK)  # fmt: skip
+    FEATURES: tl.constexpr = (SPLIT_HEAD, TILE_IN_PAGE, USE_TMA, FP8_QK,
+                              USE_SOFTCAP, USE_ALIBI, USE_WINDOW)  # fmt: skip
+    if USE_WINDOW:  # the window's left edge
+        state = _attend_kv_range(
+            state, queries, pages, scoring, edge_lo, edge_hi, TILE, FEATURES,
             MASKED=True,
-            USE_SOFTCAP=USE_SOFTCAP,
-            USE_ALIBI=USE_ALIBI,
-            USE_WINDOW=USE_WINDOW,
-        )
-    acc, acc_hi, m_i, l_i = _attend_kv_range(
-        acc,
-        acc_hi,
-        m_i,
-        l_i,
-        q,
-        q_hi,
-        q_pos,
-        alibi_slope,
-        full_lo,
-        full_hi,
-        kv_len,
-        k_head_ptr,
-        v_head_ptr,
-        block_table_row_ptr,
-        k_desc,
-        v_desc,
-        k_desc_hi,
-        v_desc_hi,
-        head_offset,
-        qk_scale,
-        softcap,
-        sliding_window,
-        STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
-        BLOCK_N=BLOCK_N,
-        BLOCK_SIZE=BLOCK_SIZE,
-        HEAD_SIZE=HEAD_SIZE,
-        HEAD_LO=HEAD_LO,
-        HEAD_LO_PAD=HEAD_LO_PAD,
-        HEAD_HI=HEAD_HI,
-        SPLIT_HEAD=SPLIT_HEAD,
-        TILE_IN_PAGE=TILE_IN_PAGE,
-        USE_TMA=USE_TMA,
-        FP8_QK=FP8_QK,
+        )  # fmt: skip
+    state = _attend_kv_range(
+        state, queries, pages, scoring, full_lo, full_hi, TILE, FEATURES,
         MASKED=False,
-        USE_SOFTCAP=USE_SOFTCAP,
-        USE_ALIBI=USE_ALIBI,
-        USE_WINDOW=USE_WINDOW,
-    )
-    acc, acc_hi, m_i, l_i = _attend_kv_range(
-        acc,
-        acc_hi,
-        m_i,
-        l_i,
-        q,
-        q_hi,
-        q_pos,
-        alibi_slope,
-        diag_lo,
-        diag_hi,
-        kv_len,
-        k_head_ptr,
-        v_head_ptr,
-        block_table_row_ptr,
-        k_desc,
-        v_desc,
-        k_desc_hi,
-        v_desc_hi,
-        head_offset,
-        qk_scale,
-        softcap,
-        sliding_window,
-        STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
-        BLOCK_N=BLOCK_N,
-        BLOCK_SIZE=BLOCK_SIZE,
-        HEAD_SIZE=HEAD_SIZE,
-        HEAD_LO=HEAD_LO,
-        HEAD_LO_PAD=HEAD_LO_PAD,
-        HEAD_HI=HEAD_HI,
-        SPLIT_HEAD=SPLIT_HEAD,
-        TILE_IN_PAGE=TILE_IN_PAGE,
-        USE_TMA=USE_TMA,
-        FP8_QK=FP8_QK,
+    )  # fmt: skip
+    state = _attend_kv_range(  # the causal diagonal
+        state, queries, pages, scoring, diag_lo, diag_hi, TILE, FEATURES,
         MASKED=True,
-        USE_SOFTCAP=USE_SOFTCAP,
-        USE_ALIBI=USE_ALIBI,
-        USE_WINDOW=USE_WINDOW,
-    )
+    )  # fmt: skip
+    acc, acc_hi, m_i, l_i = state
 
     out = finalize_output(acc, l_i, v_scale)
     if not SPLIT_KV:

@@ -108,35 +108,33 @@ WORKSPACE_DTYPE = torch.float32
 
 @triton.jit
 def _attend_tiles(
-    acc,  # [BLOCK_M, HEAD_PAD] fp32
-    m_i,  # [BLOCK_M] fp32
-    l_i,  # [BLOCK_M] fp32
+    state,  # (acc [BLOCK_M, HEAD_PAD], m_i [BLOCK_M], l_i [BLOCK_M]) fp32
+    queries,  # (q [BLOCK_M, HEAD_PAD], q_pos [BLOCK_M] int, alibi_slope (USE_ALIBI))
+    pages,  # (k_head_ptr, v_head_ptr, block_table_row_ptr): this KV head's caches
+    scoring,  # (qk_scale, softcap, sliding_window, lo, seq_len): keys [lo, seq_len)
     tile_lo,  # int: first KV tile
     tile_hi,  # int: one past the last KV tile
-    k_head_ptr,  # key cache at (block 0, this KV head)
-    v_head_ptr,  # value cache at (block 0, this KV head)
-    block_table_row_ptr,  # [max_blocks_per_seq] int32: this sequence's pages
-    q,  # [BLOCK_M, HEAD_PAD] query tile
-    q_pos,  # [BLOCK_M] int: position of the query token
-    lo,  # int: first visible key
-    seq_len,  # int: keys [lo, seq_len) are visible
-    qk_scale,  # fp32 scale of q.k (softmax_scale; fp8: k_scale, q pre-scaled)
-    softcap,  # fp32 (USE_SOFTCAP)
-    alibi_slope,  # [BLOCK_M] fp32 (USE_ALIBI)
-    sliding_window,  # int (USE_WINDOW)
-    STRIDE_KV_BLOCK: tl.constexpr,
-    HEAD_SIZE: tl.constexpr,
-    HEAD_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    USE_SOFTCAP: tl.constexpr,
-    USE_ALIBI: tl.constexpr,
-    USE_WINDOW: tl.constexpr,
-    EARLY_CONVERT: tl.constexpr,  # fp8 (e4m3fn, NVIDIA): see e4m3_to_fp16_at_load
+    TILE: tl.constexpr,  # (BLOCK_N, BLOCK_SIZE, HEAD_SIZE, HEAD_PAD, STRIDE_KV_BLOCK)
+    FEATURES: tl.constexpr,  # (USE_SOFTCAP, USE_ALIBI, USE_WINDOW, EARLY_CONVERT)
     MASKED: tl.constexpr,  # False: every key of every tile is visible
 ):
     """Online softmax over KV tiles ``[tile_lo, tile_hi)``: the inner loop, written
-    once and instantiated masked (range edges) and unmasked (the bulk)."""
+    once and instantiated masked (range edges) and unmasked (the bulk), with its
+    loop-invariant arguments packed as the prefill kernel's ``_attend_kv_range``
+    takes them."""
+    acc, m_i, l_i = state
+    q, q_pos, alibi_slope = queries
+    k_head_ptr, v_head_ptr, block_table_row_ptr = pages
+    qk_scale, softcap, sliding_window, lo, seq_len = scoring
+    BLOCK_N: tl.constexpr = TILE[0]
+    BLOCK_SIZE: tl.constexpr = TILE[1]
+    HEAD_SIZE: tl.constexpr = TILE[2]
+    HEAD_PAD: tl.constexpr = TILE[3]
+    STRIDE_KV_BLOCK: tl.constexpr = TILE[4]
+    USE_SOFTCAP: tl.constexpr = FEATURES[0]
+    USE_ALIBI: tl.constexpr = FEATURES[1]
+    USE_WINDOW: tl.constexpr = FEATURES[2]
+    EARLY_CONVERT: tl.constexpr = FEATURES[3]  # fp8 e4m3fn on NVIDIA
     offs_n = tl.arange(0, BLOCK_N)
     # A masked range holds at most one tile: software pipelining would only add a
     # prologue, so it gets one stage; the unmasked bulk uses the launch's stages.
@@ -270,7 +268,7 @@ def _paged_decode_kernel(
     q, qk_scale, v_scale = query_for_cache(
         q, softmax_scale, k_scale_ptr, v_scale_ptr, IS_FP8=IS_FP8
     )
-    alibi_slope = None
+    alibi_slope = tl.zeros([BLOCK_M], dtype=tl.float32)  # read only with USE_ALIBI
     if USE_ALIBI:
         alibi_slope = tl.load(alibi_slopes_ptr + q_heads, mask=row_valid, other=0.0)
     sink = None
@@ -290,31 +288,26 @@ def _paged_decode_kernel(
     #   [tile_begin, head_end) masked | [head_end, tail_begin) unmasked | [.., tile_end)
     head_end = tl.minimum(tile_end, tl.maximum(tile_begin, tl.cdiv(lo, BLOCK_N)))
     tail_begin = tl.maximum(head_end, tl.minimum(tile_end, seq_len // BLOCK_N))
+    state = (acc, m_i, l_i)
+    queries = (q, q_pos, alibi_slope)
+    pages = (k_head_ptr, v_head_ptr, block_table_row_ptr)
+    scoring = (qk_scale, softcap, sliding_window, lo, seq_len)
+    TILE: tl.constexpr = (BLOCK_N, BLOCK_SIZE, HEAD_SIZE, HEAD_PAD, STRIDE_KV_BLOCK)
+    FEATURES: tl.constexpr = (USE_SOFTCAP, USE_ALIBI, USE_WINDOW, EARLY_CONVERT)
     if USE_WINDOW:
-        acc, m_i, l_i = _attend_tiles(
-            acc, m_i, l_i, tile_begin, head_end, k_head_ptr, v_head_ptr,
-            block_table_row_ptr, q, q_pos, lo, seq_len, qk_scale, softcap,
-            alibi_slope, sliding_window, STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
-            HEAD_SIZE=HEAD_SIZE, HEAD_PAD=HEAD_PAD, BLOCK_SIZE=BLOCK_SIZE,
-            BLOCK_N=BLOCK_N, USE_SOFTCAP=USE_SOFTCAP, USE_ALIBI=USE_ALIBI,
-            USE_WINDOW=USE_WINDOW, EARLY_CONVERT=EARLY_CONVERT, MASKED=True,
+        state = _attend_tiles(
+            state, queries, pages, scoring, tile_begin, head_end, TILE, FEATURES,
+            MASKED=True,
         )  # fmt: skip
-    acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, head_end, tail_begin, k_head_ptr, v_head_ptr,
-        block_table_row_ptr, q, q_pos, lo, seq_len, qk_scale, softcap,
-        alibi_slope, sliding_window, STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
-        HEAD_SIZE=HEAD_SIZE, HEAD_PAD=HEAD_PAD, BLOCK_SIZE=BLOCK_SIZE,
-        BLOCK_N=BLOCK_N, USE_SOFTCAP=USE_SOFTCAP, USE_ALIBI=USE_ALIBI,
-        USE_WINDOW=USE_WINDOW, EARLY_CONVERT=EARLY_CONVERT, MASKED=False,
+    state = _attend_tiles(
+        state, queries, pages, scoring, head_end, tail_begin, TILE, FEATURES,
+        MASKED=False,
     )  # fmt: skip
-    acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, tail_begin, tile_end, k_head_ptr, v_head_ptr,
-        block_table_row_ptr, q, q_pos, lo, seq_len, qk_scale, softcap,
-        alibi_slope, sliding_window, STRIDE_KV_BLOCK=STRIDE_KV_BLOCK,
-        HEAD_SIZE=HEAD_SIZE, HEAD_PAD=HEAD_PAD, BLOCK_SIZE=BLOCK_SIZE,
-        BLOCK_N=BLOCK_N, USE_SOFTCAP=USE_SOFTCAP, USE_ALIBI=USE_ALIBI,
-        USE_WINDOW=USE_WINDOW, EARLY_CONVERT=EARLY_CONVERT, MASKED=True,
+    state = _attend_tiles(
+        state, queries, pages, scoring, tail_begin, tile_end, TILE, FEATURES,
+        MASKED=True,
     )  # fmt: skip
+    acc, m_i, l_i = state
 
     out = finalize_output(acc, l_i, v_scale)  # 0 where no key was seen
     if NUM_SPLITS == 1:
