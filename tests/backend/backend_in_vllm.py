@@ -200,7 +200,8 @@ def check_capabilities():
         {"dtype": torch.float16, "kv_cache_dtype": "float16"},
         {"has_sliding_window": True, "has_sink": True},
         {"device_capability": DeviceCapability(8, 0)},
-        *({"head_size": h} for h in (64, 80, 96, 112, 128, 192, 256)),
+        # The kernels' head sizes: every multiple of 16 up to 256.
+        *({"head_size": h} for h in (16, 48, 64, 80, 96, 112, 128, 160, 224, 256)),
         *({"block_size": b} for b in (16, 32, 64, 128, 256, 48)),
     ]
     for overrides in accepted:
@@ -209,8 +210,9 @@ def check_capabilities():
         assert B.validate_configuration(**config) == [], overrides
 
     refused = [
-        ({"head_size": 72}, "head_size 72 not supported"),
-        ({"head_size": 16}, "head_size 16 not supported"),
+        ({"head_size": 72}, "head_size 72 not supported (supported: a multiple of 16"),
+        ({"head_size": 8}, "head_size 8 not supported"),
+        ({"head_size": 272}, "head_size 272 not supported"),
         ({"dtype": torch.float32}, "dtype torch.float32 not supported"),
         ({"kv_cache_dtype": "fp8_e5m2"}, "kv_cache_dtype fp8_e5m2 not supported"),
         ({"kv_cache_dtype": "int8_per_token_head"}, "not supported (supported: auto"),
@@ -334,7 +336,7 @@ def _named_on_cuda(cuda):
             )
     for config, expected in (
         (good._replace(use_mla=True), "MLA not supported"),
-        (good._replace(head_size=16), "head_size 16 not supported"),
+        (good._replace(head_size=8), "head_size 8 not supported"),
     ):
         try:
             cuda.get_attn_backend_cls(E.TRITON_ATTN, config)
@@ -491,7 +493,9 @@ def check_layout():
     assert B.get_kv_cache_stride_order() == (0, 1, 2, 3, 4)
     assert B.get_kv_cache_stride_order(include_num_layers_dimension=True)[0] == 1
     _check_spec_layout()
-    for bad_block in (8, 24):
+    # The kernels' rule: any power of two (vLLM picks from SUPPORTED_BLOCK_SIZES).
+    assert B.get_kv_cache_shape(10, 8, 8, 128)[3] == 8
+    for bad_block in (12, 24):
         try:
             B.get_kv_cache_shape(10, bad_block, 8, 128)
         except ValueError as e:

@@ -445,6 +445,11 @@ def _prefix_prefill_cases():
         sinks=heads[:14],
     )
     yield launch(256, 2, 128, torch.bfloat16, 16384)
+    # Head sizes at the ends of the declared range and padded ones past 128.
+    yield launch(16, 4, 64, torch.bfloat16, 1024)
+    yield launch(48, 1, 16, torch.bfloat16, 4096)
+    yield launch(160, 4, 64, torch.bfloat16, 4096)
+    yield launch(224, 2, 64, torch.float8_e4m3fn, 1024, sliding_window=128)
     # K/V tiles by TMA (the tile lies in one page).
     yield launch(128, 4, 64, torch.bfloat16, 4096, use_tma=True)
     # TMA boxes wider than the head (96 in 128 columns; the rest reads as zeros).

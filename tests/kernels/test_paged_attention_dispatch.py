@@ -22,6 +22,7 @@ from tests.kernels.conftest import (
 )
 from vllm.attention.ops import paged_attention as dispatch
 from vllm.attention.ops.reference import ref_paged_attention
+from vllm.attention.ops.triton_attention_common import SUPPORTED_HEAD_SIZES
 from vllm.attention.ops.triton_paged_decode_attention_2d import (
     WORKSPACE_DTYPE,
     decode_workspace_shape,
@@ -394,3 +395,35 @@ def test_a_planned_batch_launches_with_no_per_layer_work(monkeypatch):
         "merge_splits_kernel",
     ]
     assert plan.workspace.data_ptr() == buffer.data_ptr()  # a view, not a new one
+
+
+@pytest.mark.parametrize(
+    "head_size, block_size",
+    [(h, 16) for h in SUPPORTED_HEAD_SIZES] + [(64, 1), (64, 8), (96, 4)],
+)
+def test_every_declared_head_size_against_reference(head_size, block_size):
+    """Every head size the kernels declare (and so the backend: one source) runs
+    both kernels correctly: decodes and a chunked prefill in one batch, the
+    heuristic's tiles, a group of 3 (padded rows), pages of 16; and pages smaller
+    than vLLM offers (any power of two is in the contract)."""
+    batch = make_paged_batch(
+        seqs=[(1, 33), (1, 2), (5, 40)],
+        num_q_heads=6,
+        num_kv_heads=2,
+        head_size=head_size,
+        block_size=block_size,
+        q_dtype=torch.bfloat16,
+        seed=head_size,
+    )
+    output = torch.full_like(batch.query, float("nan"))
+    scale = head_size**-0.5
+    dispatch.paged_attention(
+        query=batch.query, key_cache=batch.key_cache, value_cache=batch.value_cache,
+        output=output, block_table=batch.block_table,
+        query_start_loc=batch.query_start_loc, seq_lens=batch.seq_lens,
+        num_decodes=2, num_decode_tokens=2, max_query_len=batch.max_query_len,
+        softmax_scale=scale, prefill_max_seq_len=40,
+    )  # fmt: skip
+    ref = ref_paged_attention(**batch.ref_kwargs(), softmax_scale=scale)
+    _, atol, rtol = TOLERANCES[torch.bfloat16]
+    assert_close(output, ref, dtype=torch.bfloat16, atol=atol, rtol=rtol)

@@ -970,6 +970,54 @@ def test_a_table_with_two_entries_of_one_class_is_refused(tmp_path, monkeypatch)
         tables.clear_caches()
 
 
+@pytest.mark.parametrize(
+    "key, config, match",
+    [
+        ({}, {"block_m": 64, "num_warps": 4, "gluon": True}, "128 rows on 4 warps"),
+        ({"head_size": 96}, {"gluon": True}, "never takes"),
+        ({"kv_dtype": "fp8"}, {"gluon": True}, "never takes"),
+        ({}, {"fp8_qk": True}, "16-bit cache"),
+        ({}, {"split_head": True}, "does not split"),
+        ({"block_size": 32}, {"use_tma": True}, "not slices of 32-key pages"),
+        ({}, {"block_n": 48}, "powers of two"),
+        ({}, {}, None),  # the controls: what the H200 table ships
+        ({}, {"gluon": True, "longest_first": False}, None),
+        ({"head_size": 96}, {"split_head": True, "use_tma": True}, None),
+    ],
+)
+def test_a_table_entry_a_kernel_would_ignore_is_refused(
+    tmp_path, monkeypatch, key, config, match
+):
+    """A field the kernel that runs a key's launches would ignore is refused when
+    the table loads, naming the file and the entry; a ``gluon`` entry's other
+    fields are the portable kernel's for its key's other launches and stay."""
+    import json
+
+    from vllm.attention.ops.tuning import tables
+
+    fields = {
+        "head_size": 128, "q_dtype": "bfloat16", "kv_dtype": "bfloat16",
+        "group": 4, "block_size": 64, "max_query_len": 4096, **key,
+    }  # fmt: skip
+    config = {
+        "block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 3, **config
+    }  # fmt: skip
+    (tmp_path / "prefix_prefill_Test_GPU.json").write_text(
+        json.dumps({"provenance": {}, "configs": [{**fields, "config": config}]})
+    )
+    monkeypatch.setattr(tables, "TUNING_DIR", tmp_path)
+    tables.clear_caches()
+    try:
+        if match is None:
+            assert len(PREFILL_TABLE.load("Test GPU")) == 1
+        else:
+            with pytest.raises(ValueError, match=match) as error:
+                PREFILL_TABLE.load("Test GPU")
+            assert "prefix_prefill_Test_GPU.json: entry 0" in str(error.value)
+    finally:
+        tables.clear_caches()
+
+
 def test_valid_configs_keep_at_most_128_rows_per_warpgroup():
     """256-row tiles are candidates with two warpgroups (8 warps) only: one
     warpgroup's fp32 accumulator for 256 rows would not fit its registers."""

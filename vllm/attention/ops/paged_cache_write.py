@@ -27,8 +27,12 @@ import triton.language as tl
 from vllm.attention.ops.triton_attention_common import (
     FP8_DTYPES,
     check_kv_cache,
+    fail,
     fp8_max,
     quantize_fp8,
+)
+from vllm.attention.ops.triton_attention_common import (
+    head_pad as head_pad_of,
 )
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -134,7 +138,7 @@ def _launches(
     num_tokens = slot_mapping.shape[0]
     _, num_kv_heads, block_size, head_size = key_cache.shape
     is_fp8 = key_cache.dtype in FP8_DTYPES
-    head_pad = triton.next_power_of_2(head_size)
+    head_pad = head_pad_of(head_size)
     heads_per_program = min(
         triton.next_power_of_2(num_kv_heads), max(1, _MAX_TILE_ELEMENTS // head_pad)
     )
@@ -169,10 +173,6 @@ def _launches(
     return [(_paged_cache_write_kernel, grid, kwargs)]
 
 
-def _fail(message: str) -> None:
-    raise ValueError(f"write_to_paged_cache: {message}.")
-
-
 def write_to_paged_cache(
     *,
     key: torch.Tensor,
@@ -200,9 +200,10 @@ def write_to_paged_cache(
 
     """
     if not (key.dim() == 3 and value.shape == key.shape):
-        _fail(
+        fail(
+            "write_to_paged_cache",
             f"key and value must be [num_tokens, num_kv_heads, head_size], got "
-            f"{tuple(key.shape)} and {tuple(value.shape)}"
+            f"{tuple(key.shape)} and {tuple(value.shape)}",
         )
     is_fp8 = check_kv_cache(
         "write_to_paged_cache",
@@ -214,33 +215,37 @@ def write_to_paged_cache(
     )
     _, num_kv_heads, _, head_size = key_cache.shape
     if key.shape[1:] != (num_kv_heads, head_size):
-        _fail(
+        fail(
+            "write_to_paged_cache",
             f"key heads/head size {tuple(key.shape[1:])} do not match the cache "
-            f"({num_kv_heads}, {head_size})"
+            f"({num_kv_heads}, {head_size})",
         )
     if not (key.dtype in _INPUT_DTYPES and value.dtype == key.dtype):
-        _fail(
+        fail(
+            "write_to_paged_cache",
             f"key/value dtype must be one of {_INPUT_DTYPES} and equal, got "
-            f"{key.dtype} and {value.dtype}"
+            f"{key.dtype} and {value.dtype}",
         )
     if not is_fp8 and key_cache.dtype != key.dtype:
-        _fail(
+        fail(
+            "write_to_paged_cache",
             f"cache dtype {key_cache.dtype} must equal the key dtype {key.dtype} "
-            f"(or be fp8 e4m3fn/e4m3fnuz with scales)"
+            f"(or be fp8 e4m3fn/e4m3fnuz with scales)",
         )
     if not (key.stride(2) == 1 and value.stride(2) == 1):
-        _fail("the head dim of key and value must be contiguous")
+        fail("write_to_paged_cache", "the head dim of key and value must be contiguous")
     if not (
         slot_mapping.dim() == 1
         and slot_mapping.dtype in (torch.int64, torch.int32)
         and slot_mapping.shape[0] <= key.shape[0]
     ):
-        _fail(
+        fail(
+            "write_to_paged_cache",
             f"slot_mapping must be 1D int64 with at most {key.shape[0]} entries, got "
-            f"{tuple(slot_mapping.shape)} {slot_mapping.dtype}"
+            f"{tuple(slot_mapping.shape)} {slot_mapping.dtype}",
         )
     if any(t.device != key.device for t in (value, slot_mapping)):
-        _fail("all tensors must be on one device")
+        fail("write_to_paged_cache", "all tensors must be on one device")
     num_tokens = slot_mapping.shape[0]
     if num_tokens == 0:
         return

@@ -70,11 +70,15 @@ QUERY_DTYPES = (torch.bfloat16, torch.float16)
 # shared memory of one program); non-powers of two are padded and masked.
 HEAD_SIZE_MULTIPLE = 16
 MAX_HEAD_SIZE = 256
+# Every head size the kernels take: what the backend declares.
+SUPPORTED_HEAD_SIZES = tuple(
+    range(HEAD_SIZE_MULTIPLE, MAX_HEAD_SIZE + 1, HEAD_SIZE_MULTIPLE)
+)
 
 
 def supported_head_size(head_size: int) -> bool:
-    """Whether the kernels take this head size (every backend head size must pass)."""
-    return 0 < head_size <= MAX_HEAD_SIZE and head_size % HEAD_SIZE_MULTIPLE == 0
+    """Whether the kernels take this head size (``SUPPORTED_HEAD_SIZES``)."""
+    return head_size in SUPPORTED_HEAD_SIZES
 
 
 def supported_block_size(block_size: int) -> bool:
@@ -216,7 +220,7 @@ def check_kv_cache(
     """Check the paged caches (shape, dtype, head size, page size, fp8 scales);
     return whether they are fp8. Raises ValueError naming ``who``."""
     if not (key_cache.dim() == 4 and key_cache.shape == value_cache.shape):
-        _fail(
+        fail(
             who,
             "key_cache and value_cache must both be [num_blocks, num_kv_heads, "
             f"block_size, head_size], got {tuple(key_cache.shape)} and "
@@ -224,30 +228,30 @@ def check_kv_cache(
         )
     _, num_kv_heads, block_size, head_size = key_cache.shape
     if key_cache.dtype != value_cache.dtype:
-        _fail(
+        fail(
             who,
             f"key/value cache dtypes differ: {key_cache.dtype} vs {value_cache.dtype};"
             " pass two views of one kv_cache tensor",
         )
     if not supported_head_size(head_size):
-        _fail(
+        fail(
             who,
             f"head size {head_size} is not supported; use a multiple of "
             f"{HEAD_SIZE_MULTIPLE} up to {MAX_HEAD_SIZE} (e.g. 64, 80, 128, 256) or "
             "another attention backend",
         )
     if not supported_block_size(block_size):
-        _fail(
+        fail(
             who,
             f"block size {block_size} is not supported; use a power of two "
             "(e.g. 16, 32, 64, 128)",
         )
     if num_kv_heads <= 0:
-        _fail(who, "the caches have no KV head")
+        fail(who, "the caches have no KV head")
     if not (key_cache.stride(3) == 1 and value_cache.stride(3) == 1):
-        _fail(who, "the caches' head_size dim must be contiguous (stride 1)")
+        fail(who, "the caches' head_size dim must be contiguous (stride 1)")
     if not (key_cache.device == device and value_cache.device == device):
-        _fail(who, f"the caches must be on {device}, like the other tensors")
+        fail(who, f"the caches must be on {device}, like the other tensors")
     is_fp8 = key_cache.dtype in FP8_DTYPES
     if is_fp8:
         for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
@@ -257,7 +261,7 @@ def check_kv_cache(
                 and scale.dtype == torch.float32
                 and scale.device == device
             ):
-                _fail(
+                fail(
                     who,
                     f"an fp8 cache needs {name} as a 1-element float32 tensor on "
                     f"{device} (stored = x / scale)",
@@ -296,7 +300,7 @@ def check_attention_inputs(
     ``[num_q_heads]``. Everything on the query's device.
     """
     if query.dim() != 3:
-        _fail(
+        fail(
             who,
             "query must be [num_tokens, num_q_heads, head_size], got shape "
             f"{tuple(query.shape)}",
@@ -304,19 +308,19 @@ def check_attention_inputs(
     _, num_q_heads, head_size = query.shape
     device = query.device
     if query.dtype not in QUERY_DTYPES:
-        _fail(who, f"query dtype {query.dtype} is not supported; use bf16 or fp16")
+        fail(who, f"query dtype {query.dtype} is not supported; use bf16 or fp16")
     if not (
         output.shape == query.shape
         and output.dtype == query.dtype
         and output.device == device
     ):
-        _fail(
+        fail(
             who,
             f"output must match query ({tuple(query.shape)} {query.dtype} on "
             f"{device}), got {tuple(output.shape)} {output.dtype} on {output.device}",
         )
     if not (query.stride(2) == 1 and output.stride(2) == 1):
-        _fail(who, "query and output must be contiguous in head_size (stride 1)")
+        fail(who, "query and output must be contiguous in head_size (stride 1)")
     is_fp8 = check_kv_cache(
         who,
         key_cache=key_cache,
@@ -327,25 +331,23 @@ def check_attention_inputs(
     )
     _, num_kv_heads, _, cache_head_size = key_cache.shape
     if cache_head_size != head_size:
-        _fail(who, f"cache head size {cache_head_size} != query head size {head_size}")
+        fail(who, f"cache head size {cache_head_size} != query head size {head_size}")
     if num_q_heads % num_kv_heads:
-        _fail(
+        fail(
             who,
             f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads "
             f"{num_kv_heads}",
         )
     if key_cache.stride() != value_cache.stride():
-        _fail(
+        fail(
             who,
             "key_cache and value_cache must have the same strides (pass kv_cache[:, 0]"
             " and kv_cache[:, 1] of one tensor)",
         )
     if key_cache.stride(2) != head_size:
-        _fail(
-            who, "each cache page must be a contiguous [block_size, head_size] matrix"
-        )
+        fail(who, "each cache page must be a contiguous [block_size, head_size] matrix")
     if not is_fp8 and key_cache.dtype != query.dtype:
-        _fail(
+        fail(
             who,
             f"cache dtype {key_cache.dtype} must equal the query dtype {query.dtype} "
             "or be fp8 (float8_e4m3fn / float8_e4m3fnuz) with k_scale and v_scale",
@@ -361,7 +363,7 @@ def check_attention_inputs(
             and tensor.is_contiguous()
             and tensor.device == device
         ):
-            _fail(
+            fail(
                 who,
                 f"{name} must be a contiguous 1D int32 tensor on {device} (one entry "
                 f"per sequence{', plus one' if name == 'query_start_loc' else ''}), "
@@ -374,18 +376,18 @@ def check_attention_inputs(
         and block_table.stride(1) == 1
         and block_table.device == device
     ):
-        _fail(
+        fail(
             who,
             "block_table must be int32 [num_seqs, max_blocks_per_seq] with contiguous "
             f"rows on {device}, got {tuple(block_table.shape)} {block_table.dtype} on "
             f"{block_table.device}",
         )
     if not softmax_scale > 0:  # the softmax takes row maxima before scaling
-        _fail(who, f"softmax_scale must be > 0, got {softmax_scale}")
+        fail(who, f"softmax_scale must be > 0, got {softmax_scale}")
     if not (sliding_window is None or sliding_window > 0):
-        _fail(who, f"sliding_window must be None (off) or > 0, got {sliding_window}")
+        fail(who, f"sliding_window must be None (off) or > 0, got {sliding_window}")
     if not (logits_soft_cap is None or logits_soft_cap >= 0):
-        _fail(
+        fail(
             who,
             f"logits_soft_cap must be None or 0 (off) or > 0, got {logits_soft_cap}",
         )
@@ -396,7 +398,7 @@ def check_attention_inputs(
             and tensor.is_contiguous()
             and tensor.device == device
         ):
-            _fail(
+            fail(
                 who,
                 f"{name} must be None or a contiguous float tensor of shape "
                 f"({num_q_heads},) on {device}, got {tuple(tensor.shape)} "
@@ -405,7 +407,9 @@ def check_attention_inputs(
     return is_fp8
 
 
-def _fail(who: str, message: str):
+def fail(who: str, message: str):
+    """The family's input error: ``who`` (the entry point), what is wrong and what
+    to pass instead."""
     raise ValueError(f"{who}: {message}.")
 
 

@@ -23,6 +23,7 @@ parses and caches the files and falls back to the heuristic
 from dataclasses import dataclass
 
 from vllm.attention.ops.hardware import HOPPER_SMEM_BYTES_PER_PROGRAM
+from vllm.attention.ops.triton_attention_common import head_pad as head_pad_of
 from vllm.attention.ops.tuning import tables
 
 # 27 configs per 16-bit key (about 1 min of compiling and timing on an H200), 54 per
@@ -52,7 +53,7 @@ class DecodeConfig:
 
 def is_valid_config(config: DecodeConfig, *, head_size: int, kv_dtype) -> bool:
     """Cheap filter for a sweep: the pipelined K/V tiles fit shared memory."""
-    head_pad = tables.next_power_of_2(head_size)
+    head_pad = head_pad_of(head_size)
     kv_bytes = 1 if tables.dtype_name(kv_dtype) == "fp8" else 2
     smem = config.num_stages * 2 * config.block_n * head_pad * kv_bytes
     return (
@@ -75,7 +76,7 @@ def heuristic_decode_config(
     """
     if is_hip:
         return DecodeConfig(block_n=32, num_warps=4, num_stages=1)
-    small_head = tables.next_power_of_2(head_size) <= 128
+    small_head = head_pad_of(head_size) <= 128
     block_n = 64 if small_head or tables.dtype_name(kv_dtype) == "fp8" else 32
     return DecodeConfig(block_n=block_n, num_warps=4, num_stages=2)
 

@@ -24,6 +24,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from vllm.attention.ops.hardware import HOPPER_SMEM_BYTES_PER_PROGRAM
+from vllm.attention.ops.triton_attention_common import head_pad as head_pad_of
 from vllm.attention.ops.triton_attention_common import head_split
 from vllm.attention.ops.tuning.tables import (
     COMMON_KEY_FIELDS,
@@ -143,7 +144,7 @@ def query_len_bucket(max_query_len: int) -> int:
 def shared_memory_estimate(config: PrefillConfig, *, head_size: int, kv_dtype) -> int:
     """Bytes of shared memory a program of ``config`` takes: the q tile and a K and
     a V tile per pipeline stage (upcast copies not counted)."""
-    head_pad = next_power_of_2(head_size)
+    head_pad = head_pad_of(head_size)
     kv_bytes = 1 if dtype_name(kv_dtype) == "fp8" else 2
     return config.block_m * head_pad * 2 + config.num_stages * (
         2 * config.block_n * head_pad * kv_bytes
@@ -214,7 +215,7 @@ def heuristic_prefill_config(
     lower to wgmma on Hopper.
     AMD: 64x32 tiles, 4 warps, 1 stage (the stream pipeliner's best default).
     """
-    head_pad = next_power_of_2(head_size)
+    head_pad = head_pad_of(head_size)
     rows = query_len_bucket(max_query_len) * next_power_of_2(group)
     if is_hip:
         return PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=1)
@@ -244,7 +245,7 @@ def fit_shared_memory(
     keys per tile, then fewer rows (and, up to head size 128, half the warps, at
     least 4). Unchanged when it fits, as every heuristic and H200 config does on
     Hopper."""
-    head_pad = next_power_of_2(head_size)
+    head_pad = head_pad_of(head_size)
     while (
         shared_memory_estimate(config, head_size=head_size, kv_dtype=kv_dtype) > limit
     ):
@@ -260,6 +261,38 @@ def fit_shared_memory(
         else:
             break  # the smallest tiles: left to the compiler to report
     return config
+
+
+def entry_refusal(fields: dict, config: PrefillConfig) -> str | None:
+    """Why a table entry cannot be what its key's launches run (None: it can): a
+    field the kernel that runs them would ignore, or tiles no kernel takes. A
+    ``gluon`` entry's other fields (``use_tma``, ``longest_first``,
+    ``split_head``) are what the portable kernel runs for the key's launches the
+    Gluon kernel does not take (soft-cap, ALiBi, sinks, a split, another GPU of
+    the same table), so they are not ignored."""
+    head_size, kv_dtype = fields["head_size"], fields["kv_dtype"]
+    tiles = (config.block_m, config.block_n)
+    if any(n < 16 or n & (n - 1) for n in tiles):
+        return f"tiles must be powers of two >= 16, got {tiles}"
+    if config.gluon:
+        refusal = gluon_config_refusal(config)
+        if refusal is not None:
+            return f"gluon is set but {refusal}"
+        if head_size not in GLUON_HEAD_SIZES or kv_dtype != fields["q_dtype"]:
+            return (
+                "gluon is set for a key the Hopper kernel never takes (head sizes "
+                f"{GLUON_HEAD_SIZES}, a 16-bit cache of the query's dtype)"
+            )
+    if config.fp8_qk and kv_dtype != "fp8":
+        return "fp8_qk is set for a 16-bit cache, where it does nothing"
+    if config.split_head and head_split(head_size) is None:
+        return f"split_head is set for head size {head_size}, which does not split"
+    if config.use_tma and fields["block_size"] % config.block_n:
+        return (
+            f"use_tma is set but {config.block_n}-key tiles are not slices of "
+            f"{fields['block_size']}-key pages, where TMA does not apply"
+        )
+    return None
 
 
 def group_class(group: int) -> int:
@@ -280,4 +313,5 @@ PREFILL_TABLE = TuningTable(
     },
     heuristic=heuristic_prefill_config,
     heuristic_fields=("head_size", "group", "block_size", "max_query_len"),
+    entry_refusal=entry_refusal,
 )

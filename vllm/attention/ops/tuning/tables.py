@@ -105,6 +105,9 @@ class TuningTable:
     heuristic: the config for a key the GPU's table lacks, called as
         ``heuristic(**{f: normalised value for f in heuristic_fields}, is_hip=...)``.
     heuristic_fields: the key fields the heuristic takes.
+    entry_refusal: why an entry cannot be what its key's launches run, called
+        as ``entry_refusal(fields, config)`` with the normalised key fields
+        (None: it can); the loader refuses such a file, naming the entry.
 
     Instances hash by identity, so each module-level table has its own cache
     entries.
@@ -115,6 +118,7 @@ class TuningTable:
     key_fields: dict[str, Callable[[Any], Any]]
     heuristic: Callable[..., Any]
     heuristic_fields: tuple[str, ...]
+    entry_refusal: Callable[[dict, Any], str | None] | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -172,6 +176,14 @@ def _load(table: TuningTable, gpu_name: str) -> dict:
                 f"(fields {list(table.key_fields)} and a config of "
                 f"{table.config_cls.__name__}; see tuning/README.md): {exc!r}"
             ) from exc
+        refusal = table.entry_refusal and table.entry_refusal(
+            dict(zip(table.key_fields, key)), parsed[key]
+        )
+        if refusal:
+            raise ValueError(
+                f"{path}: entry {i} ({dict(zip(table.key_fields, key))}, "
+                f"{parsed[key]}): {refusal}; fix or remove the entry"
+            )
         if key in first:  # e.g. groups 7 and 8: one key (a normaliser's class)
             raise ValueError(
                 f"{path}: entries {first[key]} and {i} have the same key "

@@ -83,6 +83,15 @@ from vllm.attention.ops.prefix_prefill import (
     plan_prefill,
     split_workspace_bound,
 )
+from vllm.attention.ops.triton_attention_common import (
+    HEAD_SIZE_MULTIPLE,
+    MAX_HEAD_SIZE,
+    QUERY_DTYPES,
+    supported_block_size,
+)
+from vllm.attention.ops.triton_attention_common import (
+    SUPPORTED_HEAD_SIZES as KERNEL_HEAD_SIZES,
+)
 from vllm.attention.ops.triton_paged_decode_attention_2d import (
     WORKSPACE_DTYPE,
     choose_decode_splits,
@@ -118,9 +127,11 @@ logger = init_logger(__name__)
 # What the backend offers, as data (docs/backend.md explains each choice).
 # ----------------------------------------------------------------------------------
 
-# Head sizes of the models we test; the kernels pad non-powers of two (80, 96, 112,
-# 192) to the next power of two and mask.
-SUPPORTED_HEAD_SIZES: tuple[int, ...] = (64, 80, 96, 112, 128, 192, 256)
+# Head sizes and model (query) dtypes: the kernels' own (a multiple of 16 up to 256,
+# non-powers of two padded to the next power of two and masked; bf16 and fp16).
+SUPPORTED_HEAD_SIZES: tuple[int, ...] = KERNEL_HEAD_SIZES
+KERNEL_DTYPES: tuple[torch.dtype, ...] = QUERY_DTYPES
+HEAD_SIZES_TEXT = f"a multiple of {HEAD_SIZE_MULTIPLE} up to {MAX_HEAD_SIZE}"
 # Page sizes (tokens per block). Larger vLLM block sizes (hybrid models) are split
 # into kernel blocks of the largest of these that divides them.
 SUPPORTED_BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
@@ -130,8 +141,6 @@ PREFERRED_BLOCK_SIZE = 64
 # "fp8" is e4m3 on every platform this fork supports (fp8_e5m2 is not supported).
 FP8_CACHE_DTYPES: tuple[str, ...] = ("fp8", "fp8_e4m3")
 _SIXTEEN_BIT_CACHE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-# Model (query) dtypes the kernels take.
-KERNEL_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 # Every --kv-cache-dtype the layout and kernels take ("auto": the model's dtype).
 KV_CACHE_DTYPES: tuple[str, ...] = (
     "auto",
@@ -194,7 +203,6 @@ class TritonAttentionMetadata:
     # The prefill launch of each kind of layer the builder serves (empty without
     # prefills): kernel, tiles, split count, workspace view (plan_prefill).
     prefill_plans: dict[PrefillLayer, PrefillPlan]
-    causal: bool = True
 
     @property
     def num_prefills(self) -> int:
@@ -598,10 +606,10 @@ class TritonAttentionBackend(AttentionBackend):
         head_size: int,
         cache_dtype_str: str = "auto",
     ) -> tuple[int, ...]:
-        # The kernels take any power of two >= 16 (models that stretch blocks, like
+        # The kernels take any power of two (models that stretch blocks, like
         # Whisper's block pooling, pass larger ones); vLLM picks from
         # SUPPORTED_BLOCK_SIZES.
-        if block_size < 16 or block_size & (block_size - 1):
+        if not supported_block_size(block_size):
             raise ValueError(
                 f"TRITON_ATTN kernel block size {block_size} is not supported; "
                 f"use one of {SUPPORTED_BLOCK_SIZES} (--block-size)."
@@ -828,8 +836,7 @@ class TritonAttentionBackend(AttentionBackend):
         ]
         if head_size not in SUPPORTED_HEAD_SIZES:
             reasons.append(
-                f"head_size {head_size} not supported (supported: "
-                f"{', '.join(map(str, SUPPORTED_HEAD_SIZES))})"
+                f"head_size {head_size} not supported (supported: {HEAD_SIZES_TEXT})"
             )
         if dtype not in KERNEL_DTYPES:
             reasons.append(f"dtype {dtype} not supported (bfloat16 and float16 are)")
@@ -975,7 +982,7 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         if head_size not in SUPPORTED_HEAD_SIZES:
             raise ValueError(
                 f"TRITON_ATTN does not support head size {head_size} (supported: "
-                f"{SUPPORTED_HEAD_SIZES}); {STOCK_BACKEND_HINT} backend."
+                f"{HEAD_SIZES_TEXT}); {STOCK_BACKEND_HINT} backend."
             )
         if kv_cache_dtype not in TritonAttentionBackend.supported_kv_cache_dtypes:
             raise ValueError(
