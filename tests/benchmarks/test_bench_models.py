@@ -9,27 +9,28 @@ from benchmarks.models import MODEL_CONFIGS, make_model_dir
 from benchmarks.models.configs import ACCURACY_MODEL, BENCH_TOKENIZER_VOCAB
 from benchmarks.models.tokenizer import make_char_tokenizer, pseudo_words
 
-# The published dimensions; a typo here would silently benchmark a
-# different model.
-EXPECTED = {
-    "llama-3.1-8b": (4096, 32, 32, 8, 14336, 128256),
-    "llama-3.1-70b": (8192, 80, 64, 8, 28672, 128256),
+# Parameter counts published with the models: a config whose dimensions differ
+# from the real model's (a typo would silently benchmark another model) counts
+# differently.
+PUBLISHED_PARAMETERS = {
+    "llama-3.1-8b": 8_030_261_248,
+    "llama-3.1-70b": 70_553_706_496,
 }
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_llama_dimensions(name):
+def _llama_parameters(c: dict) -> int:
+    """Weights of a Llama-architecture config: attention, gated MLP and two norms
+    per layer, untied input and output embeddings, the final norm."""
+    h, d = c["hidden_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+    per_layer = 2 * h * q + 2 * h * kv + 3 * h * c["intermediate_size"] + 2 * h
+    return c["num_hidden_layers"] * per_layer + 2 * c["vocab_size"] * h + h
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMETERS))
+def test_llama_configs_have_the_published_parameter_count(name):
     c = MODEL_CONFIGS[name]["config"]
-    got = (
-        c["hidden_size"],
-        c["num_hidden_layers"],
-        c["num_attention_heads"],
-        c["num_key_value_heads"],
-        c["intermediate_size"],
-        c["vocab_size"],
-    )
-    assert got == EXPECTED[name]
-    assert c["rope_theta"] == 500000.0
+    assert _llama_parameters(c) == PUBLISHED_PARAMETERS[name]
     assert c["rope_scaling"]["rope_type"] == "llama3"
     assert c["max_position_embeddings"] == 131072
 
