@@ -200,6 +200,7 @@ def check_capabilities():
         {"dtype": torch.float16, "kv_cache_dtype": "float16"},
         {"has_sliding_window": True, "has_sink": True},
         {"device_capability": DeviceCapability(8, 0)},
+        {"use_batch_invariant": True},  # the builder fixes the plan then
         # The kernels' head sizes: every multiple of 16 up to 256.
         *({"head_size": h} for h in (16, 48, 64, 80, 96, 112, 128, 160, 224, 256)),
         *({"block_size": b} for b in (16, 32, 64, 128, 256, 48)),
@@ -232,7 +233,6 @@ def check_capabilities():
             "attention type encoder_decoder not supported",
         ),
         ({"use_non_causal": True}, "non-causal attention not supported"),
-        ({"use_batch_invariant": True}, "batch invariance not supported"),
         ({"use_kv_connector": True}, "KV connector not supported"),
         ({"use_pcp": True}, "prefill context parallelism not supported"),
         ({"use_mm_prefix": True}, "multimodal prefix-LM"),
@@ -516,7 +516,7 @@ def check_layout():
     assert B.supported_kv_cache_dtypes == [
         "auto", "float16", "bfloat16", "fp8", "fp8_e4m3"
     ]  # fmt: skip
-    assert not B.supports_kv_connector() and not B.supports_batch_invariance()
+    assert not B.supports_kv_connector() and B.supports_batch_invariance()
     assert not B.supports_alibi_sqrt() and not B.supports_non_causal()
     assert not B.is_mla() and not B.supports_pcp()
 
@@ -657,17 +657,145 @@ def check_impl_refusals():
     TritonAttentionImpl(num_heads=8, head_size=128, scale=0.1, chunk_lookback=-1)
 
 
+class _BatchInvariant:
+    """VLLM_BATCH_INVARIANT=1 inside the block (vLLM's env cache cleared on the
+    way in and out)."""
+
+    def __enter__(self):
+        import vllm.envs as envs
+
+        self.before = os.environ.get("VLLM_BATCH_INVARIANT")
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"
+        if hasattr(envs, "disable_envs_cache"):
+            envs.disable_envs_cache()
+        assert envs.VLLM_BATCH_INVARIANT
+
+    def __exit__(self, *exc):
+        import vllm.envs as envs
+
+        if self.before is None:
+            os.environ.pop("VLLM_BATCH_INVARIANT")
+        else:
+            os.environ["VLLM_BATCH_INVARIANT"] = self.before
+        if hasattr(envs, "disable_envs_cache"):
+            envs.disable_envs_cache()
+        assert not envs.VLLM_BATCH_INVARIANT
+
+
+def check_batch_invariance():
+    """VLLM_BATCH_INVARIANT=1 runs on our kernels: a request's output is
+    bit-identical alone and inside batches of other sizes, for a decode and for a
+    chunked prefill over a long context. Without it the same batches plan
+    different split counts for the request (what would change its bits)."""
+    import torch
+
+    from vllm.v1.attention.backends.triton_attn import (
+        TritonAttentionBackend,
+        TritonAttentionImpl,
+        TritonAttentionMetadataBuilder,
+    )
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    assert TritonAttentionBackend.supports_batch_invariance()
+    config = _selector_config(use_batch_invariant=True)
+    assert TritonAttentionBackend.kernel_refusals(**config) == [], config
+
+    block_size, head_size, num_blocks = 64, 64, 300
+    gen = torch.Generator().manual_seed(7)
+    kv_cache = torch.randn(
+        (num_blocks, 2, NUM_KV_HEADS, block_size, head_size), generator=gen
+    ).to(torch.bfloat16)
+    target_pages = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    impl = TritonAttentionImpl(
+        num_heads=NUM_Q_HEADS, head_size=head_size, scale=0.125,
+        num_kv_heads=NUM_KV_HEADS,
+    )  # fmt: skip
+    layer = _FakeAttentionLayer(impl)
+
+    def builder():
+        vllm_config = _fake_vllm_config(max_num_seqs=64, max_num_batched_tokens=8192)
+        vllm_config.model_config.max_model_len = 8192
+        vllm_config.compilation_config.static_forward_context = {"layers.0.attn": layer}
+        spec = FullAttentionSpec(
+            block_size=block_size, num_kv_heads=NUM_KV_HEADS, head_size=head_size,
+            dtype=torch.bfloat16,
+        )  # fmt: skip
+        return TritonAttentionMetadataBuilder(
+            spec, ["layers.0.attn"], vllm_config, torch.device("cpu")
+        )
+
+    def target_rows(builder, target, decodes, prefills):
+        """The output rows of request ``target`` (query_len, seq_len) in a batch
+        with ``decodes`` (their seq_lens) and ``prefills`` ((query_len, seq_len)),
+        decodes first; the target has the same query and pages in every batch."""
+        if target[0] == 1:
+            requests, index = [target, *((1, s) for s in decodes), *prefills], 0
+        else:
+            requests = [*((1, s) for s in decodes), target, *prefills]
+            index = len(decodes)
+        q_lens = [q for q, _ in requests]
+        s_lens = [s for _, s in requests]
+        width = max(-(-s // block_size) for s in s_lens)
+        table = torch.randint(0, num_blocks, (len(requests), width), generator=gen)
+        table = table.to(torch.int32)
+        need = -(-target[1] // block_size)
+        table[index, :need] = target_pages[:need]
+        queries = [
+            torch.randn((q, NUM_Q_HEADS, head_size), generator=gen) for q in q_lens
+        ]
+        queries[index] = torch.randn(
+            (target[0], NUM_Q_HEADS, head_size),
+            generator=torch.Generator().manual_seed(target[1]),
+        )
+        query = torch.cat(queries).to(torch.bfloat16)
+        cm = _common_metadata(
+            q_lens, s_lens, table, torch.arange(len(query)), len(query)
+        )
+        md = builder.build(0, cm)
+        out = torch.full_like(query, float("nan"))
+        impl.forward(layer, query, None, None, kv_cache, md, out)
+        start = sum(q_lens[:index])
+        rows = out[start : start + target[0]]
+        assert not rows.isnan().any(), (target, decodes, prefills)
+        splits = (
+            md.decode_num_splits
+            if target[0] == 1
+            else next(iter(md.prefill_plans.values())).num_splits
+        )
+        return rows, splits
+
+    batches = [
+        ([], []),  # alone
+        ([100, 200, 300], [(20, 500)]),
+        # Many decodes, and enough short prefills to fill the SMs: no split.
+        ([150] * 40, [(2, 100)] * 70),
+    ]
+    targets = [(1, 1500), (16, 4200)]
+    free = builder()
+    assert not free.batch_invariant
+    for target in targets:
+        splits = {target_rows(free, target, *b)[1] for b in batches}
+        assert len(splits) > 1, (target, splits)  # the batch changes the plan
+    with _BatchInvariant():
+        fixed = builder()
+        assert fixed.batch_invariant
+        for target in targets:
+            runs = [target_rows(fixed, target, *b) for b in batches]
+            assert {splits for _, splits in runs} == {1}, (target, runs)
+            for rows, _ in runs[1:]:
+                assert torch.equal(rows, runs[0][0]), target
+    return "a decode and a chunked prefill: bit-identical in 3 batches each"
+
+
 def check_features_reaching_our_classes_are_refused():
     """What vLLM's selector hands over can still reach our classes when a model
     passes TRITON_ATTN's class explicitly: each feature our kernels do not
-    implement is refused, never ignored (batch invariance, R-SWA, multimodal
-    prefix-LM ranges and non-causal batches; the impl's own refusals are
-    check_impl_refusals)."""
+    implement is refused, never ignored (R-SWA, multimodal prefix-LM ranges and
+    non-causal batches; the impl's own refusals are check_impl_refusals)."""
     import dataclasses
 
     import torch
 
-    import vllm.envs as envs
     from vllm.v1.attention.backends import triton_attn as ours
 
     refused = []
@@ -681,18 +809,6 @@ def check_features_reaching_our_classes_are_refused():
         else:
             raise AssertionError(f"{what} was accepted")
 
-    before = os.environ.get("VLLM_BATCH_INVARIANT")
-    os.environ["VLLM_BATCH_INVARIANT"] = "1"
-    try:
-        if hasattr(envs, "disable_envs_cache"):
-            envs.disable_envs_cache()
-        expect_refusal("batch invariance", lambda: _builder(64, 128, torch.bfloat16))
-    finally:
-        if before is None:
-            os.environ.pop("VLLM_BATCH_INVARIANT")
-        else:
-            os.environ["VLLM_BATCH_INVARIANT"] = before
-    assert not envs.VLLM_BATCH_INVARIANT
     original = _fake_vllm_config
 
     def with_rswa(*args, **kwargs):

@@ -49,7 +49,7 @@ Layers our kernels do not take (``kernel_refusals``: encoder, encoder-only and
 cross attention, non-causal attention, head sizes outside ``SUPPORTED_HEAD_SIZES``,
 fp32 models, KV-cache dtypes other than auto/float16/bfloat16/fp8/fp8_e4m3, a 16-bit
 cache dtype that differs from the model dtype, fp8 below SM 8.9, CUDA below SM 8.0,
-KV connectors (they expect stock's packed layout), batch invariance, multimodal
+KV connectors (they expect stock's packed layout), multimodal
 prefix-LM attention, R-SWA, per-head quant scales, decode/prefill context
 parallelism, device-side query lengths that differ from the host's) are still
 TRITON_ATTN's to serve: ``validate_configuration`` accepts every layer that our
@@ -80,6 +80,7 @@ from vllm.attention.ops.prefix_prefill import (
     SPLIT_MIN_KEYS,
     PrefillLayer,
     PrefillPlan,
+    picked_config,
     plan_prefill,
     split_workspace_bound,
 )
@@ -99,6 +100,7 @@ from vllm.attention.ops.triton_paged_decode_attention_2d import (
     decode_workspace_shape,
 )
 from vllm.attention.ops.tuning.decode_configs import DecodeConfig
+from vllm.attention.ops.tuning.prefill_configs import QUERY_LEN_BUCKETS
 from vllm.logger import init_logger
 from vllm.v1.attention.backend import (
     AttentionBackend,
@@ -285,11 +287,6 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         # What vLLM's selector hands over (backend_for_layer) can still reach
         # this class when a model passes it explicitly: refuse, never ignore.
-        if envs.VLLM_BATCH_INVARIANT:
-            raise NotImplementedError(
-                "TRITON_ATTN's split-KV decoding is not batch invariant "
-                "(VLLM_BATCH_INVARIANT=1); use --attention-backend TRITON_UNIFIED_ATTN."
-            )
         if getattr(vllm_config.model_config, "rswa_window", None) is not None:
             raise NotImplementedError(
                 "TRITON_ATTN does not support R-SWA; use --attention-backend "
@@ -305,11 +302,20 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         self.num_q_heads = self._num_q_heads(vllm_config, layer_names)
         self.num_sms = num_sms(self.device)  # an H200's count off the GPU
 
+        # VLLM_BATCH_INVARIANT=1: a request's result must not depend on the batch
+        # around it. The kernels reduce each query row's keys in one program, in
+        # an order the tiles fix, so only the plan could vary with the batch: the
+        # split counts (from the batch size and grid) and the prefill tiles (from
+        # the batch's longest query). Both are fixed then: no split, and one
+        # prefill config per kind of layer (``prefill_plans``).
+        self.batch_invariant = bool(envs.VLLM_BATCH_INVARIANT)
         # Split counts for every decode batch size up to the largest one vLLM can
         # form (max_num_seqs; CUDA-graph capture sizes never exceed it for decodes).
         self.max_decode_seqs = vllm_config.scheduler_config.max_num_seqs
         self._splits_for_batch = [1] + [
-            choose_decode_splits(
+            1
+            if self.batch_invariant
+            else choose_decode_splits(
                 num_seqs=n, num_kv_heads=self.num_kv_heads, num_sms=self.num_sms
             )
             for n in range(1, self.max_decode_seqs + 1)
@@ -478,9 +484,27 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
                 max_query_len=max_query_len,
                 max_seq_len=max_seq_len,
                 workspace=self._prefill_workspace,
+                **self._batch_invariant_plan(layer),
             )
             for layer in self.prefill_layers
         }
+
+    def _batch_invariant_plan(self, layer: PrefillLayer) -> dict:
+        """``plan_prefill``'s fixed choices under VLLM_BATCH_INVARIANT=1 (none
+        otherwise): no split, and the config of the longest query bucket for
+        every batch, so that neither depends on the batch."""
+        if not self.batch_invariant:
+            return {}
+        config = picked_config(
+            self.device,
+            head_size=layer.head_size,
+            q_dtype=layer.q_dtype,
+            kv_dtype=layer.kv_dtype,
+            group=layer.group,
+            block_size=layer.block_size,
+            max_query_len=QUERY_LEN_BUCKETS[-1],
+        )
+        return {"config": config, "num_splits": 1}
 
     def build(
         self,
@@ -697,6 +721,12 @@ class TritonAttentionBackend(AttentionBackend):
         return cls._FEATURES["kv_connector"]
 
     @classmethod
+    def supports_batch_invariance(cls) -> bool:
+        # Under VLLM_BATCH_INVARIANT=1 the builder fixes the split counts and
+        # the prefill tiles (TritonAttentionMetadataBuilder.batch_invariant).
+        return True
+
+    @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
 
@@ -805,8 +835,6 @@ class TritonAttentionBackend(AttentionBackend):
             "self-attention only)",
             "non-causal attention not supported": "non-causal attention not "
             "supported (the kernels are causal only)",
-            "batch invariance not supported": "batch invariance not supported "
-            "(split-KV decoding changes the reduction order with the batch size)",
             "KV connector not supported": "KV connector not supported (connectors "
             "expect stock vLLM's packed KV layout, TRITON_ATTN stores "
             "[num_blocks, 2, num_kv_heads, block_size, head_size])",
