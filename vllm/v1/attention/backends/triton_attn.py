@@ -1,68 +1,42 @@
 # SPDX-License-Identifier: Apache-2.0
 """TRITON_ATTN: vLLM's attention backend on this fork's Triton kernels.
 
-This file replaces stock vLLM's ``triton_attn.py``. It keeps the four names other
-vLLM modules import from it (``TritonAttentionBackend``, ``TritonAttentionImpl``,
-``TritonAttentionMetadata``, ``TritonAttentionMetadataBuilder``) and adds
-``RocmAttentionBackend``, the deprecated alias behind the old ROCM_ATTN name.
+Replaces stock vLLM's ``triton_attn.py``, keeping the names other vLLM modules
+import from it (``TritonAttentionBackend``, ``TritonAttentionImpl``,
+``TritonAttentionMetadata``, ``TritonAttentionMetadataBuilder``), and adds
+``RocmAttentionBackend`` (the deprecated ROCM_ATTN alias) and
+``TritonUnifiedAttentionBackend`` (stock's backend under the name
+TRITON_UNIFIED_ATTN). docs/backend.md describes each part; in short:
 
-It only turns vLLM's metadata into kernel arguments; the kernels live in
-``vllm/attention/ops`` and are reached through two calls:
-
-* ``write_to_paged_cache`` stores the step's new K/V (vLLM calls
-  ``do_kv_cache_update`` before ``forward``: ``forward_includes_kv_cache_update`` is
-  False, so the write is captured in piecewise CUDA graphs);
-* ``paged_attention`` is the one dispatch function: requests with query length
-  ``DECODE_QUERY_LEN`` (1) go to the paged decode kernel, all others to
-  prefix_prefill.
+* Capabilities (``TritonAttentionBackend``): what the kernels take, derived from
+  their own constants; ``validate_configuration`` accepts every layer that they
+  or stock's Triton backend take, and vLLM's selector then asks
+  ``backend_for_layer`` (a hook of vLLM's ``AttentionBackend``,
+  ``envs_patch/selector.toml``), which hands a layer ours do not take
+  (``kernel_refusals``) to TRITON_UNIFIED_ATTN, logged once per kind of layer.
+* Plan once per batch (``TritonAttentionMetadataBuilder``, FlashInfer's
+  plan/run): ``build()`` splits decodes from prefills, picks the decode launch
+  (split count, workspace view, config) and plans the prefill launch of each kind
+  of layer (``prefix_prefill.plan_prefill``: config, kernel, split count,
+  workspace view); the buffers are allocated once in ``__init__``.
+* Run per layer (``TritonAttentionImpl``): ``do_kv_cache_update`` writes the
+  step's K/V (``write_to_paged_cache``; vLLM calls it before ``forward``, so the
+  write is captured in piecewise CUDA graphs); ``forward`` finds its plan and
+  calls the one dispatch ``paged_attention``, which only launches.
 
 KV cache, one tensor per layer (docs/design.md)::
 
     [num_blocks, 2, num_kv_heads, block_size, head_size]     kv_cache[:, 0] = K
 
-so a page of one KV head is a dense ``[block_size, head_size]`` matrix. vLLM
-releases up to 0.28 ask the backend for this shape (``get_kv_cache_shape``); later
-ones build each layer's view from the KV-cache spec, which ``customize_spec``
-shapes into ``[num_blocks, 2 * num_kv_heads, block_size, head_size]`` (K heads,
-then V heads), the same memory; ``_cache_views`` accepts both. fp8 caches
-(``--kv-cache-dtype fp8``) hold ``x / scale`` with the layer's per-tensor
-``_k_scale`` / ``_v_scale``, as ``float8_e4m3fn`` (``e4m3fnuz`` on MI300).
+a page of one KV head being a dense ``[block_size, head_size]`` matrix; releases
+that build the view from the KV-cache spec (``customize_spec``) give the same
+memory as ``[num_blocks, 2 * num_kv_heads, block_size, head_size]``. fp8 caches
+hold ``x / scale`` with the layer's per-tensor scales, as ``float8_e4m3fn``
+(``e4m3fnuz`` on MI300).
 
-Work split (FlashInfer's plan/run): ``TritonAttentionMetadataBuilder.build`` does all
-host work once per batch (decode/prefill boundary, split-KV count; the workspace is
-allocated once in ``__init__``); ``TritonAttentionImpl.forward`` only launches, so it
-is cheap in eager and piecewise mode and safe inside a full CUDA graph.
-
-CUDA graphs: full graphs for uniform single-token decode batches
-(``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE``); with the default
-FULL_AND_PIECEWISE mode mixed batches run attention eagerly between piecewise
-graphs. The split-KV count depends only on the (padded) number of decodes, and the
-kernel derives each split's key range from ``seq_lens`` on the device, so a graph
-captured for a batch size stays valid while contexts grow.
-
-No Triton compilation while serving: vLLM's own warm-ups miss most of our
-specialisations, so the builder launches every one of them on a scratch cache at
-startup (``triton_attn_warmup.py``; list in docs/backend.md), through vLLM's JIT
-warm-up registry (it runs before CUDA-graph capture).
-
-Layers our kernels do not take (``kernel_refusals``: encoder, encoder-only and
-cross attention, non-causal attention, head sizes outside ``SUPPORTED_HEAD_SIZES``,
-fp32 models, KV-cache dtypes other than auto/float16/bfloat16/fp8/fp8_e4m3, a 16-bit
-cache dtype that differs from the model dtype, fp8 below SM 8.9, CUDA below SM 8.0,
-KV connectors (they expect stock's packed layout), multimodal
-prefix-LM attention, R-SWA, per-head quant scales, decode/prefill context
-parallelism, device-side query lengths that differ from the host's) are still
-TRITON_ATTN's to serve: ``validate_configuration`` accepts every layer that our
-kernels or stock's Triton backend take, so vLLM's choice (named or automatic, on
-every platform) is stock's, and vLLM's selector then asks ``backend_for_layer``
-(a hook of vLLM's ``AttentionBackend``, ``envs_patch/selector.toml``), which hands
-such a layer to stock's backend, TRITON_UNIFIED_ATTN, logged once per kind of
-layer with the reason. A layer neither takes is refused with both reasons.
-
-Upstream modules built on stock's classes (TRITON_ATTN_DIFFKV, the composites
-TRITON_FLASH_ATTN and TRITON_FLASHINFER, DASH attention) do not use this file: the
-build keeps stock's backend as ``triton_unified_attn.py`` and points them at it
-(``envs_patch/unified_backend.toml``).
+CUDA graphs: full graphs for uniform single-token decode batches; the decode split
+count depends only on the (padded) number of decodes. Every kernel specialisation
+is compiled at startup (``triton_attn_warmup.py``), never while serving.
 """
 
 import functools
