@@ -532,14 +532,13 @@ def caller_ours(
         ),
     )
 
-    def run(i):
-        pp.launch_prefix_prefill(
-            plan,
+    inputs = [
+        pp.AttentionInputs(
             query=inp.query,
             key_cache=key_cache,
             value_cache=value_cache,
             output=out,
-            block_table=inp.block_tables[i],
+            block_table=block_table,
             query_start_loc=inp.query_start_loc,
             seq_lens=inp.seq_lens,
             softmax_scale=inp.softmax_scale,
@@ -547,6 +546,11 @@ def caller_ours(
             v_scale=inp.v_scale,
             **features,
         )
+        for block_table in inp.block_tables
+    ]
+
+    def run(i):
+        pp.launch_prefix_prefill(plan, inputs[i])
 
     mode = "auto" if prefill_num_splits is None else "forced"
     note = f"prefill_splits={plan.num_splits} ({mode}); kernel {plan.kernel}"

@@ -1254,8 +1254,8 @@ def check_warm_up():
             warmup.run_warm_up_batch(builder, layer, batch, 64, layout)
     kernels, real = [], prefix_prefill._launches
 
-    def spy(plan, **kw):
-        launches = real(plan, **kw)
+    def spy(plan, inputs):
+        launches = real(plan, inputs)
         kernels.extend((k, kwargs.get("SPLIT_KV")) for k, _, kwargs in launches)
         return launches
 

@@ -730,8 +730,9 @@ def test_ours_prefill_takes_the_picked_config_with_the_given_fields(monkeypatch)
             picked_config=lambda device, **key: picked,
             plan_prefill=plan_prefill,
             PrefillLayer=SimpleNamespace(of=lambda **kw: None),
+            AttentionInputs=lambda **kw: kw,
             split_workspace_bound=lambda **kw: 1,
-            launch_prefix_prefill=lambda plan, **kw: launched.append(plan),
+            launch_prefix_prefill=lambda plan, inputs: launched.append(plan),
         ),
         raising=False,
     )

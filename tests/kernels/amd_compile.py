@@ -103,6 +103,7 @@ import torch
 from triton.backends.compiler import GPUTarget
 
 from tests.kernels.hopper_compile import MI300, compile_for_target
+from vllm.attention.ops.triton_attention_common import AttentionInputs
 
 # The simulated device.
 MI300X_NAME = "AMD Instinct MI300X"
@@ -273,8 +274,8 @@ def prefill_launches(case: Case) -> tuple[object, int, list]:
             )
         ),
     )  # fmt: skip
-    launches = pp._launches(
-        plan, query=query, key_cache=key_cache, value_cache=value_cache,
+    launches = pp._launches(plan, AttentionInputs(
+        query=query, key_cache=key_cache, value_cache=value_cache,
         output=torch.empty_like(query),
         block_table=torch.zeros(
             (num_seqs, MAX_MODEL_LEN // page_size), dtype=torch.int32
@@ -282,7 +283,7 @@ def prefill_launches(case: Case) -> tuple[object, int, list]:
         query_start_loc=torch.zeros(num_seqs + 1, dtype=torch.int32),
         seq_lens=torch.zeros(num_seqs, dtype=torch.int32), softmax_scale=0.1,
         k_scale=k_scale, v_scale=v_scale,
-    )  # fmt: skip
+    ))  # fmt: skip
     config, num_splits = plan.config, plan.num_splits
     return config, num_splits, launches
 
@@ -324,15 +325,17 @@ def decode_launches(case: Case) -> tuple[object, int, list]:
             ),
             dtype=dec.WORKSPACE_DTYPE,
         )  # fmt: skip
-    launches = dec._launches(
+    inputs = AttentionInputs(
         query=query, key_cache=key_cache, value_cache=value_cache,
         output=torch.empty_like(query),
         block_table=torch.zeros(
             (num_seqs, MAX_MODEL_LEN // page_size), dtype=torch.int32
         ),
         seq_lens=torch.zeros(num_seqs, dtype=torch.int32), softmax_scale=0.1,
-        seq_start=0, num_seqs=num_seqs, k_scale=k_scale, v_scale=v_scale,
-        sliding_window=None, alibi_slopes=None, logits_soft_cap=None, sinks=None,
+        k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
+    launches = dec._launches(
+        inputs, seq_start=0, num_seqs=num_seqs,
         num_splits=num_splits, workspace=workspace, config=config,
     )  # fmt: skip
     return config, num_splits, launches

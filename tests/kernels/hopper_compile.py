@@ -312,6 +312,7 @@ def prefill_launches(
     these tensors and features (``config`` and ``num_splits`` as given; on the
     tensors' device): the launches a call with them makes."""
     from vllm.attention.ops import prefix_prefill as pp
+    from vllm.attention.ops.triton_attention_common import AttentionInputs
 
     layer_args = ("query", "key_cache", "sliding_window", "alibi_slopes",
                   "logits_soft_cap", "sinks")  # fmt: skip
@@ -324,7 +325,7 @@ def prefill_launches(
         max_seq_len=max_seq_len, config=config, num_splits=num_splits,
         workspace=None if workspace is None else workspace.view(-1),
     )  # fmt: skip
-    return pp._launches(plan, **tensors)
+    return pp._launches(plan, AttentionInputs(**tensors))
 
 
 def prefill_launch(

@@ -22,7 +22,10 @@ from tests.kernels.conftest import (
 )
 from vllm.attention.ops import paged_attention as dispatch
 from vllm.attention.ops.reference import ref_paged_attention
-from vllm.attention.ops.triton_attention_common import SUPPORTED_HEAD_SIZES
+from vllm.attention.ops.triton_attention_common import (
+    SUPPORTED_HEAD_SIZES,
+    AttentionInputs,
+)
 from vllm.attention.ops.triton_paged_decode_attention_2d import (
     WORKSPACE_DTYPE,
     decode_workspace_shape,
@@ -44,12 +47,16 @@ def recorded(monkeypatch):
     monkeypatch.setattr(dispatch, "plan_prefill", plan)
     monkeypatch.setattr(dispatch.PrefillLayer, "of", staticmethod(lambda **kw: None))
     monkeypatch.setattr(
-        dispatch, "launch_paged_decode", lambda **kw: calls.append(("decode", kw))
+        dispatch,
+        "launch_paged_decode",
+        lambda inputs, **kw: calls.append(("decode", {"inputs": inputs, **kw})),
     )
     monkeypatch.setattr(
         dispatch,
         "launch_prefix_prefill",
-        lambda plan, **kw: calls.append(("prefill", {"plan": plan, **kw})),
+        lambda plan, inputs: calls.append(
+            ("prefill", {"plan": plan, "inputs": inputs})
+        ),
     )
     return calls
 
@@ -100,9 +107,9 @@ def test_routing(recorded, num_seqs, num_decodes, expected):
     for name, kw in recorded:
         if name == "decode":
             assert kw["num_splits"] == 4 and kw["config"] == "decode-config"
-            assert kw["sliding_window"] == 9, "features must reach both kernels"
+            assert kw["inputs"].sliding_window == 9, "features reach both kernels"
         elif name == "prefill":
-            assert kw["sliding_window"] == 9, "features must reach both kernels"
+            assert kw["inputs"].sliding_window == 9, "features reach both kernels"
         else:  # the plan made here, without the builder's
             assert kw["max_query_len"] == 5
             assert kw["max_seq_len"] == 4096  # lets the prefill part split
@@ -352,7 +359,15 @@ def test_a_planned_batch_launches_with_no_per_layer_work(monkeypatch):
         max_query_len=batch.max_query_len, max_seq_len=40, num_splits=2,
         workspace=buffer,
     )  # fmt: skip
-    config = decode.config_for(batch.query, batch.key_cache, num_splits)
+    config = decode.config_for(
+        AttentionInputs(
+            query=batch.query, key_cache=batch.key_cache,
+            value_cache=batch.value_cache, output=batch.query,
+            block_table=batch.block_table, seq_lens=batch.seq_lens,
+            softmax_scale=0.125,
+        ),
+        num_splits,
+    )  # fmt: skip
     launches = []
     for module, name in (
         (pp, "_prefix_prefill_kernel"),

@@ -470,6 +470,7 @@ def _decode_launches(*, fp8, num_splits, features, head_size, group, block_size,
     """The launches of one decode call, built from CPU tensors (only dtypes,
     shapes, strides and alignment matter for compiling)."""
     from vllm.attention.ops import triton_paged_decode_attention_2d as mod
+    from vllm.attention.ops.triton_attention_common import AttentionInputs
 
     num_kv_heads = 2
     q_heads = num_kv_heads * group
@@ -479,7 +480,7 @@ def _decode_launches(*, fp8, num_splits, features, head_size, group, block_size,
         cache_dtype = torch.float8_e4m3fnuz if hip else torch.float8_e4m3fn
     cache = torch.empty((4, 2, num_kv_heads, block_size, head_size), dtype=cache_dtype)
     heads = torch.empty(q_heads) if features else None
-    return mod._launches(
+    inputs = AttentionInputs(
         query=query,
         key_cache=cache[:, 0],
         value_cache=cache[:, 1],
@@ -487,14 +488,17 @@ def _decode_launches(*, fp8, num_splits, features, head_size, group, block_size,
         block_table=torch.zeros((8, 37), dtype=torch.int32),
         seq_lens=torch.zeros(8, dtype=torch.int32),
         softmax_scale=0.1,
-        seq_start=0,
-        num_seqs=8,
         k_scale=torch.ones(1) if fp8 else None,
         v_scale=torch.ones(1) if fp8 else None,
         sliding_window=64 if features else None,
         alibi_slopes=heads,
         logits_soft_cap=5.0 if features else None,
         sinks=heads,
+    )
+    return mod._launches(
+        inputs,
+        seq_start=0,
+        num_seqs=8,
         num_splits=num_splits,
         workspace=torch.empty(8 * q_heads * num_splits * (head_size + 1))
         if num_splits > 1

@@ -1326,8 +1326,8 @@ def test_split_launch_chosen_from_max_seq_len_matches_reference():
     launched = []
     real = prefix_prefill._launches
 
-    def spy(plan, **kw):
-        launches = real(plan, **kw)
+    def spy(plan, inputs):
+        launches = real(plan, inputs)
         launched.append([k for k, _, _ in launches])
         return launches
 

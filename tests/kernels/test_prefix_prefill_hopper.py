@@ -31,6 +31,7 @@ from vllm.attention.ops.prefix_prefill import (  # noqa: E402
 )
 from vllm.attention.ops.reference import ref_paged_attention  # noqa: E402
 from vllm.attention.ops.triton_attention_common import (  # noqa: E402
+    AttentionInputs,
     merge_splits_kernel,
 )
 from vllm.attention.ops.tuning.prefill_configs import (  # noqa: E402
@@ -162,13 +163,14 @@ def test_a_gluon_plan_on_pages_that_are_not_rows_runs_the_portable_kernel(
         max_query_len=16, config=GLUON_TILE,
     )  # fmt: skip
     assert plan.kernel == "gluon"
-    ((kernel, _, kwargs),) = prefix_prefill._launches(
-        plan, query=query, key_cache=padded[:, 0], value_cache=padded[:, 1],
+    inputs = AttentionInputs(
+        query=query, key_cache=padded[:, 0], value_cache=padded[:, 1],
         output=torch.empty_like(query),
         block_table=torch.zeros((2, 8), dtype=torch.int32),
         query_start_loc=torch.zeros(3, dtype=torch.int32),
         seq_lens=torch.zeros(2, dtype=torch.int32), softmax_scale=0.1,
     )  # fmt: skip
+    ((kernel, _, kwargs),) = prefix_prefill._launches(plan, inputs)
     assert kernel is prefix_prefill._prefix_prefill_kernel
     assert kwargs["USE_TMA"] is False and kwargs["SPLIT_KV"] is False
 

@@ -24,7 +24,10 @@ from vllm.attention.ops.prefix_prefill import (
     launch_prefix_prefill,
     plan_prefill,
 )
-from vllm.attention.ops.triton_attention_common import check_attention_inputs
+from vllm.attention.ops.triton_attention_common import (
+    AttentionInputs,
+    check_attention_inputs,
+)
 from vllm.attention.ops.triton_paged_decode_attention_2d import (
     config_for,
     launch_paged_decode,
@@ -102,32 +105,28 @@ def paged_attention(
             f"paged_attention: num_decodes ({num_decodes}) must be in [0, num_seqs "
             f"= {num_seqs}]."
         )
-    features = {
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "sliding_window": sliding_window,
-        "alibi_slopes": alibi_slopes,
-        "logits_soft_cap": logits_soft_cap,
-        "sinks": sinks,
-    }
-    common = {
-        "query": query,
-        "key_cache": key_cache,
-        "value_cache": value_cache,
-        "output": output,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "softmax_scale": softmax_scale,
-    }
-    check_attention_inputs(
-        "paged_attention", **common, **features, query_start_loc=query_start_loc
+    inputs = AttentionInputs(
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        output=output,
+        block_table=block_table,
+        seq_lens=seq_lens,
+        softmax_scale=softmax_scale,
+        query_start_loc=query_start_loc,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        sliding_window=sliding_window,
+        alibi_slopes=alibi_slopes,
+        logits_soft_cap=logits_soft_cap,
+        sinks=sinks,
     )
+    check_attention_inputs("paged_attention", inputs)
     if num_decodes > 0:
         if decode_config is None:
-            decode_config = config_for(query, key_cache, decode_num_splits)
+            decode_config = config_for(inputs, decode_num_splits)
         launch_paged_decode(
-            **common,
-            **features,
+            inputs,
             seq_start=0,
             num_seqs=num_decodes,
             num_splits=decode_num_splits,
@@ -140,7 +139,9 @@ def paged_attention(
         )
         if prefill_plan is None:
             prefill_plan = plan_prefill(
-                layer=PrefillLayer.of(query=query, key_cache=key_cache, **features),
+                layer=PrefillLayer.of(
+                    query=query, key_cache=key_cache, **inputs.features
+                ),
                 device=query.device,
                 seq_start=num_decodes,
                 num_seqs=num_seqs - num_decodes,
@@ -158,6 +159,4 @@ def paged_attention(
                 f"{prefill_plan.seq_start + prefill_plan.num_seqs}), the batch's "
                 f"prefills are [{num_decodes}, {num_seqs})."
             )
-        launch_prefix_prefill(
-            prefill_plan, **common, **features, query_start_loc=query_start_loc
-        )
+        launch_prefix_prefill(prefill_plan, inputs)

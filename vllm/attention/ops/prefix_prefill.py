@@ -92,6 +92,7 @@ from vllm.attention.ops.hardware import (
 )
 from vllm.attention.ops.triton_attention_common import (
     FP8_DTYPES,
+    AttentionInputs,
     cache_descriptor,
     check_attention_inputs,
     finalize_output,
@@ -953,28 +954,12 @@ def plan_prefill(
     )
 
 
-def _launches(
-    plan: PrefillPlan,
-    *,
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    output: torch.Tensor,
-    block_table: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    softmax_scale: float,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    sliding_window: int | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-    logits_soft_cap: float | None = None,
-    sinks: torch.Tensor | None = None,
-) -> list[tuple]:
-    """``(kernel, grid, keyword arguments)`` of each launch of ``plan`` (the
-    prefill kernel, then the merge when split); strides and descriptors from the
-    tensors; no checks. Separate from the launch so the offline compile check
-    builds exactly what a launch would."""
+def _launches(plan: PrefillPlan, inputs: AttentionInputs) -> list[tuple]:
+    """``(kernel, grid, keyword arguments)`` of each launch of ``plan`` on
+    ``inputs`` (the prefill kernel, then the merge when split); strides and
+    descriptors from the tensors; no checks. Separate from the launch so the
+    offline compile check builds exactly what a launch would."""
+    query, key_cache, value_cache = inputs.query, inputs.key_cache, inputs.value_cache
     head_size = query.shape[2]
     # Pages and heads as whole rows of the cache seen as [rows, head_size]: what
     # TMA boxes of page slices need. The plan's layer says so from the model's
@@ -984,20 +969,7 @@ def _launches(
         key_cache.stride(0) % head_size == 0 and key_cache.stride(1) % head_size == 0
     )
     if plan.kernel == "gluon" and pages_are_rows:
-        return [
-            _hopper_kernels().hopper_launch(
-                plan,
-                query=query,
-                key_cache=key_cache,
-                value_cache=value_cache,
-                output=output,
-                block_table=block_table,
-                query_start_loc=query_start_loc,
-                seq_lens=seq_lens,
-                softmax_scale=softmax_scale,
-                sliding_window=sliding_window,
-            )
-        ]
+        return [_hopper_kernels().hopper_launch(plan, inputs)]
     config, num_splits = plan.config, plan.num_splits
     tile_in_page = key_cache.shape[2] % config.block_n == 0
     split = head_split(head_size) if config.split_head else None
@@ -1016,23 +988,8 @@ def _launches(
         return cache_descriptor(cache, (config.block_n, columns), TensorDescriptor)
 
     kwargs = dict(
-        **shared_kernel_args(
-            query=query,
-            key_cache=key_cache,
-            value_cache=value_cache,
-            output=output,
-            block_table=block_table,
-            seq_lens=seq_lens,
-            seq_start=plan.seq_start,
-            softmax_scale=softmax_scale,
-            k_scale=k_scale,
-            v_scale=v_scale,
-            sliding_window=sliding_window,
-            alibi_slopes=alibi_slopes,
-            logits_soft_cap=logits_soft_cap,
-            sinks=sinks,
-        ),
-        query_start_loc_ptr=query_start_loc,
+        **shared_kernel_args(inputs, seq_start=plan.seq_start),
+        query_start_loc_ptr=inputs.query_start_loc,
         workspace_ptr=plan.workspace,  # None unless split
         k_desc=descriptor(key_cache, lo_pad) if use_tma else None,
         v_desc=descriptor(value_cache, lo_pad) if use_tma else None,
@@ -1070,25 +1027,14 @@ def _launches(
     return launches
 
 
-# The launch arguments a PrefillLayer is made of.
-_LAYER_ARGUMENTS = (
-    "query",
-    "key_cache",
-    "sliding_window",
-    "alibi_slopes",
-    "logits_soft_cap",
-    "sinks",
-)
-
-
-def launch_prefix_prefill(plan: PrefillPlan, **tensors) -> None:
-    """Run ``plan`` on a layer's tensors (``_launches``' keyword arguments), which
-    have passed the input contract (``check_attention_inputs``): the per-layer
-    step. It checks only that they are the layer the plan was made for (host
-    attributes; the page layout is the tensors', see ``_launches``), then
-    launches; no table, device query or allocation."""
+def launch_prefix_prefill(plan: PrefillPlan, inputs: AttentionInputs) -> None:
+    """Run ``plan`` on a layer's ``inputs``, which have passed the input contract
+    (``check_attention_inputs``): the per-layer step. It checks only that they are
+    the layer the plan was made for (host attributes; the page layout is the
+    tensors', see ``_launches``), then launches; no table, device query or
+    allocation."""
     layer = PrefillLayer.of(
-        **{name: tensors.get(name) for name in _LAYER_ARGUMENTS if name in tensors}
+        query=inputs.query, key_cache=inputs.key_cache, **inputs.features
     )
     if replace(layer, pages_are_rows=plan.layer.pages_are_rows) != plan.layer:
         raise ValueError(
@@ -1097,7 +1043,7 @@ def launch_prefix_prefill(plan: PrefillPlan, **tensors) -> None:
         )
     if plan.num_seqs == 0 or plan.max_query_len <= 0:
         return
-    for kernel, grid, kwargs in _launches(plan, **tensors):
+    for kernel, grid, kwargs in _launches(plan, inputs):
         kernel[grid](**kwargs)
 
 
@@ -1160,8 +1106,7 @@ def prefix_prefill_attention(
     Raises ValueError for unsupported inputs (nothing is launched then).
     """
     who = "prefix_prefill_attention"
-    check_attention_inputs(
-        who,
+    inputs = AttentionInputs(
         query=query,
         key_cache=key_cache,
         value_cache=value_cache,
@@ -1169,28 +1114,23 @@ def prefix_prefill_attention(
         block_table=block_table,
         seq_lens=seq_lens,
         softmax_scale=softmax_scale,
+        query_start_loc=query_start_loc,
         k_scale=k_scale,
         v_scale=v_scale,
         sliding_window=sliding_window,
         alibi_slopes=alibi_slopes,
         logits_soft_cap=logits_soft_cap,
         sinks=sinks,
-        query_start_loc=query_start_loc,
     )
+    check_attention_inputs(who, inputs)
     num_seqs_total = seq_lens.shape[0]
     if num_seqs is None:
         num_seqs = num_seqs_total - seq_start
     check_sequence_range(who, seq_start, num_seqs, num_seqs_total)
     if num_seqs == 0 or max_query_len <= 0 or query.shape[0] == 0:
         return
-    features = dict(
-        sliding_window=sliding_window,
-        alibi_slopes=alibi_slopes,
-        logits_soft_cap=logits_soft_cap,
-        sinks=sinks,
-    )
     plan = plan_prefill(
-        layer=PrefillLayer.of(query=query, key_cache=key_cache, **features),
+        layer=PrefillLayer.of(query=query, key_cache=key_cache, **inputs.features),
         device=query.device,
         seq_start=seq_start,
         num_seqs=num_seqs,
@@ -1200,20 +1140,7 @@ def prefix_prefill_attention(
         config=config,
         num_splits=num_splits,
     )
-    launch_prefix_prefill(
-        plan,
-        query=query,
-        key_cache=key_cache,
-        value_cache=value_cache,
-        output=output,
-        block_table=block_table,
-        query_start_loc=query_start_loc,
-        seq_lens=seq_lens,
-        softmax_scale=softmax_scale,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        **features,
-    )
+    launch_prefix_prefill(plan, inputs)
 
 
 def check_sequence_range(

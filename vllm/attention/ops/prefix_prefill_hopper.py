@@ -60,7 +60,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from vllm.attention.ops.triton_attention_common import LOG2E, cache_descriptor
+from vllm.attention.ops.triton_attention_common import (
+    LOG2E,
+    AttentionInputs,
+    cache_descriptor,
+)
 from vllm.attention.ops.tuning.prefill_configs import GLUON_BLOCK_M
 
 # Query rows per consumer warpgroup: a wgmma instruction covers 64 rows of 4 warps;
@@ -402,22 +406,11 @@ def hopper_prefill_kernel(
         # fmt: on
 
 
-def hopper_launch(
-    plan,
-    *,
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    output: torch.Tensor,
-    block_table: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    softmax_scale: float,
-    sliding_window: int | None = None,
-) -> tuple:
+def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
     """``(kernel, grid, keyword arguments)`` of the launch of ``plan``
     (``prefix_prefill.PrefillPlan``, made for this kernel: ``plan.kernel ==
-    "gluon"``, which ``hopper_kernel_refusal`` allowed)."""
+    "gluon"``, which ``hopper_kernel_refusal`` allowed) on ``inputs``."""
+    query, key_cache, output = inputs.query, inputs.key_cache, inputs.output
     config, head_size = plan.config, query.shape[2]
     block_size = key_cache.shape[2]
     box = (min(config.block_n, block_size), head_size)
@@ -426,13 +419,15 @@ def hopper_launch(
         query_ptr=query,
         output_ptr=output,
         k_desc=cache_descriptor(key_cache, box, TensorDescriptor, layout=layout),
-        v_desc=cache_descriptor(value_cache, box, TensorDescriptor, layout=layout),
-        block_table_ptr=block_table,
-        query_start_loc_ptr=query_start_loc,
-        seq_lens_ptr=seq_lens,
-        softmax_scale=float(softmax_scale),
-        sliding_window=int(sliding_window or 0),
-        block_table_stride=block_table.stride(0),
+        v_desc=cache_descriptor(
+            inputs.value_cache, box, TensorDescriptor, layout=layout
+        ),
+        block_table_ptr=inputs.block_table,
+        query_start_loc_ptr=inputs.query_start_loc,
+        seq_lens_ptr=inputs.seq_lens,
+        softmax_scale=float(inputs.softmax_scale),
+        sliding_window=int(inputs.sliding_window or 0),
+        block_table_stride=inputs.block_table.stride(0),
         seq_start=plan.seq_start,
         num_seqs=plan.num_seqs,
         STRIDE_Q_TOKEN=query.stride(0),
@@ -448,7 +443,7 @@ def hopper_launch(
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         STAGES=config.num_stages,
-        USE_WINDOW=bool(sliding_window),
+        USE_WINDOW=bool(inputs.sliding_window),
         num_warps=config.num_warps,
     )
     return hopper_prefill_kernel, (plan.programs,), kwargs

@@ -46,6 +46,8 @@ These signatures are shared by several kernels: add helpers or trailing keyword
 arguments with defaults, never change existing ones.
 """
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -154,45 +156,66 @@ def cache_descriptor(cache: torch.Tensor, block_shape, descriptor_cls, **kwargs)
     )
 
 
-def shared_kernel_args(
-    *,
-    query,
-    key_cache,
-    value_cache,
-    output,
-    block_table,
-    seq_lens,
-    seq_start,
-    softmax_scale,
-    k_scale,
-    v_scale,
-    sliding_window,
-    alibi_slopes,
-    logits_soft_cap,
-    sinks,
-) -> dict:
+@dataclass(frozen=True)
+class AttentionInputs:
+    """The tensors and features of one attention call, in the family's names:
+    what every entry point checks (``check_attention_inputs``) and every launcher
+    reads, made once per call and passed whole (layouts and meanings in
+    docs/design.md)."""
+
+    query: torch.Tensor  # [num_tokens, num_q_heads, head_size]
+    key_cache: torch.Tensor  # [num_blocks, num_kv_heads, block_size, head_size]
+    value_cache: torch.Tensor  # as key_cache
+    output: torch.Tensor  # as query
+    block_table: torch.Tensor  # [num_seqs_total, max_blocks_per_seq] int32
+    seq_lens: torch.Tensor  # [num_seqs_total] int32
+    softmax_scale: float
+    query_start_loc: torch.Tensor | None = None  # [num_seqs_total + 1] int32
+    k_scale: torch.Tensor | None = None  # [1] fp32, fp8 caches
+    v_scale: torch.Tensor | None = None
+    sliding_window: int | None = None
+    alibi_slopes: torch.Tensor | None = None  # [num_q_heads] float
+    logits_soft_cap: float | None = None
+    sinks: torch.Tensor | None = None  # [num_q_heads] float
+
+    @property
+    def features(self) -> dict:
+        """The features that shape a launch (window, ALiBi, soft-cap, sinks), as
+        keyword arguments."""
+        return {
+            "sliding_window": self.sliding_window,
+            "alibi_slopes": self.alibi_slopes,
+            "logits_soft_cap": self.logits_soft_cap,
+            "sinks": self.sinks,
+        }
+
+
+def shared_kernel_args(inputs: AttentionInputs, *, seq_start: int) -> dict:
     """The keyword arguments the prefill and the decode kernel both take, in the
     family's names (docs/kernels.md, "One family"): tensors, the runtime scalars,
     the model-fixed strides and shapes as constexprs, and the feature flags. A
     launcher adds its own (tiles, grid-shaped arguments) to these. Scales are
     passed only for an fp8 cache, which ``IS_FP8`` follows."""
+    query, key_cache, output = inputs.query, inputs.key_cache, inputs.output
+    sliding_window, logits_soft_cap = inputs.sliding_window, inputs.logits_soft_cap
+    alibi_slopes, sinks = inputs.alibi_slopes, inputs.sinks
     is_fp8 = key_cache.dtype in FP8_DTYPES
     return dict(
         **output_layout(output),
         query_ptr=query,
         key_cache_ptr=key_cache,
-        value_cache_ptr=value_cache,
+        value_cache_ptr=inputs.value_cache,
         output_ptr=output,
-        block_table_ptr=block_table,
-        seq_lens_ptr=seq_lens,
-        k_scale_ptr=k_scale if is_fp8 else None,
-        v_scale_ptr=v_scale if is_fp8 else None,
+        block_table_ptr=inputs.block_table,
+        seq_lens_ptr=inputs.seq_lens,
+        k_scale_ptr=inputs.k_scale if is_fp8 else None,
+        v_scale_ptr=inputs.v_scale if is_fp8 else None,
         alibi_slopes_ptr=alibi_slopes,
         sinks_ptr=sinks,
-        softmax_scale=float(softmax_scale),
+        softmax_scale=float(inputs.softmax_scale),
         softcap=float(logits_soft_cap or 0.0),
         sliding_window=int(sliding_window or 0),
-        block_table_stride=block_table.stride(0),
+        block_table_stride=inputs.block_table.stride(0),
         seq_start=seq_start,
         STRIDE_Q_TOKEN=query.stride(0),
         STRIDE_Q_HEAD=query.stride(1),
@@ -269,24 +292,7 @@ def check_kv_cache(
     return is_fp8
 
 
-def check_attention_inputs(
-    who: str,
-    *,
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    output: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    softmax_scale: float,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    sliding_window: int | None,
-    alibi_slopes: torch.Tensor | None,
-    logits_soft_cap: float | None,
-    sinks: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None = None,
-) -> bool:
+def check_attention_inputs(who: str, inputs: AttentionInputs) -> bool:
     """The contract shared by the prefill and decode kernels (and so by the dispatch
     ``paged_attention``); return whether the cache is fp8.
 
@@ -299,6 +305,12 @@ def check_attention_inputs(
     0 (off), or > 0. alibi_slopes, sinks: None or contiguous float
     ``[num_q_heads]``. Everything on the query's device.
     """
+    query, key_cache, value_cache = inputs.query, inputs.key_cache, inputs.value_cache
+    output, block_table, seq_lens = inputs.output, inputs.block_table, inputs.seq_lens
+    k_scale, v_scale, sinks = inputs.k_scale, inputs.v_scale, inputs.sinks
+    query_start_loc, softmax_scale = inputs.query_start_loc, inputs.softmax_scale
+    sliding_window, alibi_slopes = inputs.sliding_window, inputs.alibi_slopes
+    logits_soft_cap = inputs.logits_soft_cap
     if query.dim() != 3:
         fail(
             who,

@@ -67,6 +67,7 @@ import triton.language as tl
 
 from vllm.attention.ops.hardware import nvidia_gpu
 from vllm.attention.ops.triton_attention_common import (
+    AttentionInputs,
     check_attention_inputs,
     e4m3_to_fp16_at_load,
     finalize_output,
@@ -386,55 +387,28 @@ def decode_workspace_shape(
 
 
 def _launches(
+    inputs: AttentionInputs,
     *,
-    query,
-    key_cache,
-    value_cache,
-    output,
-    block_table,
-    seq_lens,
-    softmax_scale,
-    seq_start,
-    num_seqs,
-    k_scale,
-    v_scale,
-    sliding_window,
-    alibi_slopes,
-    logits_soft_cap,
-    sinks,
-    num_splits,
-    workspace,
-    config,
+    seq_start: int,
+    num_seqs: int,
+    num_splits: int,
+    workspace: torch.Tensor | None,
+    config: DecodeConfig,
 ) -> list[tuple]:
     """``(kernel, grid, keyword arguments)`` of each launch of one decode call (the
     decode kernel, then the merge when split); no checks. Separate from the launch
     so the offline compile test builds exactly what a launch would."""
-    num_q_heads = query.shape[1]
-    num_kv_heads = key_cache.shape[1]
+    num_q_heads = inputs.query.shape[1]
+    num_kv_heads = inputs.key_cache.shape[1]
     group_size = num_q_heads // num_kv_heads
     decode = dict(
-        **shared_kernel_args(
-            query=query,
-            key_cache=key_cache,
-            value_cache=value_cache,
-            output=output,
-            block_table=block_table,
-            seq_lens=seq_lens,
-            seq_start=seq_start,
-            softmax_scale=softmax_scale,
-            k_scale=k_scale,
-            v_scale=v_scale,
-            sliding_window=sliding_window,
-            alibi_slopes=alibi_slopes,
-            logits_soft_cap=logits_soft_cap,
-            sinks=sinks,
-        ),
+        **shared_kernel_args(inputs, seq_start=seq_start),
         workspace_ptr=workspace,
         NUM_Q_HEADS=num_q_heads,
         BLOCK_M=max(16, triton.next_power_of_2(group_size)),
         BLOCK_N=config.block_n,
         NUM_SPLITS=num_splits,
-        EARLY_CONVERT=config.early_convert and early_convert_applies(key_cache),
+        EARLY_CONVERT=config.early_convert and early_convert_applies(inputs.key_cache),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
@@ -509,8 +483,7 @@ def paged_decode_attention(
         ValueError: for unsupported inputs (nothing is launched then).
 
     """
-    check_attention_inputs(
-        "paged_decode_attention",
+    inputs = AttentionInputs(
         query=query,
         key_cache=key_cache,
         value_cache=value_cache,
@@ -525,27 +498,16 @@ def paged_decode_attention(
         logits_soft_cap=logits_soft_cap,
         sinks=sinks,
     )
+    check_attention_inputs("paged_decode_attention", inputs)
     if config is None:
-        config = config_for(query, key_cache, num_splits)
+        config = config_for(inputs, num_splits)
     launch_paged_decode(
-        query=query,
-        key_cache=key_cache,
-        value_cache=value_cache,
-        output=output,
-        block_table=block_table,
-        seq_lens=seq_lens,
-        softmax_scale=softmax_scale,
+        inputs,
+        config=config,
         seq_start=seq_start,
         num_seqs=num_seqs,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        sliding_window=sliding_window,
-        alibi_slopes=alibi_slopes,
-        logits_soft_cap=logits_soft_cap,
-        sinks=sinks,
         num_splits=num_splits,
         workspace=workspace,
-        config=config,
     )
 
 
@@ -574,10 +536,9 @@ def decode_config(
     )
 
 
-def config_for(
-    query: torch.Tensor, key_cache: torch.Tensor, num_splits: int
-) -> DecodeConfig:
-    """``decode_config`` of a launch on these tensors."""
+def config_for(inputs: AttentionInputs, num_splits: int) -> DecodeConfig:
+    """``decode_config`` of a launch on these inputs."""
+    query, key_cache = inputs.query, inputs.key_cache
     return decode_config(
         device=query.device,
         head_size=query.shape[2],
@@ -590,20 +551,20 @@ def config_for(
 
 
 def launch_paged_decode(
+    inputs: AttentionInputs,
     *,
     config: DecodeConfig,
     num_seqs: int | None = None,
     seq_start: int = 0,
     num_splits: int = 1,
     workspace: torch.Tensor | None = None,
-    **tensors,
 ) -> None:
     """The per-layer step of ``paged_decode_attention``: the launch of inputs
     that have passed the input contract (``check_attention_inputs``), with the
     config and split plan decided (``decode_config``, ``choose_decode_splits``).
     Checks the sequence range, the split count and the workspace (host
     attributes); allocates only when a split call brings no workspace."""
-    query, seq_lens = tensors["query"], tensors["seq_lens"]
+    query, seq_lens = inputs.query, inputs.seq_lens
     if num_seqs is None:
         num_seqs = seq_lens.shape[0] - seq_start
     if num_seqs <= 0:
@@ -638,7 +599,7 @@ def launch_paged_decode(
                 f"{shape}); got {workspace.dtype} {tuple(workspace.shape)}."
             )
     launches = _launches(
-        **tensors,
+        inputs,
         seq_start=seq_start,
         num_seqs=num_seqs,
         num_splits=num_splits,
