@@ -493,26 +493,18 @@ def caller_ours(
 
         return Runner(run, out, note=f"splits={splits}")
 
-    group = s.num_q_heads // s.num_kv_heads
     pp = ops.prefix_prefill
+    features = {"sliding_window": s.window, "logits_soft_cap": s.softcap}
+    layer = pp.PrefillLayer.of(query=inp.query, key_cache=key_cache, **features)
     config = None
     if prefill_config_fields:
-        config = pp.picked_config(
-            inp.query.device,
-            head_size=s.head_size,
-            q_dtype=inp.query.dtype,
-            kv_dtype=inp.kv_cache.dtype,
-            group=group,
-            block_size=s.block_size,
-            max_query_len=s.query_len,
-        )
+        config = pp.layer_config(layer, inp.query.device, s.query_len)
         config = replace(config, **prefill_config_fields)
-    features = {"sliding_window": s.window, "logits_soft_cap": s.softcap}
     # Planned once, as the backend's builder plans a batch (config, kernel, split
     # count, a workspace view of a buffer allocated once); each timed call only
     # launches, as a layer's forward does.
     plan = pp.plan_prefill(
-        layer=pp.PrefillLayer.of(query=inp.query, key_cache=key_cache, **features),
+        layer=layer,
         device=inp.query.device,
         seq_start=0,
         num_seqs=s.batch,

@@ -1183,16 +1183,25 @@ def check_prefill_planned_once_per_batch():
     # forward: each layer finds its own plan by its tensors.
     kv_cache = torch.zeros((4, 2, NUM_KV_HEADS, 64, 128), dtype=torch.bfloat16)
     query = torch.zeros((2050, NUM_Q_HEADS, 128), dtype=torch.bfloat16)
+    # (The dispatch's launches are recorders; it may plan nothing itself.)
+    from vllm.attention.ops import paged_attention as dispatch
+
     received = []
-    real_dispatch = triton_attn.paged_attention
-    triton_attn.paged_attention = lambda **kw: received.append(kw["prefill_plan"])
+    real = {
+        n: getattr(dispatch, n)
+        for n in ("launch_prefix_prefill", "launch_paged_decode", "plan_prefill")
+    }
+    dispatch.launch_prefix_prefill = lambda plan, inputs, **kw: received.append(plan)
+    dispatch.launch_paged_decode = lambda inputs, **kw: None
+    dispatch.plan_prefill = None  # a call would fail: the builder planned them
     try:
         for layer in layers.values():
             layer.impl.forward(
                 layer, query, None, None, kv_cache, md, torch.empty_like(query)
             )
     finally:
-        triton_attn.paged_attention = real_dispatch
+        for name, value in real.items():
+            setattr(dispatch, name, value)
     assert received == [whole, windowed, whole], received
     key_cache = kv_cache[:, 0]
     assert PrefillLayer.of(query=query, key_cache=key_cache) in md.prefill_plans

@@ -727,7 +727,7 @@ def test_ours_prefill_takes_the_picked_config_with_the_given_fields(monkeypatch)
         bk.ops,
         "prefix_prefill",
         SimpleNamespace(
-            picked_config=lambda device, **key: picked,
+            layer_config=lambda layer, device, max_query_len: picked,
             plan_prefill=plan_prefill,
             PrefillLayer=SimpleNamespace(of=lambda **kw: None),
             AttentionInputs=lambda **kw: kw,

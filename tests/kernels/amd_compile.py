@@ -191,6 +191,7 @@ def _clear_device_caches():
 
     hardware.tma_supported.cache_clear()
     hardware.shared_memory_per_program.cache_clear()
+    hardware.num_sms.cache_clear()
     hardware.is_hopper.cache_clear()
     tables.clear_caches()
 

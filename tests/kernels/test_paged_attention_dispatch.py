@@ -45,7 +45,9 @@ def recorded(monkeypatch):
     monkeypatch.setattr(dispatch, "check_attention_inputs", lambda *a, **kw: None)
     monkeypatch.setattr(dispatch, "config_for", lambda *a: "decode-config")
     monkeypatch.setattr(dispatch, "plan_prefill", plan)
-    monkeypatch.setattr(dispatch.PrefillLayer, "of", staticmethod(lambda **kw: None))
+    monkeypatch.setattr(
+        dispatch.PrefillLayer, "of_inputs", staticmethod(lambda inputs: "layer")
+    )
     monkeypatch.setattr(
         dispatch,
         "launch_paged_decode",
@@ -54,8 +56,8 @@ def recorded(monkeypatch):
     monkeypatch.setattr(
         dispatch,
         "launch_prefix_prefill",
-        lambda plan, inputs: calls.append(
-            ("prefill", {"plan": plan, "inputs": inputs})
+        lambda plan, inputs, **kw: calls.append(
+            ("prefill", {"plan": plan, "inputs": inputs, **kw})
         ),
     )
     return calls
@@ -124,7 +126,9 @@ def test_explicit_num_seqs_overrides_shape(recorded):
 def test_given_plans_are_launched_not_remade(recorded):
     plan = SimpleNamespace(seq_start=2, num_seqs=3)
     dispatch.paged_attention(
-        **_dispatch_args(5, 2), prefill_plan=plan, decode_config="builder's"
+        **_dispatch_args(5, 2),
+        prefill_plans={"layer": plan, "another layer": None},
+        decode_config="builder's",
     )
     assert [name for name, _ in recorded] == ["decode", "prefill"]
     assert recorded[0][1]["config"] == "builder's"
@@ -134,7 +138,7 @@ def test_given_plans_are_launched_not_remade(recorded):
 def test_a_plan_of_other_sequences_is_refused(recorded):
     plan = SimpleNamespace(seq_start=1, num_seqs=4)
     with pytest.raises(ValueError, match=r"covers sequences \[1, 5\)"):
-        dispatch.paged_attention(**_dispatch_args(5, 2), prefill_plan=plan)
+        dispatch.paged_attention(**_dispatch_args(5, 2), prefill_plans={"layer": plan})
 
 
 @pytest.mark.parametrize(
@@ -400,7 +404,7 @@ def test_a_planned_batch_launches_with_no_per_layer_work(monkeypatch):
         _dispatch_batch(
             batch, batch.query, output, softmax_scale=0.125,
             decode_num_splits=num_splits, decode_workspace=workspace,
-            decode_config=config, prefill_plan=plan, **features,
+            decode_config=config, prefill_plans={plan.layer: plan}, **features,
         )  # fmt: skip
     assert spy.seen <= _METADATA, sorted(spy.seen - _METADATA)
     assert [name for name, _ in launches] == [

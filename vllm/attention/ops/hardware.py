@@ -50,6 +50,7 @@ def is_hopper(device: torch.device) -> bool:
     return nvidia_gpu(device) and torch.cuda.get_device_capability(device)[0] == 9
 
 
+@functools.cache
 def num_sms(device: torch.device) -> int:
     """SMs (compute units) of ``device``; ``H200_NUM_SMS`` off the GPU."""
     if device.type != "cuda":

@@ -10,10 +10,12 @@ disjoint rows of ``output``.
 
 This runs every step for every layer, so with the plans the backend's builder
 made once per batch (``decode_config``, ``decode_num_splits``,
-``decode_workspace``, ``prefill_plan``) it checks the inputs once and launches:
+``decode_workspace``, ``prefill_plans``) it checks the inputs once and launches:
 host integer arithmetic only, no tensor read (no device sync), no allocation, no
 table lookup. Without plans (tests, benchmarks) it makes them here.
 """
+
+from collections.abc import Mapping
 
 import torch
 
@@ -62,7 +64,7 @@ def paged_attention(
     decode_num_splits: int = 1,
     decode_workspace: torch.Tensor | None = None,
     decode_config: DecodeConfig | None = None,
-    prefill_plan: PrefillPlan | None = None,
+    prefill_plans: Mapping[PrefillLayer, PrefillPlan] | None = None,
     prefill_max_seq_len: int | None = None,
 ) -> None:
     """Attention of every query token over its sequence's paged K/V, into ``output``.
@@ -81,9 +83,12 @@ def paged_attention(
             builder from the batch shape so CUDA graphs stay valid).
         decode_config: the decode launch's config, or None: looked up here
             (``triton_paged_decode_attention_2d.decode_config``).
-        prefill_plan: the prefill part's launch plan
+        prefill_plans: the prefill part's launch plans by layer
             (``prefix_prefill.plan_prefill`` for sequences ``[num_decodes,
-            num_seqs)``), or None: planned here, from ``prefill_max_seq_len``.
+            num_seqs)``, one per kind of layer: the backend's builder makes them
+            once per batch); the one of these inputs' layer
+            (``PrefillLayer.of_inputs``) is launched. Without one it is planned
+            here, from ``prefill_max_seq_len``.
         prefill_max_seq_len: without a plan, a host int >= the longest KV length
             of the prefill part, or None: lets it split its keys when its grid
             is small (``prefix_prefill.choose_prefill_splits``).
@@ -137,11 +142,11 @@ def paged_attention(
         check_sequence_range(
             "paged_attention", num_decodes, num_seqs - num_decodes, seq_lens.shape[0]
         )
+        layer = PrefillLayer.of_inputs(inputs)
+        prefill_plan = (prefill_plans or {}).get(layer)
         if prefill_plan is None:
             prefill_plan = plan_prefill(
-                layer=PrefillLayer.of(
-                    query=query, key_cache=key_cache, **inputs.features
-                ),
+                layer=layer,
                 device=query.device,
                 seq_start=num_decodes,
                 num_seqs=num_seqs - num_decodes,
@@ -159,4 +164,4 @@ def paged_attention(
                 f"{prefill_plan.seq_start + prefill_plan.num_seqs}), the batch's "
                 f"prefills are [{num_decodes}, {num_seqs})."
             )
-        launch_prefix_prefill(prefill_plan, inputs)
+        launch_prefix_prefill(prefill_plan, inputs, layer=layer)

@@ -119,6 +119,7 @@ from vllm.attention.ops.tuning.prefill_configs import (
     PrefillConfig,
     fit_shared_memory,
     gluon_config_refusal,
+    tile_refusal,
 )
 from vllm.attention.ops.tuning.tables import device_gpu_name
 
@@ -651,8 +652,6 @@ class PrefillLayer:
         alibi_slopes: torch.Tensor | None = None,
         logits_soft_cap: float | None = None,
         sinks: torch.Tensor | None = None,
-        k_scale: torch.Tensor | None = None,  # fp8 scales do not change a plan
-        v_scale: torch.Tensor | None = None,
     ) -> "PrefillLayer":
         """The layer of a launch's tensors and feature arguments."""
         head_size = query.shape[2]
@@ -670,6 +669,11 @@ class PrefillLayer:
             alibi=alibi_slopes is not None,
             sinks=sinks is not None,
         )
+
+    @classmethod
+    def of_inputs(cls, inputs: AttentionInputs) -> "PrefillLayer":
+        """The layer of one call's inputs (their scales do not change a plan)."""
+        return cls.of(query=inputs.query, key_cache=inputs.key_cache, **inputs.features)
 
     @property
     def group(self) -> int:
@@ -766,6 +770,21 @@ def picked_config(device: torch.device, **key) -> PrefillConfig:
     )
 
 
+def layer_config(
+    layer: PrefillLayer, device: torch.device, max_query_len: int
+) -> PrefillConfig:
+    """``picked_config`` for ``layer``'s problem key at ``max_query_len``."""
+    return picked_config(
+        device,
+        head_size=layer.head_size,
+        q_dtype=layer.q_dtype,
+        kv_dtype=layer.kv_dtype,
+        group=layer.group,
+        block_size=layer.block_size,
+        max_query_len=max_query_len,
+    )
+
+
 def unsplit_programs(
     *, max_query_len: int, group: int, block_m: int, num_seqs: int, num_kv_heads: int
 ) -> int:
@@ -854,24 +873,10 @@ def plan_prefill(
     """
     who = "prefix_prefill_attention"
     if config is None:
-        config = picked_config(
-            device,
-            head_size=layer.head_size,
-            q_dtype=layer.q_dtype,
-            kv_dtype=layer.kv_dtype,
-            group=layer.group,
-            block_size=layer.block_size,
-            max_query_len=max_query_len,
-        )
-    if not (
-        config.block_m >= 16
-        and config.block_n >= 16
-        and config.block_n & (config.block_n - 1) == 0
-        and config.block_m & (config.block_m - 1) == 0
-    ):
-        raise ValueError(
-            f"{who}: config tiles must be powers of two >= 16, got {config}."
-        )
+        config = layer_config(layer, device, max_query_len)
+    refusal = tile_refusal(config)
+    if refusal is not None:
+        raise ValueError(f"{who}: config {refusal}.")
     gluon = config.gluon and hopper_kernel_refusal(layer, config, device) is None
     programs = unsplit_programs(
         max_query_len=max_query_len,
@@ -1027,15 +1032,16 @@ def _launches(plan: PrefillPlan, inputs: AttentionInputs) -> list[tuple]:
     return launches
 
 
-def launch_prefix_prefill(plan: PrefillPlan, inputs: AttentionInputs) -> None:
+def launch_prefix_prefill(
+    plan: PrefillPlan, inputs: AttentionInputs, *, layer: PrefillLayer | None = None
+) -> None:
     """Run ``plan`` on a layer's ``inputs``, which have passed the input contract
     (``check_attention_inputs``): the per-layer step. It checks only that they are
     the layer the plan was made for (host attributes; the page layout is the
     tensors', see ``_launches``), then launches; no table, device query or
-    allocation."""
-    layer = PrefillLayer.of(
-        query=inputs.query, key_cache=inputs.key_cache, **inputs.features
-    )
+    allocation. ``layer``: ``PrefillLayer.of_inputs(inputs)``, where the caller
+    has it already."""
+    layer = layer or PrefillLayer.of_inputs(inputs)
     if replace(layer, pages_are_rows=plan.layer.pages_are_rows) != plan.layer:
         raise ValueError(
             f"prefix_prefill_attention: the plan was made for {plan.layer}, the "
@@ -1130,7 +1136,7 @@ def prefix_prefill_attention(
     if num_seqs == 0 or max_query_len <= 0 or query.shape[0] == 0:
         return
     plan = plan_prefill(
-        layer=PrefillLayer.of(query=query, key_cache=key_cache, **inputs.features),
+        layer=PrefillLayer.of_inputs(inputs),
         device=query.device,
         seq_start=seq_start,
         num_seqs=num_seqs,

@@ -263,6 +263,15 @@ def fit_shared_memory(
     return config
 
 
+def tile_refusal(config: PrefillConfig) -> str | None:
+    """Why no kernel takes ``config``'s tiles (None: they are powers of two of at
+    least 16, what ``tl.dot`` and the row/key tiling need)."""
+    tiles = (config.block_m, config.block_n)
+    if any(n < 16 or n & (n - 1) for n in tiles):
+        return f"tiles must be powers of two >= 16, got {tiles}"
+    return None
+
+
 def entry_refusal(fields: dict, config: PrefillConfig) -> str | None:
     """Why a table entry cannot be what its key's launches run (None: it can): a
     field the kernel that runs them would ignore, or tiles no kernel takes. A
@@ -271,9 +280,9 @@ def entry_refusal(fields: dict, config: PrefillConfig) -> str | None:
     Gluon kernel does not take (soft-cap, ALiBi, sinks, a split, another GPU of
     the same table), so they are not ignored."""
     head_size, kv_dtype = fields["head_size"], fields["kv_dtype"]
-    tiles = (config.block_m, config.block_n)
-    if any(n < 16 or n & (n - 1) for n in tiles):
-        return f"tiles must be powers of two >= 16, got {tiles}"
+    refusal = tile_refusal(config)
+    if refusal is not None:
+        return refusal
     if config.gluon:
         refusal = gluon_config_refusal(config)
         if refusal is not None:

@@ -21,8 +21,9 @@ TRITON_UNIFIED_ATTN). docs/backend.md describes each part; in short:
   workspace view); the buffers are allocated once in ``__init__``.
 * Run per layer (``TritonAttentionImpl``): ``do_kv_cache_update`` writes the
   step's K/V (``write_to_paged_cache``; vLLM calls it before ``forward``, so the
-  write is captured in piecewise CUDA graphs); ``forward`` finds its plan and
-  calls the one dispatch ``paged_attention``, which only launches.
+  write is captured in piecewise CUDA graphs); ``forward`` calls the one
+  dispatch ``paged_attention`` with the batch's plans, which launches the one of
+  the layer's kind.
 
 KV cache, one tensor per layer (docs/design.md)::
 
@@ -54,7 +55,7 @@ from vllm.attention.ops.prefix_prefill import (
     SPLIT_MIN_KEYS,
     PrefillLayer,
     PrefillPlan,
-    picked_config,
+    layer_config,
     plan_prefill,
     split_workspace_bound,
 )
@@ -203,6 +204,7 @@ _DISPATCH_FIELDS = (
     "decode_num_splits",
     "decode_workspace",
     "decode_config",
+    "prefill_plans",
     "prefill_max_seq_len",
 )
 # The metadata fields a batch's CommonAttentionMetadata gives: {ours: vLLM's}.
@@ -469,15 +471,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         every batch, so that neither depends on the batch."""
         if not self.batch_invariant:
             return {}
-        config = picked_config(
-            self.device,
-            head_size=layer.head_size,
-            q_dtype=layer.q_dtype,
-            kv_dtype=layer.kv_dtype,
-            group=layer.group,
-            block_size=layer.block_size,
-            max_query_len=QUERY_LEN_BUCKETS[-1],
-        )
+        config = layer_config(layer, self.device, QUERY_LEN_BUCKETS[-1])
         return {"config": config, "num_splits": 1}
 
     def build(
@@ -565,24 +559,28 @@ class TritonAttentionBackend(AttentionBackend):
     # vLLM writes the cache through do_kv_cache_update before forward().
     forward_includes_kv_cache_update: bool = False
 
+    # The registry name, and the two classes vLLM makes from this backend: one
+    # metadata builder per KV-cache group (plans each batch) and one impl per
+    # layer (writes K/V, launches).
     @staticmethod
     def get_name() -> str:
         return "TRITON_ATTN"
-
-    @staticmethod
-    def get_impl_cls() -> type["TritonAttentionImpl"]:
-        return TritonAttentionImpl
 
     @staticmethod
     def get_builder_cls() -> type[TritonAttentionMetadataBuilder]:
         return TritonAttentionMetadataBuilder
 
     @staticmethod
+    def get_impl_cls() -> type["TritonAttentionImpl"]:
+        return TritonAttentionImpl
+
+    @staticmethod
     def get_supported_kernel_block_sizes(
         kv_cache_spec: "KVCacheSpec | None" = None,
     ) -> "list[int | MultipleOf]":
-        # The same for every spec (later vLLM releases pass the layer's spec).
-        return list(SUPPORTED_BLOCK_SIZES)
+        # Every spec gets the same page sizes; the argument exists only in later
+        # vLLM releases, which pass the layer's spec.
+        return [*SUPPORTED_BLOCK_SIZES]
 
     @classmethod
     def get_preferred_block_size(cls, default_block_size: int) -> int:
@@ -1035,8 +1033,8 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         pages_are_rows: bool,
     ) -> PrefillLayer:
         """What a prefill plan needs of this layer on a cache (the builder plans
-        once per batch for each kind of layer; ``forward`` finds its plan by the
-        same value, ``PrefillLayer.of`` its tensors)."""
+        once per batch for each kind of layer; ``paged_attention`` finds a
+        layer's plan by the same value, ``PrefillLayer.of_inputs`` its inputs)."""
         return PrefillLayer(
             head_size=self.head_size,
             num_q_heads=self.num_heads,
@@ -1133,25 +1131,8 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
                 "process_weights_after_loading() after loading, call it first."
             )
         key_cache, value_cache = self._cache_views(kv_cache)
-        features = dict(
-            sliding_window=self.sliding_window,
-            alibi_slopes=self.alibi_slopes,
-            logits_soft_cap=self.logits_soft_cap,
-            sinks=self._kernel_sinks,
-        )
-        prefill_plan = None
-        if attn_metadata.num_prefills:
-            prefill_plan = attn_metadata.prefill_plans.get(
-                PrefillLayer.of(query=query, key_cache=key_cache, **features)
-            )
-            if prefill_plan is None:
-                # A layer the builder did not see at startup: paged_attention
-                # plans its prefill launch per call (same result, host work per
-                # layer).
-                logger.warning_once(
-                    "TRITON_ATTN: a layer of this model was not among the "
-                    "builder's layers; its prefill is planned per call."
-                )
+        # The batch's plans (attn_metadata.prefill_plans) ride in dispatch_args;
+        # paged_attention launches the one of this layer.
         paged_attention(
             query=query,
             key_cache=key_cache,
@@ -1160,8 +1141,10 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
             softmax_scale=self.scale,
             k_scale=layer._k_scale if self.is_fp8_cache else None,
             v_scale=layer._v_scale if self.is_fp8_cache else None,
-            prefill_plan=prefill_plan,
-            **features,
+            sliding_window=self.sliding_window,
+            alibi_slopes=self.alibi_slopes,
+            logits_soft_cap=self.logits_soft_cap,
+            sinks=self._kernel_sinks,
             **attn_metadata.dispatch_args,
         )
         return output
