@@ -302,6 +302,12 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         # features on the group's cache), planned for every batch; and the
         # buffer their split workspaces are views of (no split below
         # 2 * SPLIT_MIN_KEYS keys).
+        # Elements between two pages of a layer's cache: vLLM's page, padded to a
+        # common size in hybrid models (the warm-up's scratch cache copies it).
+        self.block_stride = max(
+            kv_cache_spec.page_size_bytes // kv_cache_spec.dtype.itemsize,
+            2 * self.num_kv_heads * kv_cache_spec.block_size * self.head_size,
+        )
         self.prefill_layers = self._prefill_layers_of(vllm_config, kv_cache_spec)
         self._prefill_workspace = None
         if vllm_config.model_config.max_model_len >= 2 * SPLIT_MIN_KEYS:
@@ -371,15 +377,14 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
     ) -> set[PrefillLayer]:
         """What ``plan_prefill`` needs of each of the group's layers: their
         features on the group's cache. Pages are whole rows of the head size when
-        vLLM's page (padded to a common size in hybrid models) is."""
+        the block stride is."""
         from vllm.config import get_layers_from_vllm_config
         from vllm.model_executor.layers.attention_layer_base import (
             AttentionLayerBase,
         )
 
         q_dtype, kv_dtype = self._cache_dtypes(vllm_config)
-        itemsize = torch.empty((), dtype=spec.dtype).element_size()
-        pages_are_rows = (spec.page_size_bytes // itemsize) % self.head_size == 0
+        pages_are_rows = self.block_stride % self.head_size == 0
         layers = get_layers_from_vllm_config(
             vllm_config,
             AttentionLayerBase,  # type: ignore[type-abstract]

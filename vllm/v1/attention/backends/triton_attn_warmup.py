@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from vllm.attention.ops.tuning.prefill_configs import (
@@ -209,13 +208,11 @@ def scratch_kv_cache(builder, num_blocks: int) -> torch.Tensor:
     shape = TritonAttentionBackend.get_kv_cache_shape(
         num_blocks, spec.block_size, builder.num_kv_heads, builder.head_size
     )
-    itemsize = torch.empty((), dtype=spec.dtype).element_size()
-    block_stride = max(spec.page_size_bytes // itemsize, int(np.prod(shape[1:])))
     storage = torch.zeros(
-        num_blocks * block_stride, dtype=spec.dtype, device=builder.device
+        num_blocks * builder.block_stride, dtype=spec.dtype, device=builder.device
     )
     dense = torch.empty(shape, device="meta").stride()
-    return storage.as_strided(shape, (block_stride, *dense[1:]))
+    return storage.as_strided(shape, (builder.block_stride, *dense[1:]))
 
 
 def run_warm_up_batch(
