@@ -212,6 +212,47 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
         "note": "Gemma-2-9B style: attention logit soft-cap 50, head 256, "
         "alternating sliding-window layers",
     },
+    # google-bert/bert-base-uncased config.json: an encoder-only model (12 heads of
+    # 64, bidirectional attention, no KV cache), served as an embedding model.
+    "bert-base": {
+        "config": {
+            "architectures": ["BertModel"],
+            "model_type": "bert",
+            "hidden_size": 768,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "intermediate_size": 3072,
+            "vocab_size": 30522,
+            "max_position_embeddings": 512,
+            "type_vocab_size": 2,
+            "hidden_act": "gelu",
+            "hidden_dropout_prob": 0.1,
+            "attention_probs_dropout_prob": 0.1,
+            "layer_norm_eps": 1e-12,
+            "position_embedding_type": "absolute",
+            "initializer_range": 0.02,
+            "torch_dtype": "bfloat16",
+        },
+        "tokenizer": "bench",
+        "serving_tp": 1,
+        "note": "BERT-base dimensions: encoder-only, 12 heads of 64; an embedding "
+        "model (pooling runner)",
+    },
+    # Not a published model: a small Llama-architecture decoder whose head size is
+    # 160 (16 q / 4 KV heads), the size FlashInfer does not take, for checking
+    # vLLM's automatic choice where FlashAttention is unavailable.
+    "decoder-head160": {
+        "config": {
+            **_llama31(2560, 8, 16, 4, 6912),
+            "vocab_size": 32000,
+            "max_position_embeddings": 8192,
+            "rope_scaling": None,
+            "rope_theta": 10000.0,
+        },
+        "tokenizer": "bench",
+        "serving_tp": 1,
+        "note": "synthetic small decoder with head size 160 (GQA 4:1, 8 layers)",
+    },
 }
 
 # The tiny model trained for the accuracy harness. Head size 128 and 4 query heads per

@@ -38,8 +38,12 @@ def test_llama_configs_have_the_published_parameter_count(name):
 @pytest.mark.parametrize("name", sorted(MODEL_CONFIGS))
 def test_config_consistency(name):
     c = MODEL_CONFIGS[name]["config"]
+    if c["model_type"] == "bert":  # encoder-only: no KV heads, no head_dim field
+        assert c["hidden_size"] % c["num_attention_heads"] == 0
+        return
     assert c["num_attention_heads"] % c["num_key_value_heads"] == 0
     assert c["head_dim"] * c["num_attention_heads"] in (c["hidden_size"], 4096)
+    # decoders: the random datasets draw prompt ids below the tokenizer's size
     assert c["vocab_size"] >= BENCH_TOKENIZER_VOCAB
 
 
@@ -138,6 +142,7 @@ ATTENTION = {
     "phi-3-mini-4k": (32, 32, 96, 2047, None),
     "llama-3.1-70b": (64, 8, 128, None, None),
     "llama-3.1-70b-tp1-40l": (64, 8, 128, None, None),
+    "decoder-head160": (16, 4, 160, None, None),
 }
 # (hidden, layers, intermediate, vocab, max positions) of the added models.
 DIMENSIONS = {

@@ -1,0 +1,358 @@
+"""On the GPU: the fork serves what stock serves, on the paths vLLM selects by.
+
+    python benchmarks/selection_checks.py embed --site stock=DIR --site fork=DIR ...
+    python benchmarks/selection_checks.py auto --site stock=DIR --site fork=DIR ...
+    python benchmarks/selection_checks.py invariance --site fork=DIR ...
+
+Each check writes one JSON record (``--out``) with provenance and a ``verdict``.
+
+- ``embed``: an encoder-only embedding model (``bert-base`` dimensions, dummy weights,
+  a tokenizer made here) through ``vllm serve``, four servers one after another:
+  stock with vLLM's automatic choice (the reference), stock and the fork with
+  ``--attention-backend TRITON_ATTN``, the fork with the automatic choice. The same
+  texts (one request, mixed lengths) go to each; the record holds each side's
+  embeddings against the reference's (largest absolute difference, smallest cosine)
+  and the server's lines on which backend served the layers.
+- ``auto``: a decoder vLLM chooses the backend for (``--attention-backend`` not
+  given) with FLASH_ATTN disabled (``--disable``), as where FlashAttention is not
+  installed; stock and the fork, greedy outputs compared, each attention layer's
+  backend recorded (``layer.backend`` and its class).
+- ``invariance``: ``VLLM_BATCH_INVARIANT=1`` on the fork: one prompt alone and
+  inside batches of 7 and 64 prompts of mixed lengths, greedy; every prompt that
+  occurs in more than one batch must get the same tokens and bit-identical log
+  probabilities.
+
+Offline engines run ``selection_worker.py`` in the install's Python; servers are
+``python -m vllm.entrypoints.cli.main serve``. One engine at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.harness import (  # noqa: E402
+    add_install_args,
+    environment,
+    free_port,
+    parse_installs,
+    require_vllm,
+    run_logged,
+    running_server,
+    tail,
+    write_json,
+)
+from benchmarks.models import make_model_dir  # noqa: E402
+from benchmarks.models.tokenizer import pseudo_words  # noqa: E402
+
+WORKER = REPO / "benchmarks" / "selection_worker.py"
+FIRST_ID = 16  # prompt ids start above the tokenizer's special tokens
+# Server log lines that say which backend served the attention layers.
+BACKEND_LINE_WORDS = ("Using AttentionBackendEnum", "serves", "do not take")
+# Embeddings of the same model within these of the reference's count as the same.
+EMBED_MIN_COSINE = 0.999
+
+
+def _env(inst, extra: dict[str, str]) -> dict[str, str]:
+    env = inst.env()
+    env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **extra})
+    return env
+
+
+def _prompts(rng: random.Random, n: int, lo: int, hi: int, vocab: int):
+    return [
+        [rng.randrange(FIRST_ID, vocab) for _ in range(rng.randint(lo, hi))]
+        for _ in range(n)
+    ]
+
+
+def _run_worker(inst, spec: dict, work: Path, name: str, env_extra, timeout_s):
+    spec_path, out = work / f"{name}.spec.json", work / f"{name}.out.json"
+    write_json(spec_path, spec)
+    out.unlink(missing_ok=True)
+    rc = run_logged(
+        [inst.python, str(WORKER), str(spec_path), str(out)],
+        env=_env(inst, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_extra}),
+        log=work / f"{name}.log",
+        timeout_s=timeout_s,
+        what=name,
+        cwd=work,
+    )
+    if rc != 0 or not out.exists():
+        return {"error": f"exit {rc}", "log_tail": tail(work / f"{name}.log", 30)}
+    return json.loads(out.read_text())
+
+
+def _backend_lines(log: Path) -> list[str]:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    seen: list[str] = []
+    for line in text.splitlines():
+        if any(w in line for w in BACKEND_LINE_WORDS):
+            msg = line.split("] ", 1)[-1].strip()
+            if msg not in seen:
+                seen.append(msg)
+    return seen
+
+
+def _post(port: int, path: str, body: dict) -> dict:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b))
+    na = math.sqrt(sum(x * x for x in a))
+    nb = math.sqrt(sum(y * y for y in b))
+    return dot / (na * nb) if na and nb else float("nan")
+
+
+def _compare_embeddings(ref: list[list[float]], got: list[list[float]]) -> dict:
+    return {
+        "max_abs_diff": max(abs(x - y) for r, g in zip(ref, got) for x, y in zip(r, g)),
+        "min_cosine": min(_cosine(r, g) for r, g in zip(ref, got)),
+    }
+
+
+def check_embed(args, installs, work: Path) -> dict:
+    model_dir = make_model_dir("bert-base", work / "models" / "bert-base")
+    rng = random.Random(args.seed)
+    words = pseudo_words(2000)
+    texts = [
+        " ".join(rng.choice(words) for _ in range(n))
+        for n in [3, 17, 64, 130, 255, 400, 500, 9, 33, 310]
+    ]
+    sides = [
+        ("stock-auto", "stock", None),
+        ("stock-TRITON_ATTN", "stock", "TRITON_ATTN"),
+        ("fork-TRITON_ATTN", "fork", "TRITON_ATTN"),
+        ("fork-auto", "fork", None),
+    ]
+    results: dict[str, dict] = {}
+    for label, install, backend in sides:
+        port = free_port()
+        cmd = [
+            installs[install].python,
+            "-m",
+            "vllm.entrypoints.cli.main",
+            "serve",
+            str(model_dir),
+            "--port",
+            str(port),
+            "--served-model-name",
+            "m",
+            "--load-format",
+            "dummy",
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            "512",
+            "--enforce-eager",
+        ] + (["--attention-backend", backend] if backend else [])
+        log = work / f"embed-{label}.log"
+        t0 = time.monotonic()
+        side: dict = {"command": " ".join(cmd[1:]), "install": install}
+        with running_server(
+            cmd, _env(installs[install], {}), port, log, args.timeout_s
+        ) as proc:
+            if proc is None:
+                side["error"] = "server did not come up"
+                side["log_tail"] = tail(log, 30)
+            else:
+                side["startup_s"] = round(time.monotonic() - t0, 1)
+                body = _post(port, "/v1/embeddings", {"model": "m", "input": texts})
+                side["embeddings"] = [d["embedding"] for d in body["data"]]
+                side["prompt_tokens"] = body.get("usage", {}).get("prompt_tokens")
+        side["backend_lines"] = _backend_lines(log)
+        results[label] = side
+    ref = results["stock-auto"].get("embeddings")
+    comparisons = {}
+    for label, side in results.items():
+        if label != "stock-auto" and ref and side.get("embeddings"):
+            comparisons[f"{label} vs stock-auto"] = _compare_embeddings(
+                ref, side["embeddings"]
+            )
+    a = results["stock-TRITON_ATTN"].get("embeddings")
+    b = results["fork-TRITON_ATTN"].get("embeddings")
+    if a and b:
+        comparisons["fork-TRITON_ATTN vs stock-TRITON_ATTN"] = _compare_embeddings(a, b)
+    ok = len(comparisons) == 4 and all(
+        c["min_cosine"] >= EMBED_MIN_COSINE for c in comparisons.values()
+    )
+    for side in results.values():  # the numbers are in the comparisons
+        side.pop("embeddings", None)
+    return {
+        "check": "embed",
+        "model": "bert-base",
+        "texts_words": [len(t.split()) for t in texts],
+        "tolerance": {"min_cosine": EMBED_MIN_COSINE},
+        "sides": results,
+        "comparisons": comparisons,
+        "verdict": "pass" if ok else "fail",
+    }
+
+
+def _engine(args, **extra) -> dict:
+    engine = {
+        "load_format": "dummy",
+        "dtype": "bfloat16",
+        "max_model_len": args.max_model_len,
+        "seed": 0,
+    }
+    engine.update(extra)
+    return engine
+
+
+def check_auto(args, installs, work: Path) -> dict:
+    model_dir = make_model_dir(args.model, work / "models" / args.model)
+    rng = random.Random(args.seed)
+    prompts = _prompts(rng, args.num_prompts, 8, args.max_model_len // 2, 32000)
+    spec = {
+        "model": str(model_dir),
+        "engine": _engine(args, enforce_eager=True),
+        "disable": args.disable,
+        "jobs": [{"name": "greedy", "prompts": prompts, "max_tokens": args.tokens}],
+    }
+    sides = {
+        install: _run_worker(
+            installs[install], spec, work, f"auto-{install}", {}, args.timeout_s
+        )
+        for install in ("stock", "fork")
+    }
+    ref, new = (sides[i].get("jobs", {}).get("greedy") for i in ("stock", "fork"))
+    agreement = None
+    if ref and new:
+        same = [r["token_ids"] == n["token_ids"] for r, n in zip(ref, new)]
+        tokens = sum(len(r["token_ids"]) for r in ref)
+        equal = sum(
+            x == y
+            for r, n in zip(ref, new)
+            for x, y in zip(r["token_ids"], n["token_ids"])
+        )
+        agreement = {
+            "prompts": len(same),
+            "prompts_identical": sum(same),
+            "tokens_compared": tokens,
+            "tokens_equal": equal,
+        }
+    for side in sides.values():
+        side.pop("jobs", None)
+    served = {i: sorted(s.get("layer_backends", {})) for i, s in sides.items()}
+    return {
+        "check": "auto",
+        "model": args.model,
+        "disabled": args.disable,
+        "prompt_len_range": [8, args.max_model_len // 2],
+        "tokens_per_prompt": args.tokens,
+        "sides": sides,
+        "served_by": served,
+        "agreement": agreement,
+        "verdict": "pass"
+        if agreement and all("error" not in s for s in sides.values())
+        else "fail",
+    }
+
+
+def check_invariance(args, installs, work: Path) -> dict:
+    model_dir = make_model_dir(args.model, work / "models" / args.model)
+    rng = random.Random(args.seed)
+    target = _prompts(rng, 1, 700, 700, 32000)[0]
+    others = _prompts(rng, 63, 16, 1500, 32000)
+    batches = {
+        "batch1": [target],
+        "batch7": others[:3] + [target] + others[3:6],
+        "batch64": others[:40] + [target] + others[40:],
+    }
+    spec = {
+        "model": str(model_dir),
+        "engine": _engine(args, attention_backend="TRITON_ATTN"),
+        "jobs": [
+            {"name": name, "prompts": ps, "max_tokens": args.tokens}
+            for name, ps in batches.items()
+        ],
+    }
+    side = _run_worker(
+        installs["fork"],
+        spec,
+        work,
+        "invariance-fork",
+        {"VLLM_BATCH_INVARIANT": "1"},
+        args.timeout_s,
+    )
+    jobs = side.pop("jobs", None)
+    compared, differing = 0, []
+    if jobs:
+        # Every prompt's output in every batch it occurs in, against its first.
+        seen: dict[tuple, tuple[str, dict]] = {}
+        for name, ps in batches.items():
+            for ids, out in zip(ps, jobs[name]):
+                key = tuple(ids)
+                if key not in seen:
+                    seen[key] = (name, out)
+                    continue
+                compared += 1
+                first_name, first = seen[key]
+                if first != out:
+                    which = "target" if ids == target else f"other {others.index(ids)}"
+                    differing.append(f"{which}: {first_name} vs {name}")
+    return {
+        "check": "invariance",
+        "model": args.model,
+        "env": {"VLLM_BATCH_INVARIANT": "1"},
+        "batches": {k: len(v) for k, v in batches.items()},
+        "tokens_per_prompt": args.tokens,
+        "side": side,
+        "outputs_compared": compared,
+        "outputs_differing": differing,
+        "verdict": "pass" if jobs and compared >= 7 and not differing else "fail",
+    }
+
+
+CHECKS = {"embed": check_embed, "auto": check_auto, "invariance": check_invariance}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("check", choices=sorted(CHECKS))
+    p.add_argument("--model", default="decoder-head160", help="auto/invariance model")
+    p.add_argument("--disable", nargs="*", default=["FLASH_ATTN"])
+    p.add_argument("--num-prompts", type=int, default=48)
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout-s", type=float, default=420)
+    p.add_argument("--work-dir", type=Path, default=Path("selection-work"))
+    p.add_argument("--out", type=Path, required=True)
+    add_install_args(p)
+    args = p.parse_args(argv)
+    installs = parse_installs(args.python, args.site)
+    needed = ("fork",) if args.check == "invariance" else ("stock", "fork")
+    versions = {i: require_vllm(i, installs[i]) for i in needed}
+    work = args.work_dir.resolve() / args.check
+    work.mkdir(parents=True, exist_ok=True)
+    record = {
+        **environment(installs["fork"]),
+        "versions": versions,
+        "command": " ".join(sys.argv),
+    }
+    record.update(CHECKS[args.check](args, installs, work))
+    write_json(args.out, record)
+    print(f"{args.check}: {record['verdict']} -> {args.out}")
+    return 0 if record["verdict"] == "pass" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

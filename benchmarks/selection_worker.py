@@ -1,0 +1,114 @@
+"""One offline vLLM engine for ``selection_checks.py``: greedy outputs plus what
+served each attention layer. It runs in the install's Python (``python
+benchmarks/selection_worker.py SPEC OUT``) and imports nothing of this repository,
+only vLLM. The engine runs in this process (the caller sets
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a backend the spec disables is disabled
+for vLLM's own selection.
+
+SPEC (JSON): ``model``, ``engine`` (keyword arguments of ``vllm.LLM``), ``disable``
+(backend names whose ``validate_configuration`` refuses every layer: vLLM's
+automatic choice then skips them, as where they are not installed), ``jobs``: a list
+of ``{name, prompts: [[token ids]], max_tokens}``, each one ``generate`` call.
+OUT (JSON): ``startup_s``, ``layer_backends`` (attention layers per backend name and
+class), ``log_lines`` (vLLM's lines about attention backends), and per job the
+greedy ``token_ids`` and their ``logprobs`` of every prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+LOG_WORDS = ("backend", "serves", "do not take", "batch invariant", "BATCH_INVARIANT")
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if any(w in msg for w in LOG_WORDS) and msg not in self.lines:
+            self.lines.append(msg)
+
+
+def _disable(names: list[str]) -> None:
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    for name in names:
+        cls = AttentionBackendEnum[name].get_class()
+        reason = f"{name} disabled for this check"
+        cls.validate_configuration = classmethod(lambda c, *a, _r=reason, **k: [_r])
+
+
+def _layer_backends(worker) -> dict[str, int]:
+    runner = worker.model_runner
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    counts: dict[str, int] = {}
+    for _, module in model.named_modules():
+        backend = getattr(module, "attn_backend", None)
+        if backend is None or not hasattr(backend, "get_name"):
+            continue
+        enum = getattr(module, "backend", None)
+        key = (
+            f"{getattr(enum, 'name', backend.get_name())} "
+            f"({backend.__module__}.{backend.__qualname__})"
+        )
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def main(spec_path: str, out_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    lines = _Lines()
+    logging.getLogger("vllm").addHandler(lines)
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    _disable(spec.get("disable", []))
+    start = time.perf_counter()
+    llm = LLM(model=spec["model"], **spec["engine"])
+    startup_s = time.perf_counter() - start
+    try:
+        layer_backends = llm.collective_rpc(_layer_backends)[0]
+    except Exception as e:  # recorded, not hidden: the outputs still count
+        layer_backends = {"error": f"{type(e).__name__}: {e}"}
+    jobs = {}
+    for job in spec["jobs"]:
+        params = SamplingParams(
+            temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True, logprobs=1
+        )
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        jobs[job["name"]] = [
+            {
+                "token_ids": list(o.outputs[0].token_ids),
+                "logprobs": [
+                    step[tok].logprob
+                    for tok, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)
+                ],
+            }
+            for o in outputs
+        ]
+    Path(out_path).write_text(
+        json.dumps(
+            {
+                "startup_s": round(startup_s, 1),
+                "layer_backends": layer_backends,
+                "log_lines": lines.lines,
+                "jobs": jobs,
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: python benchmarks/selection_worker.py SPEC OUT")
+    sys.exit(main(sys.argv[1], sys.argv[2]))
