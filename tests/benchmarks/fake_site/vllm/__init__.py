@@ -8,12 +8,22 @@ and changes a token of every 10th other prompt (the harnesses must then notice).
 ``FAKE_VLLM_FAIL=<backend>``: the engine of that backend fails to start.
 ``FAKE_VLLM_LATE_BUILDS=<backend>:<n>``: while generating, a child process (as a
 tensor-parallel worker would) logs vLLM's JIT-monitor warning n times.
+``FAKE_VLLM_BATCH_VARIANT=1``: a prompt's tokens depend on the batch it is in.
+``collective_rpc(fn)`` calls ``fn`` with a worker whose model has two attention
+layers served by the engine's backend (or the first one ``v1.attention.backends.
+registry`` has not disabled, as vLLM's automatic choice would).
 """
 
 import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
+
+
+def _named(var):
+    """The backend a FAKE_VLLM_* variable names; never equal to "no backend named"."""
+    return os.environ.get(var) or object()
+
 
 # vLLM's JIT monitor (vllm/utils/jit_monitor.py) in warn mode, as a worker logs it.
 JIT_MONITOR_LINE = (
@@ -79,7 +89,7 @@ class LLM:
             "attention_config", {}
         ).get("backend")
         self.kwargs = kwargs
-        if os.environ.get("FAKE_VLLM_FAIL") == self.attention_backend:
+        if _named("FAKE_VLLM_FAIL") == self.attention_backend:
             raise RuntimeError("fake LLM: simulated engine failure")
         print(
             f"fake LLM: backend {self.attention_backend}, kwargs {kwargs}", flush=True
@@ -93,7 +103,7 @@ class LLM:
         """Write what vLLM's torch profiler writes: a trace and the kernel table
         (torch's ``key_averages().table`` layout), rows by backend."""
         out = self.kwargs["profiler_config"]["torch_profiler_dir"]
-        if os.environ.get("FAKE_VLLM_NO_PROFILE") == self.attention_backend:
+        if _named("FAKE_VLLM_NO_PROFILE") == self.attention_backend:
             return  # as when the profiler could not trace the GPU
         attn = {"FLASH_ATTN": "void flash::FlashAttnFwdSm90<Ktraits, ...>"}.get(
             self.attention_backend, "_prefix_prefill_kernel"
@@ -133,7 +143,7 @@ class LLM:
             subprocess.run([sys.executable, "-c", code], check=True)
         if not isinstance(params, list):
             params = [params] * len(prompts)
-        wrong = os.environ.get("FAKE_VLLM_WRONG") == self.attention_backend
+        wrong = _named("FAKE_VLLM_WRONG") == self.attention_backend
         outs = []
         for i, (p, sp) in enumerate(zip(prompts, params)):
             ids = p["prompt_token_ids"]
@@ -146,6 +156,8 @@ class LLM:
                 toks = tasks.encode(answer + ";")[: sp.max_tokens]
             else:
                 toks = [(sum(ids) + k) % 1000 for k in range(sp.max_tokens)]
+                if os.environ.get("FAKE_VLLM_BATCH_VARIANT") and len(prompts) > 1:
+                    toks[-1] += len(prompts)
                 if wrong and i % 10 == 0 and len(toks) > 5:
                     toks[5] += 1
             logprobs = None
@@ -157,6 +169,23 @@ class LLM:
             outs.append(_Output([_Completion(toks, logprobs)]))
         self.calls += 1
         return outs
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        name = self.attention_backend or next(
+            b.name
+            for b in AttentionBackendEnum
+            if not b.get_class().validate_configuration()
+        )
+        backend = AttentionBackendEnum[name].get_class()
+        layers = [
+            ("layers.0.attn", _Layer(backend)),
+            ("layers.1.attn", _Layer(backend)),
+        ]
+        runner = type("Runner", (), {"get_model": lambda self: _Model(layers)})()
+        worker = type("Worker", (), {"model_runner": runner})()
+        return [method(worker, *args, **(kwargs or {}))]
 
     def get_metrics(self):
         """Like vLLM: only with stats on; speculative counters only when drafting."""
@@ -174,3 +203,17 @@ class LLM:
 class _Metric:
     def __init__(self, name, value):
         self.name, self.value = name, value
+
+
+class _Layer:
+    def __init__(self, backend):
+        self.attn_backend = backend
+
+
+class _Model:
+    def __init__(self, layers):
+        self.layers = layers
+
+    def named_modules(self):
+        yield "", self
+        yield from self.layers

@@ -17,6 +17,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from vllm import JIT_MONITOR_LINE
 
 
+def _named(var):
+    """The backend a FAKE_VLLM_* variable names; never equal to "no backend named"."""
+    return os.environ.get(var) or object()
+
+
 def _arg(argv, name, default=None):
     return argv[argv.index(name) + 1] if name in argv else default
 
@@ -48,8 +53,13 @@ class _Health(BaseHTTPRequestHandler):
                 print(JIT_MONITOR_LINE)
             sys.stdout.flush()
         every = int(os.environ.get("FAKE_VLLM_SOAK_ERROR_EVERY", "0"))
+        if self.path == "/v1/embeddings":
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(json.dumps(_embeddings(req["input"])).encode())
+            return
         if self.path == "/v1/chat/completions":
-            if os.environ.get("FAKE_VLLM_NO_CHAT") == self.server.backend:
+            if _named("FAKE_VLLM_NO_CHAT") == self.server.backend:
                 self.send_response(400)
                 self.end_headers()
                 return
@@ -80,14 +90,38 @@ class _Health(BaseHTTPRequestHandler):
         pass
 
 
+def _embeddings(texts):
+    """A unit vector per text, a function of its words; ``FAKE_VLLM_WRONG=<backend>``
+    turns that server's vectors (the check must notice)."""
+    wrong = os.environ.get("FAKE_VLLM_WRONG")
+    wrong = bool(wrong) and wrong == _SERVER_BACKEND[0]
+    data = []
+    for text in texts:
+        n = len(text.split())
+        vec = [1.0, n % 7 + 1.0, -1.0 if wrong else 1.0, 0.5]
+        norm = sum(x * x for x in vec) ** 0.5
+        data.append({"embedding": [x / norm for x in vec]})
+    return {
+        "data": data,
+        "usage": {"prompt_tokens": sum(len(t.split()) for t in texts)},
+    }
+
+
+_SERVER_BACKEND = [None]
+
+
 def serve(argv):
-    if os.environ.get("FAKE_VLLM_SERVE_FAIL") == _arg(argv, "--attention-backend"):
+    failing = os.environ.get("FAKE_VLLM_SERVE_FAIL")
+    if failing and failing == _arg(argv, "--attention-backend"):
         print("fake serve: simulated startup crash", flush=True)
         sys.exit(3)
     print(f"fake serve: {argv}", flush=True)
     time.sleep(0.3)
     server = ThreadingHTTPServer(("127.0.0.1", int(_arg(argv, "--port"))), _Health)
     server.backend = _arg(argv, "--attention-backend")
+    _SERVER_BACKEND[0] = server.backend
+    chosen = server.backend or "FLASH_ATTN"
+    print(f"INFO [cuda.py:1] Using AttentionBackendEnum.{chosen} backend.", flush=True)
     server.serve_forever()
 
 

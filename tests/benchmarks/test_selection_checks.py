@@ -1,0 +1,95 @@
+"""selection_checks.py against the fake vLLM: the plumbing of the GPU checks (servers
+and engines one after another, what served each layer, the comparisons) and that
+each check's verdict fails when the outputs say it should."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "selection_checks.py"
+
+
+def _run(check, site_args, tmp_path, env_extra=None, extra=()):
+    out = tmp_path / f"{check}.json"
+    env = {**os.environ, **(env_extra or {})}
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), check, *site_args, *extra]
+        + [
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+            "--timeout-s",
+            "60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    return res, json.loads(out.read_text())
+
+
+def test_embed_compares_four_servers(site_args, tmp_path):
+    res, rec = _run("embed", site_args, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert rec["verdict"] == "pass"
+    assert set(rec["comparisons"]) == {
+        "stock-TRITON_ATTN vs stock-auto",
+        "fork-TRITON_ATTN vs stock-auto",
+        "fork-auto vs stock-auto",
+        "fork-TRITON_ATTN vs stock-TRITON_ATTN",
+    }
+    lines = rec["sides"]["fork-TRITON_ATTN"]["backend_lines"]
+    assert any("AttentionBackendEnum.TRITON_ATTN" in line for line in lines)
+    assert rec["commit"] and rec["versions"]["fork"]["vllm"]
+
+
+def test_embed_fails_when_the_fork_differs(site_args, tmp_path):
+    res, rec = _run("embed", site_args, tmp_path, {"FAKE_VLLM_WRONG": "TRITON_ATTN"})
+    assert res.returncode == 1
+    assert rec["verdict"] == "fail"
+    assert rec["comparisons"]["fork-auto vs stock-auto"]["min_cosine"] == pytest.approx(
+        1
+    )
+
+
+def test_auto_records_what_served_each_layer(site_args, tmp_path):
+    res, rec = _run("auto", site_args, tmp_path, extra=["--num-prompts", "6"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    # FLASH_ATTN disabled, FLASHINFER refuses: vLLM's choice lands on TRITON_ATTN
+    assert [n.split()[0] for n in rec["served_by"]["fork"]] == ["TRITON_ATTN"]
+    assert rec["sides"]["fork"]["layer_backends"].popitem()[1] == 2  # both layers
+    assert rec["agreement"]["prompts_identical"] == 6
+
+
+def test_auto_fails_on_another_backend_family(site_args, tmp_path):
+    res, rec = _run(
+        "auto", site_args, tmp_path, extra=["--num-prompts", "4", "--disable"]
+    )
+    # nothing disabled: FLASH_ATTN serves, which is not what the check is for
+    assert rec["served_by"]["fork"][0].startswith("FLASH_ATTN ")
+    assert rec["verdict"] == "fail" and res.returncode == 1
+
+
+def test_invariance(site_args, tmp_path):
+    res, rec = _run("invariance", site_args, tmp_path, extra=["--tokens", "4"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert rec["outputs_compared"] == 8 and rec["outputs_differing"] == []
+    assert rec["batches"] == {"batch1": 1, "batch7": 7, "batch64": 64}
+
+
+def test_invariance_fails_when_outputs_depend_on_the_batch(site_args, tmp_path):
+    res, rec = _run(
+        "invariance",
+        site_args,
+        tmp_path,
+        {"FAKE_VLLM_BATCH_VARIANT": "1"},
+        extra=["--tokens", "4"],
+    )
+    assert res.returncode == 1 and rec["verdict"] == "fail"
+    assert "target: batch1 vs batch7" in rec["outputs_differing"]
