@@ -57,7 +57,12 @@ from benchmarks.models.tokenizer import pseudo_words  # noqa: E402
 WORKER = REPO / "benchmarks" / "selection_worker.py"
 FIRST_ID = 16  # prompt ids start above the tokenizer's special tokens
 # Server log lines that say which backend served the attention layers.
-BACKEND_LINE_WORDS = ("Using AttentionBackendEnum", "serves", "do not take")
+BACKEND_LINE_WORDS = (
+    "attention backend",  # vLLM's automatic choice
+    "AttentionBackendEnum",  # a named backend
+    "serves",  # the fork's builders: layers per backend
+    "do not take",  # the fork's hand-over
+)
 # Embeddings of the same model within these of the reference's count as the same.
 EMBED_MIN_COSINE = 0.999
 # Greedy tokens of two Triton backends on dummy weights (near-ties diverge).
@@ -90,9 +95,14 @@ def _run_worker(inst, spec: dict, work: Path, name: str, env_extra, timeout_s):
         what=name,
         cwd=work,
     )
+    lines = _backend_lines(work / f"{name}.log")
     if rc != 0 or not out.exists():
-        return {"error": f"exit {rc}", "log_tail": tail(work / f"{name}.log", 30)}
-    return json.loads(out.read_text())
+        return {
+            "error": f"exit {rc}",
+            "log_tail": tail(work / f"{name}.log", 30),
+            "backend_lines": lines,
+        }
+    return {**json.loads(out.read_text()), "backend_lines": lines}
 
 
 def _backend_lines(log: Path) -> list[str]:

@@ -10,30 +10,17 @@ SPEC (JSON): ``model``, ``engine`` (keyword arguments of ``vllm.LLM``), ``disabl
 automatic choice then skips them, as where they are not installed), ``jobs``: a list
 of ``{name, prompts: [[token ids]], max_tokens}``, each one ``generate`` call.
 OUT (JSON): ``startup_s``, ``layer_backends`` (attention layers per backend name and
-class), ``log_lines`` (vLLM's lines about attention backends), and per job the
-greedy ``token_ids`` and their ``logprobs`` of every prompt.
+class), and per job the greedy ``token_ids`` and their ``logprobs`` of every prompt.
+(vLLM's log lines on the backends are read from this process's output by the
+caller.)
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
 from pathlib import Path
-
-LOG_WORDS = ("backend", "serves", "do not take", "batch invariant", "BATCH_INVARIANT")
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        msg = record.getMessage()
-        if any(w in msg for w in LOG_WORDS) and msg not in self.lines:
-            self.lines.append(msg)
 
 
 def _disable(names: list[str]) -> None:
@@ -64,9 +51,6 @@ def _layer_backends(worker) -> dict[str, int]:
 
 def main(spec_path: str, out_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
-    lines = _Lines()
-    logging.getLogger("vllm").addHandler(lines)
-
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -100,7 +84,6 @@ def main(spec_path: str, out_path: str) -> int:
             {
                 "startup_s": round(startup_s, 1),
                 "layer_backends": layer_backends,
-                "log_lines": lines.lines,
                 "jobs": jobs,
             }
         )

@@ -1,0 +1,46 @@
+#!/bin/bash
+# vLLM's own tests/v1/attention/test_attention_backends.py against the fork's
+# TRITON_ATTN, on a GPU. The test files are taken unmodified from the release's
+# source (never kept in this repository); conftest.py lays the test's KV cache out
+# as the backend declares it (get_kv_cache_shape), as vLLM's model runner does.
+#
+#   bash benchmarks/upstream_tests/run.sh SOURCE SITE JUNIT_XML
+#
+# SOURCE: the release's sdist (vllm-X.tar.gz) or an unpacked source tree;
+# SITE: a site directory with the fork installed (put first on PYTHONPATH).
+# Needs no network: the model config the test loads (Qwen/Qwen3-0.6B, its
+# published config.json) is in ./hf.
+#
+# Selected: test_causal_backend_correctness (10 batch shapes x TP 1/2/4 x KV
+#   auto/fp8/fp8_e4m3), TRITON_ATTN only.
+# Not selected:
+#   test_sliding_window_backend_correctness: loads microsoft/Phi-tiny-MoE-instruct,
+#     whose config.json is not in ./hf (selected once it is added there);
+#   test_sliding_window_encoder_backend_correctness: encoder-only attention, which
+#     our kernels hand to TRITON_UNIFIED_ATTN (stock's backend) at selection; the
+#     test builds our class directly;
+#   test_non_causal_backend_correctness: upstream does not list TRITON_ATTN;
+#   the rest are specific to other backends or not backend-parametrised.
+set -eu
+[ $# -eq 3 ] || { echo "usage: $0 SOURCE SITE JUNIT_XML" >&2; exit 2; }
+SOURCE=$1 SITE=$(realpath "$2") JUNIT=$(realpath -m "$3")
+HERE=$(cd "$(dirname "$0")" && pwd)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+FILES="tests/__init__.py tests/v1/__init__.py tests/v1/attention/test_attention_backends.py tests/v1/attention/utils.py"
+if [ -d "$SOURCE" ]; then
+  (cd "$SOURCE" && cp --parents $FILES "$WORK/")
+else
+  top=$(tar tzf "$SOURCE" | head -1 | cut -d/ -f1)
+  tar xzf "$SOURCE" -C "$WORK" --strip-components=1 $(for f in $FILES; do echo "$top/$f"; done)
+fi
+cp "$HERE/conftest.py" "$HERE/pytest.ini" "$WORK/"
+cp -r "$HERE/hf" "$WORK/hf"
+cd "$WORK"
+export HF_HOME=$WORK/hf HF_HUB_CACHE=$WORK/hf/hub HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+SEL="test_causal_backend_correctness"
+if compgen -G "hf/hub/models--microsoft--Phi-tiny-MoE-instruct/snapshots/*/config.json" >/dev/null; then
+  SEL="$SEL or test_sliding_window_backend_correctness"
+fi
+PYTHONPATH=$SITE:$WORK python3 -m pytest -q -p no:cacheprovider -rA --confcutdir=. \
+  tests/v1/attention/test_attention_backends.py -k "$SEL" --junitxml="$JUNIT"
