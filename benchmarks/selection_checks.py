@@ -140,8 +140,35 @@ def _compare_embeddings(ref: list[list[float]], got: list[list[float]]) -> dict:
     }
 
 
+# Written into the model directory by the stock install's Python when --weights
+# random: Hugging Face's own initialisation (normal weights of std 0.02, unit
+# LayerNorm gains), seeded, so attention is not flat as under vLLM's dummy loader.
+RANDOM_WEIGHTS = (
+    "import sys, torch, transformers\n"
+    "torch.manual_seed(0)\n"
+    "cfg = transformers.AutoConfig.from_pretrained(sys.argv[1])\n"
+    "model = transformers.AutoModel.from_config(cfg).to(torch.bfloat16)\n"
+    "model.save_pretrained(sys.argv[1])\n"
+)
+
+
 def check_embed(args, installs, work: Path) -> dict:
     model_dir = make_model_dir("bert-base", work / "models" / "bert-base")
+    load = ["--load-format", "dummy"]
+    if args.weights == "random":
+        rc = run_logged(
+            [installs["stock"].python, "-c", RANDOM_WEIGHTS, str(model_dir)],
+            env=_env(installs["stock"], {}),
+            log=work / "weights.log",
+            timeout_s=args.timeout_s,
+            what="random weights",
+            cwd=work,
+        )
+        if rc != 0:
+            raise SystemExit(
+                f"could not write random weights: {tail(work / 'weights.log')}"
+            )
+        load = []
     rng = random.Random(args.seed)
     words = pseudo_words(2000)
     texts = [
@@ -167,8 +194,7 @@ def check_embed(args, installs, work: Path) -> dict:
             str(port),
             "--served-model-name",
             "m",
-            "--load-format",
-            "dummy",
+            *load,
             "--dtype",
             "bfloat16",
             "--max-model-len",
@@ -210,6 +236,7 @@ def check_embed(args, installs, work: Path) -> dict:
     return {
         "check": "embed",
         "model": "bert-base",
+        "weights": args.weights,
         "texts_words": [len(t.split()) for t in texts],
         "tolerance": {"min_cosine": EMBED_MIN_COSINE},
         "sides": results,
@@ -352,6 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--weights",
+        choices=("dummy", "random"),
+        default="dummy",
+        help="embed: vLLM's dummy weights, or seeded Hugging Face initialisation "
+        "written into the model directory (needs transformers in the stock install)",
+    )
     p.add_argument("--timeout-s", type=float, default=420)
     p.add_argument("--work-dir", type=Path, default=Path("selection-work"))
     p.add_argument("--out", type=Path, required=True)

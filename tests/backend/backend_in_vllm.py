@@ -346,7 +346,9 @@ def _named_on_cuda(cuda):
         else:
             raise AssertionError(f"TRITON_ATTN accepted {config}")
     # Stock's backend under its own name takes what ours hands over.
-    unified = ours + "TritonUnifiedAttentionBackend"
+    unified = (
+        "vllm.v1.attention.backends.triton_attn_selection.TritonUnifiedAttentionBackend"
+    )
     assert E.TRITON_UNIFIED_ATTN.get_path() == unified
     cls = E.TRITON_UNIFIED_ATTN.get_class()
     assert issubclass(cls, stock.TritonAttentionBackend)
@@ -391,8 +393,10 @@ def check_layers_ours_do_not_take_run_on_stock_backend():
         good._replace(dtype=torch.float32, kv_cache_dtype="auto"),
         good._replace(use_non_causal=True),
     ]
+    from vllm.v1.attention.backends import triton_attn_selection as selection
+
     records = _Records()
-    ours.logger.addHandler(records)
+    selection.logger.addHandler(records)
     try:
         with _cuda_platform((9, 0)):
             for named in (E.TRITON_ATTN, E.ROCM_ATTN):
@@ -405,7 +409,7 @@ def check_layers_ours_do_not_take_run_on_stock_backend():
             unified = choose(E.TRITON_UNIFIED_ATTN, good)
             assert unified is ours.TritonUnifiedAttentionBackend
     finally:
-        ours.logger.removeHandler(records)
+        selection.logger.removeHandler(records)
     logged = [m for m in records.messages if "TRITON_UNIFIED_ATTN." in m]
     assert logged and any("head_size 72 not supported" in m for m in logged), logged
     assert len(logged) == len(set(logged)), "logged more than once per kind"

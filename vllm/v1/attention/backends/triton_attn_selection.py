@@ -1,0 +1,211 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Which backend serves a layer that reaches TRITON_ATTN: our kernels where they
+take it, stock's Triton backend (TRITON_UNIFIED_ATTN) for the rest.
+
+* What the kernels take, as data (the backend declares it; docs/backend.md).
+* ``kernel_refusals``: why our kernels do not take a layer, in words that say what
+  they take. ``TritonAttentionBackend`` answers vLLM's ``validate_configuration``
+  for ours and stock's together, and its ``backend_for_layer`` (a hook every
+  platform's selection calls) hands a layer ours do not take to
+  ``handed_over``'s backend, logged once per kind of layer.
+* ``TritonUnifiedAttentionBackend``: stock's backend (``triton_unified_attn.py``,
+  kept unchanged by the build) under its own name, so a layer it serves says so;
+  ``log_served_layers``: the startup line of each metadata builder.
+"""
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from vllm.attention.ops.triton_attention_common import (
+    HEAD_SIZE_MULTIPLE,
+    MAX_HEAD_SIZE,
+    QUERY_DTYPES,
+)
+from vllm.attention.ops.triton_attention_common import (
+    SUPPORTED_HEAD_SIZES as KERNEL_HEAD_SIZES,
+)
+from vllm.logger import init_logger
+from vllm.v1.attention.backend import AttentionBackend
+from vllm.v1.attention.backends import triton_unified_attn as stock_triton
+
+if TYPE_CHECKING:
+    from vllm.platforms.interface import DeviceCapability
+
+logger = init_logger(__name__)
+
+# What the kernels take, as data (docs/backend.md explains each choice).
+# Head sizes and model (query) dtypes: the kernels' own (a multiple of 16 up to 256,
+# non-powers of two padded to the next power of two and masked; bf16 and fp16).
+SUPPORTED_HEAD_SIZES: tuple[int, ...] = KERNEL_HEAD_SIZES
+KERNEL_DTYPES: tuple[torch.dtype, ...] = QUERY_DTYPES
+HEAD_SIZES_TEXT = f"a multiple of {HEAD_SIZE_MULTIPLE} up to {MAX_HEAD_SIZE}"
+# Page sizes (tokens per block). Larger vLLM block sizes (hybrid models) are split
+# into kernel blocks of the largest of these that divides them.
+SUPPORTED_BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
+# 64 keys per page: a decode KV tile of 64 keys stays inside one page (one
+# block-table read per tile) and prefix caching still shares at a fine grain.
+PREFERRED_BLOCK_SIZE = 64
+# "fp8" is e4m3 on every platform this fork supports (fp8_e5m2 is not supported).
+FP8_CACHE_DTYPES: tuple[str, ...] = ("fp8", "fp8_e4m3")
+_SIXTEEN_BIT_CACHE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+# Every --kv-cache-dtype the layout and kernels take ("auto": the model's dtype).
+KV_CACHE_DTYPES: tuple[str, ...] = (
+    "auto",
+    *_SIXTEEN_BIT_CACHE_DTYPES,
+    *FP8_CACHE_DTYPES,
+)
+# CUDA: bf16 tensor-core dots need SM 8.0; Triton's fp8 e4m3 conversions need 8.9.
+MIN_CUDA_CAPABILITY = (8, 0)
+MIN_CUDA_FP8_CAPABILITY = (8, 9)
+# What to use for a configuration these kernels do not take: stock vLLM's Triton
+# backend, which the build keeps under this name (triton_unified_attn.py).
+STOCK_BACKEND_HINT = "use --attention-backend TRITON_UNIFIED_ATTN, stock vLLM's Triton"
+
+
+def kernel_refusals(base_reasons: list[str], **config) -> list[str]:
+    """Why our kernels do not take a layer (empty: they do), each reason saying
+    what they take: ``base_reasons`` (vLLM's own checks,
+    ``AttentionBackend.validate_configuration`` answered by TRITON_ATTN's
+    capabilities, called with the selector's keyword arguments ``config``) in our
+    words, plus ours: head sizes, dtypes, capability, dtype pairing, fp8
+    capability."""
+    head_size = config["head_size"]
+    dtype = config["dtype"]
+    kv_cache_dtype = config["kv_cache_dtype"]
+    block_size = config["block_size"]
+    capability = config["device_capability"]
+    attn_type = config["attn_type"]
+    explain = {
+        "kv_cache_dtype not supported": f"kv_cache_dtype {kv_cache_dtype} not "
+        f"supported (supported: {', '.join(KV_CACHE_DTYPES)})",
+        "block_size not supported": f"block_size {block_size} not supported "
+        f"(use a multiple of one of {SUPPORTED_BLOCK_SIZES}; 64 is preferred)",
+        "MLA not supported": "MLA not supported (MLA models need an MLA "
+        "backend such as TRITON_MLA)",
+        f"attention type {attn_type} not supported": f"attention type "
+        f"{attn_type} not supported (the kernels are causal decoder "
+        "self-attention only)",
+        "non-causal attention not supported": "non-causal attention not "
+        "supported (the kernels are causal only)",
+        "KV connector not supported": "KV connector not supported (connectors "
+        "expect stock vLLM's packed KV layout, TRITON_ATTN stores "
+        "[num_blocks, 2, num_kv_heads, block_size, head_size])",
+        "PCP not supported": "prefill context parallelism not supported",
+        "partial multimodal token full attention not supported": "multimodal "
+        "prefix-LM (bidirectional image tokens) not supported (causal only)",
+        "per-head quant scales not supported": "per-head KV quant scales not "
+        "supported (fp8 uses per-tensor k/v scales)",
+        "DCP not supported": "decode context parallelism not supported (the "
+        "decode kernel returns no softmax LSE)",
+        "R-SWA not supported": "R-SWA not supported",
+        "device-cpu query lens mismatch not supported, this is needed for "
+        "adaptive verification": "adaptive speculative verification not "
+        "supported (the batch is planned from the host's query lengths)",
+    }
+    # Head size, dtype and capability are answered for TRITON_ATTN as a whole
+    # (above); ours are checked here.
+    answered_above = {
+        "head_size not supported",
+        "dtype not supported",
+        "compute capability not supported",
+    }
+    reasons = [
+        explain.get(reason, reason)
+        for reason in base_reasons
+        if reason not in answered_above
+    ]
+    if head_size not in SUPPORTED_HEAD_SIZES:
+        reasons.append(
+            f"head_size {head_size} not supported (supported: {HEAD_SIZES_TEXT})"
+        )
+    if dtype not in KERNEL_DTYPES:
+        reasons.append(f"dtype {dtype} not supported (bfloat16 and float16 are)")
+    if not kernels_support_capability(capability):
+        reasons.append(
+            "compute capability "
+            + ("unknown" if capability is None else capability.as_version_str())
+            + f" not supported (CUDA needs SM {MIN_CUDA_CAPABILITY[0]}."
+            f"{MIN_CUDA_CAPABILITY[1]}+)"
+        )
+    cache_dtype = _SIXTEEN_BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
+    if cache_dtype is not None and cache_dtype != dtype:
+        reasons.append(
+            f"kv_cache_dtype {kv_cache_dtype} with model dtype {dtype} is not "
+            "supported: the kernels read a 16-bit cache in the model's dtype"
+        )
+    if (
+        kv_cache_dtype in FP8_CACHE_DTYPES
+        and capability is not None
+        and not platform_supports_fp8(capability)
+    ):
+        reasons.append(
+            f"kv_cache_dtype {kv_cache_dtype} needs fp8 e4m3 support (CUDA "
+            f"SM {MIN_CUDA_FP8_CAPABILITY[0]}.{MIN_CUDA_FP8_CAPABILITY[1]}+ or "
+            f"an fp8-capable ROCm GPU), this GPU is SM "
+            f"{capability.as_version_str()}"
+        )
+    return reasons
+
+
+def handed_over(reasons: list[str]) -> type[AttentionBackend]:
+    """Stock's Triton backend, for a layer our kernels do not take; logged once
+    per kind of layer."""
+    logger.warning_once(
+        "TRITON_ATTN's kernels do not take a layer of this model (%s); it runs on "
+        "stock vLLM's Triton backend, TRITON_UNIFIED_ATTN.",
+        "; ".join(reasons),
+    )
+    return TritonUnifiedAttentionBackend
+
+
+def kernels_support_capability(capability: "DeviceCapability | None") -> bool:
+    from vllm.platforms import current_platform
+
+    if current_platform.is_rocm():
+        return True
+    if capability is None:
+        return False
+    return (capability.major, capability.minor) >= MIN_CUDA_CAPABILITY
+
+
+class TritonUnifiedAttentionBackend(stock_triton.TritonAttentionBackend):
+    """TRITON_UNIFIED_ATTN: stock vLLM's Triton backend (upstream's
+    unified-attention kernel), which the build keeps unchanged as
+    ``triton_unified_attn.py``, under its own name, so a layer it serves says so
+    (``layer.backend``, logs). It serves the layers our kernels do not take
+    (``TritonAttentionBackend.backend_for_layer``) and can be named itself."""
+
+    @staticmethod
+    def get_name() -> str:
+        return "TRITON_UNIFIED_ATTN"
+
+    @staticmethod
+    def get_builder_cls() -> type["UnifiedAttentionMetadataBuilder"]:
+        return UnifiedAttentionMetadataBuilder
+
+
+class UnifiedAttentionMetadataBuilder(stock_triton.TritonAttentionMetadataBuilder):
+    """Stock's metadata builder, which also says at startup which layers it serves."""
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        log_served_layers("TRITON_UNIFIED_ATTN", layer_names)
+
+
+def log_served_layers(backend: str, layer_names: list[str]) -> None:
+    """The startup summary, one line per backend and group of layers: vLLM makes
+    one metadata builder per group of layers that share a backend and cache spec."""
+    shown = ", ".join(layer_names[:2]) + (", ..." if len(layer_names) > 2 else "")
+    logger.info(
+        "%s serves %d attention layer(s) (%s).", backend, len(layer_names), shown
+    )
+
+
+def platform_supports_fp8(device_capability: "DeviceCapability") -> bool:
+    from vllm.platforms import current_platform
+
+    if current_platform.is_rocm():
+        return current_platform.supports_fp8()
+    capability = (device_capability.major, device_capability.minor)
+    return capability >= MIN_CUDA_FP8_CAPABILITY
