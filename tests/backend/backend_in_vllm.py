@@ -1119,7 +1119,7 @@ def check_builder():
         splits, ws, config = builder.decode_plan(num_decodes)
         assert (splits == 1) == (ws is None), num_decodes
         assert ws is None or ws.shape[0] >= num_decodes
-        assert config == builder._decode_configs[splits > 1]
+        assert config == builder.decode_planner.configs[splits > 1]
 
     noncausal = _common_metadata(
         [1], [3], torch.zeros((1, 4), dtype=torch.int32), torch.zeros(1).long(), 1
@@ -1230,7 +1230,9 @@ def check_warm_up():
     plan = warmup.warm_up_plan(builder, block_table_stride=64)
     decodes = [b for b in plan if b.max_query_len is None]
     split_counts = {builder.decode_plan(len(b.query_lens))[0] for b in decodes}
-    assert split_counts == set(builder._splits_for_batch[1:]), split_counts
+    assert split_counts == set(builder.decode_planner.splits_for_batch[1:]), (
+        split_counts
+    )
     assert len(decodes) == len(split_counts) > 1, decodes
     prefills = [b for b in plan if b.max_query_len is not None and not b.max_seq_len]
     # max_num_batched_tokens 256 -> buckets 16, 64, 256, one batch each: the

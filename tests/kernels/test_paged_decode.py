@@ -34,6 +34,7 @@ from vllm.attention.ops.triton_paged_decode_attention_2d import (
     SPLIT_LIMIT,
     SPLIT_TARGET_WAVES,
     WORKSPACE_DTYPE,
+    DecodePlanner,
     choose_decode_splits,
     decode_workspace_shape,
     paged_decode_attention,
@@ -300,6 +301,47 @@ def test_choose_decode_splits():
         50: 1,
     }
     assert choose_decode_splits(num_seqs=0, num_kv_heads=8, num_sms=132) == 64
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_decode_planner_plans_every_batch_once(batch_invariant):
+    """Every batch size up to max_num_seqs gets its split count, a workspace view
+    that holds that batch (views of one buffer) and the config of its split flag;
+    batch invariance means no split at all."""
+    planner = DecodePlanner(
+        device=torch.device("cpu"),
+        num_q_heads=32,
+        num_kv_heads=8,
+        head_size=128,
+        q_dtype=torch.bfloat16,
+        kv_dtype=torch.bfloat16,
+        block_size=64,
+        max_num_seqs=64,
+        num_sms=132,
+        batch_invariant=batch_invariant,
+    )
+    buffers = set()
+    for n in range(1, 65):
+        splits, workspace, config = planner.plan(n)
+        want = (
+            1
+            if batch_invariant
+            else choose_decode_splits(num_seqs=n, num_kv_heads=8, num_sms=132)
+        )
+        assert splits == want, n
+        assert config == planner.configs[splits > 1]
+        if splits == 1:
+            assert workspace is None
+            continue
+        assert workspace.dtype == WORKSPACE_DTYPE
+        need = decode_workspace_shape(
+            max_num_seqs=n, num_q_heads=32, head_size=128, num_splits=splits
+        )
+        assert workspace.shape[0] >= n and workspace.shape[1:] == need[1:], n
+        buffers.add(workspace.untyped_storage().data_ptr())
+    assert len(buffers) == (0 if batch_invariant else 1)
+    # Larger than vLLM's scheduler forms: unsplit, no workspace.
+    assert planner.plan(65)[:2] == (1, None)
 
 
 def test_decode_table_lookup_prefers_entries_and_falls_back(tmp_path, monkeypatch):

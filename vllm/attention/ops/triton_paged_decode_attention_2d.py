@@ -536,6 +536,83 @@ def decode_config(
     )
 
 
+class DecodePlanner:
+    """The decode launch of every batch size a backend can see, decided once:
+    split counts (``choose_decode_splits``, 1 throughout when
+    ``batch_invariant``), the configs (``decode_config``, unsplit and split) and
+    one fp32 workspace buffer with a view per split count, sized for the largest
+    batch that gets it (views share the buffer: one decode launch runs at a time
+    and layers run in order). ``plan(num_decodes)`` only looks up."""
+
+    def __init__(
+        self,
+        *,
+        device: torch.device,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        q_dtype: torch.dtype,
+        kv_dtype: torch.dtype,
+        block_size: int,
+        max_num_seqs: int,
+        num_sms: int,
+        batch_invariant: bool = False,
+    ):
+        self.max_num_seqs = max_num_seqs
+        # splits_for_batch[n]: the split count of a batch of n decodes.
+        self.splits_for_batch = [1] + [
+            1
+            if batch_invariant
+            else choose_decode_splits(
+                num_seqs=n, num_kv_heads=num_kv_heads, num_sms=num_sms
+            )
+            for n in range(1, max_num_seqs + 1)
+        ]
+        self.configs = {
+            split: decode_config(
+                device=device,
+                head_size=head_size,
+                q_dtype=q_dtype,
+                kv_dtype=kv_dtype,
+                group=num_q_heads // num_kv_heads,
+                block_size=block_size,
+                split=split,
+            )
+            for split in (False, True)
+        }
+        rows_for_splits = {
+            splits: n for n, splits in enumerate(self.splits_for_batch) if splits > 1
+        }
+        shapes = {
+            splits: decode_workspace_shape(
+                max_num_seqs=rows,
+                num_q_heads=num_q_heads,
+                head_size=head_size,
+                num_splits=splits,
+            )
+            for splits, rows in rows_for_splits.items()
+        }
+        self.workspaces: dict[int, torch.Tensor] = {}
+        if shapes:
+            buffer = torch.empty(
+                max(math.prod(shape) for shape in shapes.values()),
+                dtype=WORKSPACE_DTYPE,
+                device=device,
+            )
+            self.workspaces = {
+                splits: buffer[: math.prod(shape)].view(shape)
+                for splits, shape in shapes.items()
+            }
+
+    def plan(self, num_decodes: int) -> tuple[int, torch.Tensor | None, DecodeConfig]:
+        """``(num_splits, workspace, config)`` of a launch over ``num_decodes``."""
+        if num_decodes > self.max_num_seqs:
+            # Cannot come from vLLM's scheduler; such a batch fills the GPU anyway.
+            return 1, None, self.configs[False]
+        splits = self.splits_for_batch[num_decodes]
+        return splits, self.workspaces.get(splits), self.configs[splits > 1]
+
+
 def config_for(inputs: AttentionInputs, num_splits: int) -> DecodeConfig:
     """``decode_config`` of a launch on these inputs."""
     query, key_cache = inputs.query, inputs.key_cache

@@ -62,12 +62,7 @@ from vllm.attention.ops.prefix_prefill import (
     split_workspace_bound,
 )
 from vllm.attention.ops.triton_attention_common import supported_block_size
-from vllm.attention.ops.triton_paged_decode_attention_2d import (
-    WORKSPACE_DTYPE,
-    choose_decode_splits,
-    decode_config,
-    decode_workspace_shape,
-)
+from vllm.attention.ops.triton_paged_decode_attention_2d import DecodePlanner
 from vllm.attention.ops.tuning.decode_configs import DecodeConfig
 from vllm.attention.ops.tuning.prefill_configs import QUERY_LEN_BUCKETS
 from vllm.logger import init_logger
@@ -259,19 +254,22 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         # the batch's longest query). Both are fixed then: no split, and one
         # prefill config per kind of layer (``prefill_plans``).
         self.batch_invariant = bool(envs.VLLM_BATCH_INVARIANT)
-        # Split counts for every decode batch size up to the largest one vLLM can
+        # The decode launch of every batch size up to the largest one vLLM can
         # form (max_num_seqs; CUDA-graph capture sizes never exceed it for decodes).
+        q_dtype, kv_dtype = self._cache_dtypes(vllm_config)
         self.max_decode_seqs = vllm_config.scheduler_config.max_num_seqs
-        self._splits_for_batch = [1] + [
-            1
-            if self.batch_invariant
-            else choose_decode_splits(
-                num_seqs=n, num_kv_heads=self.num_kv_heads, num_sms=self.num_sms
-            )
-            for n in range(1, self.max_decode_seqs + 1)
-        ]
-        self._workspaces = self._allocate_workspaces(self.device)
-        self._decode_configs = self._decode_configs_of(vllm_config, kv_cache_spec)
+        self.decode_planner = DecodePlanner(
+            device=self.device,
+            num_q_heads=self.num_q_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size,
+            q_dtype=q_dtype,
+            kv_dtype=kv_dtype,
+            block_size=kv_cache_spec.block_size,
+            max_num_seqs=self.max_decode_seqs,
+            num_sms=self.num_sms,
+            batch_invariant=self.batch_invariant,
+        )
         # The kinds of prefill launch the group's layers make (each layer's
         # features on the group's cache), planned for every batch; and the
         # buffer their split workspaces are views of (no split below
@@ -328,24 +326,6 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             kv_dtype = q_dtype
         return q_dtype, kv_dtype
 
-    def _decode_configs_of(
-        self, vllm_config: "VllmConfig", spec: AttentionSpec
-    ) -> dict[bool, DecodeConfig]:
-        """The decode launch's config, unsplit and split, looked up once."""
-        q_dtype, kv_dtype = self._cache_dtypes(vllm_config)
-        return {
-            split: decode_config(
-                device=self.device,
-                head_size=self.head_size,
-                q_dtype=q_dtype,
-                kv_dtype=kv_dtype,
-                group=self.num_q_heads // self.num_kv_heads,
-                block_size=spec.block_size,
-                split=split,
-            )
-            for split in (False, True)
-        }
-
     def _prefill_layers_of(
         self, vllm_config: "VllmConfig", spec: AttentionSpec
     ) -> set[PrefillLayer]:
@@ -375,46 +355,12 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             if isinstance(getattr(layer, "impl", None), TritonAttentionImpl)
         }
 
-    def _allocate_workspaces(self, device: torch.device) -> dict[int, torch.Tensor]:
-        """One fp32 buffer, viewed once per split count.
-
-        The view for ``s`` splits has as many rows as the largest decode batch that
-        gets ``s`` splits; all views share the buffer (only one decode launch runs at
-        a time per layer and layers run in order).
-        """
-        rows_for_splits: dict[int, int] = {}
-        for num_seqs in range(1, self.max_decode_seqs + 1):
-            splits = self._splits_for_batch[num_seqs]
-            if splits > 1:
-                rows_for_splits[splits] = num_seqs
-        if not rows_for_splits:
-            return {}
-        shapes = {
-            splits: decode_workspace_shape(
-                max_num_seqs=rows,
-                num_q_heads=self.num_q_heads,
-                head_size=self.head_size,
-                num_splits=splits,
-            )
-            for splits, rows in rows_for_splits.items()
-        }
-        numel = max(int(np.prod(shape)) for shape in shapes.values())
-        buffer = torch.empty(numel, dtype=WORKSPACE_DTYPE, device=device)
-        return {
-            splits: buffer[: int(np.prod(shape))].view(shape)
-            for splits, shape in shapes.items()
-        }
-
     def decode_plan(
         self, num_decodes: int
     ) -> tuple[int, torch.Tensor | None, DecodeConfig]:
         """``(num_splits, workspace, config)`` of a decode launch over
-        ``num_decodes``."""
-        if num_decodes > self.max_decode_seqs:
-            # Cannot come from vLLM's scheduler; such a batch fills the GPU anyway.
-            return 1, None, self._decode_configs[False]
-        splits = self._splits_for_batch[num_decodes]
-        return splits, self._workspaces.get(splits), self._decode_configs[splits > 1]
+        ``num_decodes`` (``DecodePlanner``)."""
+        return self.decode_planner.plan(num_decodes)
 
     def prefill_plans(
         self,
