@@ -196,6 +196,7 @@ def check_capabilities():
         {},
         {"kv_cache_dtype": "fp8"},
         {"kv_cache_dtype": "fp8_e4m3"},
+        {"kv_cache_dtype": "fp8_e5m2"},
         {"kv_cache_dtype": "bfloat16"},
         {"dtype": torch.float16, "kv_cache_dtype": "float16"},
         {"has_sliding_window": True, "has_sink": True},
@@ -215,12 +216,15 @@ def check_capabilities():
         ({"head_size": 8}, "head_size 8 not supported"),
         ({"head_size": 272}, "head_size 272 not supported"),
         ({"dtype": torch.float32}, "dtype torch.float32 not supported"),
-        ({"kv_cache_dtype": "fp8_e5m2"}, "kv_cache_dtype fp8_e5m2 not supported"),
         ({"kv_cache_dtype": "int8_per_token_head"}, "not supported (supported: auto"),
         ({"kv_cache_dtype": "float16"}, "16-bit cache in the model's dtype"),
         (
             {"kv_cache_dtype": "fp8", "device_capability": DeviceCapability(8, 0)},
-            "needs fp8 e4m3 support",
+            "needs fp8 support",
+        ),
+        (
+            {"kv_cache_dtype": "fp8_e5m2", "device_capability": DeviceCapability(8, 0)},
+            "needs fp8 support",
         ),
         ({"device_capability": DeviceCapability(7, 5)}, "compute capability 7.5"),
         ({"block_size": 8}, "block_size 8 not supported"),
@@ -321,12 +325,13 @@ def _named_on_cuda(cuda):
     good = AttentionSelectorConfig(
         head_size=128, dtype=torch.bfloat16, kv_cache_dtype="fp8", block_size=64
     )
-    stock_only = [
+    # Named, TRITON_ATTN takes these: ours (e5m2) or handed over (the others).
+    also_taken = [
         good._replace(kv_cache_dtype="fp8_e5m2"),
         good._replace(attn_type="encoder_only"),
         good._replace(head_size=72),
     ]
-    for config in (good, *stock_only):
+    for config in (good, *also_taken):
         assert cuda.get_attn_backend_cls(E.TRITON_ATTN, config) == (
             ours + "TritonAttentionBackend"
         )
@@ -354,7 +359,7 @@ def _named_on_cuda(cuda):
     assert issubclass(cls, stock.TritonAttentionBackend)
     assert cls.get_name() == "TRITON_UNIFIED_ATTN"
     assert E[cls.get_name()] is E.TRITON_UNIFIED_ATTN
-    for config in stock_only:
+    for config in also_taken:
         assert cuda.get_attn_backend_cls(E.TRITON_UNIFIED_ATTN, config) == unified
     # Backends built on stock's classes keep stock's own paths and classes.
     stock_built = [
@@ -389,7 +394,7 @@ def check_layers_ours_do_not_take_run_on_stock_backend():
     stock_only = [
         good._replace(head_size=72),
         good._replace(attn_type="encoder_only"),
-        good._replace(kv_cache_dtype="fp8_e5m2"),
+        good._replace(kv_cache_dtype="int8_per_token_head"),
         good._replace(dtype=torch.float32, kv_cache_dtype="auto"),
         good._replace(use_non_causal=True),
     ]
@@ -518,7 +523,7 @@ def check_layout():
     assert B.supports_sink() and B.supports_sliding_window()
     assert B.supported_dtypes == [torch.float16, torch.bfloat16]
     assert B.supported_kv_cache_dtypes == [
-        "auto", "float16", "bfloat16", "fp8", "fp8_e4m3"
+        "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"
     ]  # fmt: skip
     assert not B.supports_kv_connector() and B.supports_batch_invariance()
     assert not B.supports_alibi_sqrt() and not B.supports_non_causal()
@@ -645,7 +650,7 @@ def check_impl_refusals():
     bad_impls = [
         ({"attn_type": "encoder_only"}, "decoder self-attention only"),
         ({"head_size": 72}, "head size 72"),
-        ({"kv_cache_dtype": "fp8_e5m2"}, "fp8_e5m2"),
+        ({"kv_cache_dtype": "int8_per_token_head"}, "int8_per_token_head"),
         ({"chunk_lookback": 2}, "chunk_lookback"),
         ({"sinks": torch.zeros(3)}, "sinks must have one value per query head"),
     ]
@@ -1393,7 +1398,10 @@ def _run_step(
     from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
 
     gen = torch.Generator().manual_seed(seed)
-    fp8 = cache_dtype_str == "fp8"
+    fp8 = cache_dtype_str.startswith("fp8")
+    fp8_dtype = (
+        torch.float8_e5m2 if cache_dtype_str == "fp8_e5m2" else torch.float8_e4m3fn
+    )
     scale = head_size**-0.5
     seq_lens = [q + c for q, c in seqs] + [0] * pad_reqs
     q_lens = [q for q, _ in seqs] + [0] * pad_reqs
@@ -1449,7 +1457,7 @@ def _run_step(
         else (torch.randn(shape, generator=gen).to(storage_dtype) * 100)
     )
     if uncommitted:
-        kv_cache[num_blocks:] = 0x7F if fp8 else float("nan")  # 0x7F: e4m3 NaN
+        kv_cache[num_blocks:] = 0x7F if fp8 else float("nan")  # e4m3 / e5m2 NaN
         untouched = kv_cache[num_blocks:].clone()
 
     # Earlier steps: every sequence's context.
@@ -1484,7 +1492,7 @@ def _run_step(
         same = kv_cache[num_blocks:].view(torch.uint8) == untouched.view(torch.uint8)
         assert same.all(), "a block past the committed ones was written"
 
-    # Reference cache, filled by indexing (fp8: stored = x / scale, as e4m3fn).
+    # Reference cache, filled by indexing (fp8: stored = x / scale, in its format).
     ref_cache = torch.zeros((num_blocks, *shape[1:]), dtype=torch.float32)
     for s, n in enumerate(seq_lens):
         for p in range(n):
@@ -1494,8 +1502,8 @@ def _run_step(
     k_scale = v_scale = None
     if fp8:
         k_scale, v_scale = 0.05, 0.03
-        ref_cache[:, 0] = (ref_cache[:, 0] / k_scale).to(torch.float8_e4m3fn).float()
-        ref_cache[:, 1] = (ref_cache[:, 1] / v_scale).to(torch.float8_e4m3fn).float()
+        ref_cache[:, 0] = (ref_cache[:, 0] / k_scale).to(fp8_dtype).float()
+        ref_cache[:, 1] = (ref_cache[:, 1] / v_scale).to(fp8_dtype).float()
     reference = ref_paged_attention(
         query=query[:num_tokens],
         key_cache=ref_cache[:, 0],
@@ -1563,6 +1571,21 @@ def check_forward_fp8_window_softcap_sinks():
     )
     assert md.num_decodes == 1, md
     _assert_close(out[:n], ref, *_TOLERANCE["float16"], "fp8 window/softcap/sinks")
+
+
+def check_forward_fp8_e5m2():
+    """--kv-cache-dtype fp8_e5m2: the cache write stores e5m2, both kernels read it
+    (a decode and two prefill chunks, one with a cached prefix)."""
+    import torch
+
+    out, ref, md, n = _run_step(
+        seqs=[(1, 40), (5, 20), (3, 0)],
+        q_dtype=torch.bfloat16,
+        cache_dtype_str="fp8_e5m2",
+        block_size=16,
+    )
+    assert md.num_decodes == 1, md
+    _assert_close(out[:n], ref, *_TOLERANCE["bfloat16"], "fp8_e5m2 cache")
 
 
 def check_forward_padded_decode_alibi():

@@ -37,7 +37,7 @@ GQA_GROUPS = (1, 2, 4, 7, 8, 16)
 # page sizes the backend offers (64 preferred).
 BLOCK_SIZES = (16, 32, 64, 128)
 QUERY_DTYPES = (torch.bfloat16, torch.float16)
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2)
 
 # (dtype, atol, rtol). The reference is fp32 on the same (rounded) inputs; the kernel
 # rounds P to the query dtype for the P@V product (relative error ~eps/2 per term)
@@ -70,9 +70,12 @@ def pytest_collection_modifyitems(config, items):
 def fp8_skip_reason(dtype: torch.dtype) -> str | None:
     """Why an fp8 cache dtype cannot run here, or None.
 
-    Both formats run under the interpreter (e4m3fnuz through interpreter_compat's
-    fix 4); a GPU runs only its native format.
+    Every format runs under the interpreter (e4m3fnuz through interpreter_compat's
+    fix 4); a GPU runs its native e4m3 format, and e5m2 (--kv-cache-dtype
+    fp8_e5m2) on CUDA.
     """
+    if ON_GPU and dtype == torch.float8_e5m2 and torch.version.hip is not None:
+        return "fp8_e5m2 caches are checked on CUDA GPUs"
     if ON_GPU and dtype == torch.float8_e4m3fnuz and torch.version.hip is None:
         return "e4m3fnuz is the ROCm fp8 format; CUDA GPUs use e4m3fn"
     if ON_GPU and dtype == torch.float8_e4m3fn and torch.version.hip is not None:

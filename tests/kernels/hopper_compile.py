@@ -38,6 +38,7 @@ _TRITON_DTYPE = {
     torch.int64: "i64",
     torch.float8_e4m3fn: "fp8e4nv",
     torch.float8_e4m3fnuz: "fp8e4b8",
+    torch.float8_e5m2: "fp8e5",
 }
 
 

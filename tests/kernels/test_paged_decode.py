@@ -158,6 +158,7 @@ CASES = {
     "fp8_e4m3fn_bf16": (128, 4, 1, 16, BF16, E4M3, {}),
     "fp8_e4m3fn_fp16": (64, 2, 1, 32, FP16, E4M3, {}),
     "fp8_e4m3fnuz": (64, 2, 1, 16, BF16, torch.float8_e4m3fnuz, {}),
+    "fp8_e5m2": (64, 4, 2, 16, BF16, torch.float8_e5m2, {}),
     "window": (64, 4, 1, 16, BF16, BF16, {"window": 20}),
     "window_1": (64, 2, 1, 16, FP16, FP16, {"window": 1}),
     "alibi": (64, 4, 1, 16, FP16, FP16, {"alibi": True}),

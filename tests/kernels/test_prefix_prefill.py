@@ -153,6 +153,7 @@ CASES = [
     _case("sinks-g2", sinks=True, num_q_heads=4),
     _case("fp8-e4m3fn-fp16", cache_dtype=torch.float8_e4m3fn, q_dtype=torch.float16),
     _case("fp8-e4m3fnuz", cache_dtype=torch.float8_e4m3fnuz),
+    _case("fp8-e5m2", cache_dtype=torch.float8_e5m2, sliding_window=40),
     _case("all-features-fp8-g4", **ALL_FEATURES_FP8, seqs=[(5, 29), (1, 1), (12, 12)]),
     # Pure prefills; a sequence with no query tokens this step (its programs exit).
     _case("empty-context-and-empty-query", seqs=[(5, 5), (0, 9), (17, 17), (1, 1)]),
@@ -892,6 +893,24 @@ def _launch_of_group(group, config):
     )
     plain = (int, float, bool, str, type(None))
     return grid, {k: v for k, v in kwargs.items() if isinstance(v, plain)}
+
+
+@pytest.mark.parametrize(
+    "cache_dtype,fp8_qk",
+    [
+        (torch.float8_e4m3fn, True),
+        (torch.float8_e4m3fnuz, True),
+        # e5m2 keeps 2 mantissa bits: a config's fp8_qk never rounds the query to it
+        (torch.float8_e5m2, False),
+        (torch.bfloat16, False),
+    ],
+)
+def test_fp8_qk_runs_only_on_e4m3_caches(cache_dtype, fp8_qk):
+    from tests.kernels.hopper_compile import prefill_launch
+
+    config = PrefillConfig(64, 32, 4, 1, fp8_qk=cache_dtype != torch.bfloat16)
+    _, _, kwargs = prefill_launch(128, 4, 64, cache_dtype, 4096, False, config)
+    assert kwargs["FP8_QK"] is fp8_qk
 
 
 @pytest.mark.parametrize("group,padded", [(5, 8), (6, 8), (7, 8), (3, 4)])

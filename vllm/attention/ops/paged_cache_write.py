@@ -9,8 +9,8 @@ marks a padding token (e.g. CUDA-graph padding) and is skipped.
 One program per (token, tile of KV heads) moves a ``[HEADS_PER_PROGRAM, HEAD_PAD]``
 tile of K and the same of V; the 16-bit paths are pure copies. For an fp8 cache the
 stored value is ``clamp(x / scale, -max, max)`` cast to the cache dtype (e4m3fn on
-CUDA, e4m3fnuz on ROCm), with per-tensor fp32 scales read on the device (no host
-sync). Cache offsets are int64 (``num_blocks * block stride`` can pass 2**31).
+CUDA, e4m3fnuz on ROCm, or e5m2), with per-tensor fp32 scales read on the device (no
+host sync). Cache offsets are int64 (``num_blocks * block stride`` can pass 2**31).
 
 Strides are runtime arguments here, unlike the attention kernels' constexpr
 ``STRIDE_*``: the key/value inputs reach this copy in several layouts (views of the
@@ -191,7 +191,7 @@ def write_to_paged_cache(
             the token dim).
         value: as ``key``.
         key_cache: [num_blocks, num_kv_heads, block_size, head_size], last dim
-            contiguous; bf16/fp16 (same as ``key``) or fp8 e4m3fn/e4m3fnuz.
+            contiguous; bf16/fp16 (same as ``key``) or fp8 e4m3fn/e4m3fnuz/e5m2.
         value_cache: as ``key_cache``.
         slot_mapping: [num_tokens] int64 (int32 accepted); negative = skip.
         k_scale: 1-element fp32 tensor, required for an fp8 cache
@@ -230,7 +230,7 @@ def write_to_paged_cache(
         fail(
             "write_to_paged_cache",
             f"cache dtype {key_cache.dtype} must equal the key dtype {key.dtype} "
-            f"(or be fp8 e4m3fn/e4m3fnuz with scales)",
+            f"(or be fp8 e4m3fn/e4m3fnuz/e5m2 with scales)",
         )
     if not (key.stride(2) == 1 and value.stride(2) == 1):
         fail("write_to_paged_cache", "the head dim of key and value must be contiguous")

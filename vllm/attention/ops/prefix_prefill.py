@@ -91,7 +91,7 @@ from vllm.attention.ops.hardware import (
     tma_supported,
 )
 from vllm.attention.ops.triton_attention_common import (
-    FP8_DTYPES,
+    E4M3_DTYPES,
     AttentionInputs,
     cache_descriptor,
     check_attention_inputs,
@@ -1011,7 +1011,8 @@ def _launches(plan: PrefillPlan, inputs: AttentionInputs) -> list[tuple]:
         SPLIT_HEAD=split is not None,
         TILE_IN_PAGE=tile_in_page,
         USE_TMA=use_tma,
-        FP8_QK=key_cache.dtype in FP8_DTYPES and config.fp8_qk,
+        # e5m2 keeps 2 mantissa bits: the query is not rounded to it.
+        FP8_QK=key_cache.dtype in E4M3_DTYPES and config.fp8_qk,
         FP8_MAX=fp8_max(key_cache.dtype),
         LONGEST_FIRST=config.longest_first,
         SPLIT_KV=num_splits > 1,
@@ -1085,7 +1086,7 @@ def prefix_prefill_attention(
         query: [num_tokens, num_q_heads, head_size] bf16/fp16, last dim contiguous.
         key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_size],
             same strides, last two dims contiguous; the query's dtype, or fp8
-            (e4m3fn / e4m3fnuz) with ``k_scale``/``v_scale``. The new tokens' K/V
+            (e4m3fn / e4m3fnuz / e5m2) with ``k_scale``/``v_scale``. The new tokens' K/V
             must already be in the cache.
         output: like ``query``; only the rows of the launched sequences are written.
         block_table: [num_seqs_total, max_blocks_per_seq] int32.

@@ -52,8 +52,11 @@ import torch
 import triton
 import triton.language as tl
 
-# The caches' fp8 formats (NVIDIA's e4m3fn, MI300's e4m3fnuz), for the launchers.
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+# The caches' fp8 formats, for the launchers: e4m3 (NVIDIA's e4m3fn, MI300's
+# e4m3fnuz) and e5m2 (--kv-cache-dtype fp8_e5m2). Every one converts to fp16, the
+# dtype both products run in with an fp8 cache (e5m2 exactly: it is fp16 cut short).
+E4M3_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+FP8_DTYPES = (*E4M3_DTYPES, torch.float8_e5m2)
 
 
 def fp8_max(dtype: torch.dtype) -> float:
@@ -362,7 +365,8 @@ def check_attention_inputs(who: str, inputs: AttentionInputs) -> bool:
         fail(
             who,
             f"cache dtype {key_cache.dtype} must equal the query dtype {query.dtype} "
-            "or be fp8 (float8_e4m3fn / float8_e4m3fnuz) with k_scale and v_scale",
+            "or be fp8 (float8_e4m3fn / float8_e4m3fnuz / float8_e5m2) with k_scale "
+            "and v_scale",
         )
     num_seqs_total = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
     index_tensors = [("seq_lens", seq_lens, num_seqs_total)]

@@ -456,7 +456,8 @@ def paged_decode_attention(
     Args:
         query: ``[num_tokens, num_q_heads, head_size]``, fp16 or bf16.
         key_cache: ``[num_blocks, num_kv_heads, block_size, head_size]``, the
-            query's dtype or fp8 (e4m3fn / e4m3fnuz) with ``k_scale``/``v_scale``.
+            query's dtype or fp8 (e4m3fn / e4m3fnuz / e5m2) with ``k_scale`` /
+            ``v_scale``.
         value_cache: as ``key_cache``.
         output: as ``query``; written in place.
         block_table: ``[num_seqs_total, max_blocks_per_seq]`` int32.

@@ -315,13 +315,11 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
 
     def _cache_dtypes(self, vllm_config: "VllmConfig") -> tuple:
         """``(query dtype, cache dtype as the kernels see it)``: vLLM allocates an
-        fp8 cache as bytes, which the impl views as the platform's e4m3."""
+        fp8 cache as bytes, which the impl views as ``fp8_cache_dtype``."""
         q_dtype = vllm_config.model_config.dtype
         kv_dtype = self.kv_cache_spec.dtype
         if vllm_config.cache_config.cache_dtype in FP8_CACHE_DTYPES:
-            from vllm.platforms import current_platform
-
-            kv_dtype = current_platform.fp8_dtype()
+            kv_dtype = selection.fp8_cache_dtype(vllm_config.cache_config.cache_dtype)
         elif kv_dtype == torch.uint8:  # not a cache these kernels take
             kv_dtype = q_dtype
         return q_dtype, kv_dtype
@@ -804,11 +802,9 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
             sinks if sinks is None or sinks.dtype == torch.float32 else None
         )
         self.is_fp8_cache = kv_cache_dtype in FP8_CACHE_DTYPES
-        self._fp8_dtype: torch.dtype | None = None
-        if self.is_fp8_cache:
-            from vllm.platforms import current_platform
-
-            self._fp8_dtype = current_platform.fp8_dtype()
+        self._fp8_dtype = (
+            selection.fp8_cache_dtype(kv_cache_dtype) if self.is_fp8_cache else None
+        )
 
     def prefill_layer(
         self,

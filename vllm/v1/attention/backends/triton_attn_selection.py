@@ -46,8 +46,8 @@ SUPPORTED_BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
 # 64 keys per page: a decode KV tile of 64 keys stays inside one page (one
 # block-table read per tile) and prefix caching still shares at a fine grain.
 PREFERRED_BLOCK_SIZE = 64
-# "fp8" is e4m3 on every platform this fork supports (fp8_e5m2 is not supported).
-FP8_CACHE_DTYPES: tuple[str, ...] = ("fp8", "fp8_e4m3")
+# "fp8" is e4m3 on every platform this fork supports; fp8_e5m2 is e5m2.
+FP8_CACHE_DTYPES: tuple[str, ...] = ("fp8", "fp8_e4m3", "fp8_e5m2")
 _SIXTEEN_BIT_CACHE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 # Every --kv-cache-dtype the layout and kernels take ("auto": the model's dtype).
 KV_CACHE_DTYPES: tuple[str, ...] = (
@@ -61,6 +61,16 @@ MIN_CUDA_FP8_CAPABILITY = (8, 9)
 # What to use for a configuration these kernels do not take: stock vLLM's Triton
 # backend, which the build keeps under this name (triton_unified_attn.py).
 STOCK_BACKEND_HINT = "use --attention-backend TRITON_UNIFIED_ATTN, stock vLLM's Triton"
+
+
+def fp8_cache_dtype(kv_cache_dtype: str) -> torch.dtype:
+    """The torch dtype the kernels read an fp8 cache as (vLLM allocates it as
+    bytes): e5m2 for fp8_e5m2, else the platform's e4m3 (e4m3fnuz on MI300)."""
+    if kv_cache_dtype == "fp8_e5m2":
+        return torch.float8_e5m2
+    from vllm.platforms import current_platform
+
+    return current_platform.fp8_dtype()
 
 
 def kernel_refusals(base_reasons: list[str], **config) -> list[str]:
@@ -140,7 +150,7 @@ def kernel_refusals(base_reasons: list[str], **config) -> list[str]:
         and not platform_supports_fp8(capability)
     ):
         reasons.append(
-            f"kv_cache_dtype {kv_cache_dtype} needs fp8 e4m3 support (CUDA "
+            f"kv_cache_dtype {kv_cache_dtype} needs fp8 support (CUDA "
             f"SM {MIN_CUDA_FP8_CAPABILITY[0]}.{MIN_CUDA_FP8_CAPABILITY[1]}+ or "
             f"an fp8-capable ROCm GPU), this GPU is SM "
             f"{capability.as_version_str()}"
