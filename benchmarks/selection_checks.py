@@ -52,10 +52,11 @@ from benchmarks.harness import (  # noqa: E402
     write_json,
 )
 from benchmarks.models import make_model_dir  # noqa: E402
+from benchmarks.models.configs import BENCH_TOKENIZER_VOCAB  # noqa: E402
 from benchmarks.models.tokenizer import pseudo_words  # noqa: E402
+from benchmarks.offline_worker import FIRST_ID  # noqa: E402
 
 WORKER = REPO / "benchmarks" / "selection_worker.py"
-FIRST_ID = 16  # prompt ids start above the tokenizer's special tokens
 # Server log lines that say which backend served the attention layers.
 BACKEND_LINE_WORDS = (
     "attention backend",  # vLLM's automatic choice
@@ -76,9 +77,13 @@ def _env(inst, extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _prompts(rng: random.Random, n: int, lo: int, hi: int, vocab: int):
+def _prompts(rng: random.Random, n: int, lo: int, hi: int):
+    """``n`` prompts of random token ids, lengths uniform in ``[lo, hi]``."""
     return [
-        [rng.randrange(FIRST_ID, vocab) for _ in range(rng.randint(lo, hi))]
+        [
+            rng.randrange(FIRST_ID, BENCH_TOKENIZER_VOCAB)
+            for _ in range(rng.randint(lo, hi))
+        ]
         for _ in range(n)
     ]
 
@@ -259,7 +264,7 @@ def _engine(args, **extra) -> dict:
 def check_auto(args, installs, work: Path) -> dict:
     model_dir = make_model_dir(args.model, work / "models" / args.model)
     rng = random.Random(args.seed)
-    prompts = _prompts(rng, args.num_prompts, 8, args.max_model_len // 2, 32000)
+    prompts = _prompts(rng, args.num_prompts, 8, args.max_model_len // 2)
     spec = {
         "model": str(model_dir),
         "engine": _engine(args, enforce_eager=True),
@@ -315,8 +320,8 @@ def check_auto(args, installs, work: Path) -> dict:
 def check_invariance(args, installs, work: Path) -> dict:
     model_dir = make_model_dir(args.model, work / "models" / args.model)
     rng = random.Random(args.seed)
-    target = _prompts(rng, 1, 700, 700, 32000)[0]
-    others = _prompts(rng, 63, 16, 1500, 32000)
+    target = _prompts(rng, 1, 700, 700)[0]
+    others = _prompts(rng, 63, 16, 1500)
     batches = {
         "batch1": [target],
         "batch7": others[:3] + [target] + others[3:6],

@@ -1120,7 +1120,7 @@ def check_builder():
     assert md.dispatch_args["prefill_max_seq_len"] == 300
 
     # Every decode batch size up to max_num_seqs has a large enough workspace.
-    for num_decodes in range(1, builder.max_decode_seqs + 1):
+    for num_decodes in range(1, builder.decode_planner.max_num_seqs + 1):
         splits, ws, config = builder.decode_plan(num_decodes)
         assert (splits == 1) == (ws is None), num_decodes
         assert ws is None or ws.shape[0] >= num_decodes

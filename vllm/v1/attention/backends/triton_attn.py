@@ -257,7 +257,6 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         # The decode launch of every batch size up to the largest one vLLM can
         # form (max_num_seqs; CUDA-graph capture sizes never exceed it for decodes).
         q_dtype, kv_dtype = self._cache_dtypes(vllm_config)
-        self.max_decode_seqs = vllm_config.scheduler_config.max_num_seqs
         self.decode_planner = DecodePlanner(
             device=self.device,
             num_q_heads=self.num_q_heads,
@@ -266,7 +265,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             q_dtype=q_dtype,
             kv_dtype=kv_dtype,
             block_size=kv_cache_spec.block_size,
-            max_num_seqs=self.max_decode_seqs,
+            max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
             num_sms=self.num_sms,
             batch_invariant=self.batch_invariant,
         )
@@ -280,7 +279,9 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             kv_cache_spec.page_size_bytes // kv_cache_spec.dtype.itemsize,
             2 * self.num_kv_heads * kv_cache_spec.block_size * self.head_size,
         )
-        self.prefill_layers = self._prefill_layers_of(vllm_config, kv_cache_spec)
+        self.prefill_layers = self._prefill_layers_of(
+            vllm_config, kv_cache_spec, q_dtype, kv_dtype
+        )
         self._prefill_workspace = None
         if vllm_config.model_config.max_model_len >= 2 * SPLIT_MIN_KEYS:
             self._prefill_workspace = torch.empty(
@@ -325,7 +326,11 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         return q_dtype, kv_dtype
 
     def _prefill_layers_of(
-        self, vllm_config: "VllmConfig", spec: AttentionSpec
+        self,
+        vllm_config: "VllmConfig",
+        spec: AttentionSpec,
+        q_dtype: torch.dtype,
+        kv_dtype: torch.dtype,
     ) -> set[PrefillLayer]:
         """What ``plan_prefill`` needs of each of the group's layers: their
         features on the group's cache. Pages are whole rows of the head size when
@@ -335,7 +340,6 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             AttentionLayerBase,
         )
 
-        q_dtype, kv_dtype = self._cache_dtypes(vllm_config)
         pages_are_rows = self.block_stride % self.head_size == 0
         layers = get_layers_from_vllm_config(
             vllm_config,

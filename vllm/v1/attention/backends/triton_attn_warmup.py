@@ -83,10 +83,9 @@ def warm_up_plan(builder, block_table_stride: int) -> list["WarmUpBatch"]:
     # Decode: the smallest batch of each split count (the grid's third axis and
     # the merge kernel depend on it).
     first_batch_of_splits: dict[int, int] = {}
-    for num_seqs in range(1, builder.max_decode_seqs + 1):
-        first_batch_of_splits.setdefault(
-            builder.decode_planner.splits_for_batch[num_seqs], num_seqs
-        )
+    splits_for_batch = builder.decode_planner.splits_for_batch
+    for num_seqs in range(1, len(splits_for_batch)):
+        first_batch_of_splits.setdefault(splits_for_batch[num_seqs], num_seqs)
     for splits, num_seqs in sorted(first_batch_of_splits.items()):
         batches.append(
             WarmUpBatch(f"decode x{num_seqs} ({splits} splits)", [1] * num_seqs)
