@@ -189,6 +189,10 @@ class Shape:
     softcap: float | None = None  # logits soft-cap c: s -> c * tanh(s / c)
 
 
+# Page sizes of --decode-batches (vLLM's default on CUDA, and the H200 tables' 64).
+DECODE_BATCH_PAGES = (16, 64)
+
+
 def sweep(args) -> list[Shape]:
     shapes = []
     if args.tiny:
@@ -197,6 +201,16 @@ def sweep(args) -> list[Shape]:
         for batch, q, ctx, (hq, hk, d), bs in TINY["prefill"]:
             shapes.append(Shape("prefill", "tiny", batch, q, ctx, hq, hk, d, bs))
         return shapes
+    if args.decode_batches:
+        # One decode context over many batch sizes: how the grid meets the SMs
+        # (wave quantisation) shows as a saw-tooth in time per sequence.
+        heads, ctx = MODELS["llama-3.1-8b"], args.decode_context
+        return [
+            Shape("decode", "llama-3.1-8b", b, 1, ctx, *heads, bs, kv_dtype=kv)
+            for kv in ("bfloat16", "float8_e4m3fn")
+            for bs in DECODE_BATCH_PAGES
+            for b in args.decode_batches
+        ]
     if args.quick:
         for m, bs, b, c in QUICK["decode"]:
             shapes.append(Shape("decode", m, b, 1, c, *MODELS[m], bs))
@@ -1205,6 +1219,15 @@ def config_fields(pairs, config_cls) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a ~2 minute subset")
+    p.add_argument(
+        "--decode-batches",
+        type=int,
+        nargs="+",
+        help="decode points of Llama-3.1-8B heads at these batch sizes and one "
+        "context (--decode-context), bf16 and fp8, pages of 16 and 64 (prune with "
+        "--kv-dtypes / --block-sizes)",
+    )
+    p.add_argument("--decode-context", type=int, default=1536)
     p.add_argument("--tiny", action="store_true", help="tiny shapes (smoke run)")
     p.add_argument(
         "--prefill-num-splits",
@@ -1357,6 +1380,7 @@ def main() -> None:
     result["wall_s"] = time.time() - start
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
     suffix = "-tiny" if args.tiny else "-quick" if args.quick else ""
+    suffix += "-decode-batches" if args.decode_batches else ""
     # runs of a subset or another split cap in the same minute must not overwrite
     if sorted(set(args.kernels)) != ["decode", "prefill"]:
         suffix += "-" + "-".join(sorted(set(args.kernels)))

@@ -399,6 +399,19 @@ def test_query_lens_option_keeps_only_those_points(monkeypatch, capsys):
     assert chunks == [line for line, q in zip(every, q_lens) if q == "2048"]
 
 
+def test_decode_batches_sweep_one_context_many_batches(monkeypatch, capsys):
+    out = _main(monkeypatch, capsys, "--decode-batches", "40", "77", "--list",
+                "--decode-context", "1000", "--block-sizes", "16")  # fmt: skip
+    points = [dict(f.split("=") for f in line.split())
+              for line in out.strip().splitlines()[:-1]]  # fmt: skip
+    got = {(p["batch"], p["kv_cache_dtype"]) for p in points}
+    assert got == {(b, kv) for b in ("40", "77")
+                   for kv in ("bfloat16", "float8_e4m3fn")}  # fmt: skip
+    assert {(p["kernel"], p["kv_len"], p["block_size"]) for p in points} == {
+        ("decode", "1000", "16")
+    }
+
+
 def _fake_callers(monkeypatch, measured, *, fail=()):
     """Callers whose times are made up: ours 10 us, fa3 20 us (skipped on fp8),
     stock 5 us; ``fail``: shapes on which ours raises."""
