@@ -1121,7 +1121,7 @@ def check_builder():
 
     # Every decode batch size up to max_num_seqs has a large enough workspace.
     for num_decodes in range(1, builder.decode_planner.max_num_seqs + 1):
-        splits, ws, config = builder.decode_plan(num_decodes)
+        splits, ws, config = builder.decode_planner.plan(num_decodes)
         assert (splits == 1) == (ws is None), num_decodes
         assert ws is None or ws.shape[0] >= num_decodes
         assert config == builder.decode_planner.configs[splits > 1]
@@ -1145,7 +1145,6 @@ def check_prefill_planned_once_per_batch():
 
     from vllm.attention.ops import prefix_prefill
     from vllm.attention.ops.prefix_prefill import PrefillLayer
-    from vllm.v1.attention.backends import triton_attn
     from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
 
     layers = {
@@ -1169,18 +1168,19 @@ def check_prefill_planned_once_per_batch():
     builder = TritonAttentionMetadataBuilder(
         spec, list(layers), config, torch.device("cpu")
     )
-    assert len(builder.prefill_layers) == 2, builder.prefill_layers  # plain, window
+    kinds = builder.prefill_planner.layers
+    assert len(kinds) == 2, kinds  # plain, window
     # Two decodes, then a 2k chunk over 30k: few programs, long keys.
     q_lens, s_lens = [1, 1, 2048], [50, 60, 30000]
     block_table = torch.zeros((3, 512), dtype=torch.int32)
     cm = _common_metadata(q_lens, s_lens, block_table, torch.arange(2050), sum(q_lens))
     planned = []
     real_plan = prefix_prefill.plan_prefill
-    triton_attn.plan_prefill = lambda **kw: planned.append(kw) or real_plan(**kw)
+    prefix_prefill.plan_prefill = lambda **kw: planned.append(kw) or real_plan(**kw)
     try:
         md = builder.build(0, cm)
     finally:
-        triton_attn.plan_prefill = real_plan
+        prefix_prefill.plan_prefill = real_plan
     assert len(planned) == 2 and len(md.prefill_plans) == 2, md.prefill_plans
     by_window = {layer.sliding_window: plan for layer, plan in md.prefill_plans.items()}
     whole, windowed = by_window[None], by_window[3000]
@@ -1188,7 +1188,7 @@ def check_prefill_planned_once_per_batch():
     # The window bounds the keys a program sees: the full layer splits, the
     # windowed one (3000 + 128 < 2 * 2048 keys) does not.
     assert whole.num_splits > 1 and windowed.num_splits == 1, (whole, windowed)
-    assert whole.workspace.data_ptr() == builder._prefill_workspace.data_ptr()
+    assert whole.workspace.data_ptr() == builder.prefill_planner.workspace.data_ptr()
     # forward: each layer finds its own plan by its tensors.
     kv_cache = torch.zeros((4, 2, NUM_KV_HEADS, 64, 128), dtype=torch.bfloat16)
     query = torch.zeros((2050, NUM_Q_HEADS, 128), dtype=torch.bfloat16)
@@ -1234,7 +1234,7 @@ def check_warm_up():
     builder = _builder(16, 64, torch.bfloat16, max_num_seqs=64)
     plan = warmup.warm_up_plan(builder, block_table_stride=64)
     decodes = [b for b in plan if b.max_query_len is None]
-    split_counts = {builder.decode_plan(len(b.query_lens))[0] for b in decodes}
+    split_counts = {builder.decode_planner.plan(len(b.query_lens))[0] for b in decodes}
     assert split_counts == set(builder.decode_planner.splits_for_batch[1:]), (
         split_counts
     )

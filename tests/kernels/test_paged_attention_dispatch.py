@@ -416,6 +416,42 @@ def test_a_planned_batch_launches_with_no_per_layer_work(monkeypatch):
     assert plan.workspace.data_ptr() == buffer.data_ptr()  # a view, not a new one
 
 
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_prefill_planner_plans_each_kind_of_layer_once(batch_invariant):
+    """PrefillPlanner: one plan per kind of layer over the batch's prefills, split
+    workspaces as views of its one buffer; none without prefills. Batch-invariant:
+    no split and the longest bucket's config, whatever the batch."""
+    from vllm.attention.ops import prefix_prefill as pp
+    from vllm.attention.ops.tuning.prefill_configs import QUERY_LEN_BUCKETS
+
+    layer = dict(head_size=HEAD_SIZE, num_q_heads=NUM_KV_HEADS * GROUP,
+                 num_kv_heads=NUM_KV_HEADS, q_dtype=torch.bfloat16,
+                 kv_dtype=torch.bfloat16, block_size=16, pages_are_rows=True,
+                 soft_cap=False, alibi=False, sinks=False)  # fmt: skip
+    kinds = {pp.PrefillLayer(**layer, sliding_window=w) for w in (None, 3000)}
+    device = torch.device("cpu")
+    planner = pp.PrefillPlanner(
+        device=device, layers=kinds, head_size=HEAD_SIZE, max_model_len=65536,
+        batch_invariant=batch_invariant,
+    )  # fmt: skip
+    batch = dict(num_tokens=2050, max_query_len=2048, max_seq_len=30000)
+    assert planner.plan(num_decodes=3, num_reqs=3, **batch) == {}
+    plans = planner.plan(num_decodes=2, num_reqs=3, **batch)
+    assert set(plans) == kinds
+    for kind, plan in plans.items():
+        assert (plan.seq_start, plan.num_seqs, plan.layer) == (2, 1, kind)
+        if batch_invariant:
+            assert plan.num_splits == 1
+            assert plan.config == pp.layer_config(kind, device, QUERY_LEN_BUCKETS[-1])
+    whole = plans[next(k for k in kinds if k.sliding_window is None)]
+    if not batch_invariant:  # few programs over 30k keys: split, in the buffer
+        assert whole.num_splits > 1
+        assert whole.workspace.data_ptr() == planner.workspace.data_ptr()
+    short = pp.PrefillPlanner(device=device, layers=kinds, head_size=HEAD_SIZE,
+                              max_model_len=2 * pp.SPLIT_MIN_KEYS - 1)  # fmt: skip
+    assert short.workspace is None
+
+
 @pytest.mark.parametrize(
     "head_size, block_size",
     [(h, 16) for h in SUPPORTED_HEAD_SIZES] + [(64, 1), (64, 8), (96, 4)],

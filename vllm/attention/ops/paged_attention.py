@@ -17,6 +17,7 @@ table lookup. Without plans (tests, benchmarks) it makes them here.
 
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from vllm.attention.ops.prefix_prefill import (
@@ -39,6 +40,27 @@ from vllm.attention.ops.tuning.decode_configs import DecodeConfig
 # Query length of a decode step; sequences with this query length (placed first in
 # the batch) use the decode kernel.
 DECODE_QUERY_LEN = 1
+
+
+def split_decodes(
+    query_start_loc_cpu: torch.Tensor, num_reqs: int, max_query_len: int
+) -> tuple[int, int]:
+    """``(num_decodes, num_decode_tokens)``: the leading run of requests whose query
+    length is ``DECODE_QUERY_LEN``, and their token count.
+
+    vLLM orders decodes first (``reorder_batch_threshold``); everything after the
+    first other query length goes to prefix_prefill, which is correct for any
+    query length, so a batch out of order is slower, never wrong. In a decode-only
+    batch, trailing requests of query length 0 are CUDA-graph padding: they count
+    as decodes with one (padding) token row each and ``seq_len`` 0, which the
+    decode kernel turns into zeros.
+    """
+    if max_query_len <= DECODE_QUERY_LEN:
+        return num_reqs, num_reqs * DECODE_QUERY_LEN
+    starts = query_start_loc_cpu[: num_reqs + 1].numpy()
+    others = np.flatnonzero(np.diff(starts) != DECODE_QUERY_LEN)
+    num_decodes = int(others[0]) if others.size else num_reqs
+    return num_decodes, num_decodes * DECODE_QUERY_LEN
 
 
 def paged_attention(

@@ -116,6 +116,7 @@ from vllm.attention.ops.triton_attention_common import (
 from vllm.attention.ops.tuning.prefill_configs import (
     GLUON_HEAD_SIZES,
     PREFILL_TABLE,
+    QUERY_LEN_BUCKETS,
     PrefillConfig,
     fit_shared_memory,
     gluon_config_refusal,
@@ -957,6 +958,72 @@ def plan_prefill(
         workspace=view,
         layer=layer,
     )
+
+
+class PrefillPlanner:
+    """The prefill launches of a batch, one per kind of layer, planned once per
+    batch as ``DecodePlanner`` plans decodes: ``plan_prefill`` for each of
+    ``layers`` over the batch's prefill requests, their split workspaces views of
+    one buffer allocated here (none where no launch can split: ``max_model_len``
+    below ``2 * SPLIT_MIN_KEYS``). With ``batch_invariant`` nothing depends on the
+    batch: no split, and the config of the longest query bucket for every batch.
+    """
+
+    def __init__(
+        self,
+        *,
+        device: torch.device,
+        layers: set[PrefillLayer],
+        head_size: int,
+        max_model_len: int,
+        batch_invariant: bool = False,
+    ):
+        self.device = device
+        self.layers = frozenset(layers)
+        self.workspace = None
+        if max_model_len >= 2 * SPLIT_MIN_KEYS:
+            self.workspace = torch.empty(
+                split_workspace_bound(head_size=head_size, num_sms=num_sms(device)),
+                dtype=torch.float32,
+                device=device,
+            )
+        self.fixed = {
+            layer: {
+                "config": layer_config(layer, device, QUERY_LEN_BUCKETS[-1]),
+                "num_splits": 1,
+            }
+            if batch_invariant
+            else {}
+            for layer in self.layers
+        }
+
+    def plan(
+        self,
+        *,
+        num_decodes: int,
+        num_reqs: int,
+        num_tokens: int,
+        max_query_len: int,
+        max_seq_len: int,
+    ) -> dict[PrefillLayer, PrefillPlan]:
+        """The launch of each kind of layer over requests ``[num_decodes,
+        num_reqs)`` (none without prefills)."""
+        if num_reqs <= num_decodes:
+            return {}
+        return {
+            layer: plan_prefill(
+                layer=layer,
+                device=self.device,
+                seq_start=num_decodes,
+                num_seqs=num_reqs - num_decodes,
+                num_tokens=num_tokens,
+                max_query_len=max_query_len,
+                max_seq_len=max_seq_len,
+                workspace=self.workspace,
+                **self.fixed[layer],
+            )
+            for layer in self.layers
+        }
 
 
 def _launches(plan: PrefillPlan, inputs: AttentionInputs) -> list[tuple]:

@@ -46,25 +46,24 @@ import functools
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
 import torch
 
 import vllm.envs as envs
 from vllm.attention.ops.hardware import num_sms
-from vllm.attention.ops.paged_attention import DECODE_QUERY_LEN, paged_attention
+from vllm.attention.ops.paged_attention import (
+    DECODE_QUERY_LEN,
+    paged_attention,
+    split_decodes,
+)
 from vllm.attention.ops.paged_cache_write import write_to_paged_cache
 from vllm.attention.ops.prefix_prefill import (
-    SPLIT_MIN_KEYS,
     PrefillLayer,
     PrefillPlan,
-    layer_config,
-    plan_prefill,
-    split_workspace_bound,
+    PrefillPlanner,
 )
 from vllm.attention.ops.triton_attention_common import supported_block_size
 from vllm.attention.ops.triton_paged_decode_attention_2d import DecodePlanner
 from vllm.attention.ops.tuning.decode_configs import DecodeConfig
-from vllm.attention.ops.tuning.prefill_configs import QUERY_LEN_BUCKETS
 from vllm.logger import init_logger
 from vllm.v1.attention.backend import (
     AttentionBackend,
@@ -77,11 +76,9 @@ from vllm.v1.attention.backends import triton_attn_selection as selection
 from vllm.v1.attention.backends import triton_attn_warmup as warmup
 from vllm.v1.attention.backends.triton_attn_selection import (
     FP8_CACHE_DTYPES,
-    HEAD_SIZES_TEXT,
     KERNEL_DTYPES,
     KV_CACHE_DTYPES,
     PREFERRED_BLOCK_SIZE,
-    STOCK_BACKEND_HINT,
     SUPPORTED_BLOCK_SIZES,
     SUPPORTED_HEAD_SIZES,
     TritonUnifiedAttentionBackend,
@@ -189,27 +186,6 @@ _FROM_COMMON = {
 }
 
 
-def split_decodes(
-    query_start_loc_cpu: torch.Tensor, num_reqs: int, max_query_len: int
-) -> tuple[int, int]:
-    """``(num_decodes, num_decode_tokens)``: the leading run of requests whose query
-    length is ``DECODE_QUERY_LEN``, and their token count.
-
-    vLLM orders decodes first (``reorder_batch_threshold``); everything after the
-    first other query length goes to prefix_prefill, which is correct for any
-    query length, so a batch out of order is slower, never wrong. In a decode-only
-    batch, trailing requests of query length 0 are CUDA-graph padding: they count
-    as decodes with one (padding) token row each and ``seq_len`` 0, which the
-    decode kernel turns into zeros.
-    """
-    if max_query_len <= DECODE_QUERY_LEN:
-        return num_reqs, num_reqs * DECODE_QUERY_LEN
-    starts = query_start_loc_cpu[: num_reqs + 1].numpy()
-    others = np.flatnonzero(np.diff(starts) != DECODE_QUERY_LEN)
-    num_decodes = int(others[0]) if others.size else num_reqs
-    return num_decodes, num_decodes * DECODE_QUERY_LEN
-
-
 # ----------------------------------------------------------------------------------
 # Builder
 # ----------------------------------------------------------------------------------
@@ -252,7 +228,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         # an order the tiles fix, so only the plan could vary with the batch: the
         # split counts (from the batch size and grid) and the prefill tiles (from
         # the batch's longest query). Both are fixed then: no split, and one
-        # prefill config per kind of layer (``prefill_plans``).
+        # prefill config per kind of layer (``PrefillPlanner``).
         self.batch_invariant = bool(envs.VLLM_BATCH_INVARIANT)
         # The decode launch of every batch size up to the largest one vLLM can
         # form (max_num_seqs; CUDA-graph capture sizes never exceed it for decodes).
@@ -269,26 +245,23 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             num_sms=self.num_sms,
             batch_invariant=self.batch_invariant,
         )
-        # The kinds of prefill launch the group's layers make (each layer's
-        # features on the group's cache), planned for every batch; and the
-        # buffer their split workspaces are views of (no split below
-        # 2 * SPLIT_MIN_KEYS keys).
         # Elements between two pages of a layer's cache: vLLM's page, padded to a
         # common size in hybrid models (the warm-up's scratch cache copies it).
         self.block_stride = max(
             kv_cache_spec.page_size_bytes // kv_cache_spec.dtype.itemsize,
             2 * self.num_kv_heads * kv_cache_spec.block_size * self.head_size,
         )
-        self.prefill_layers = self._prefill_layers_of(
-            vllm_config, kv_cache_spec, q_dtype, kv_dtype
+        # The prefill launch of each kind of layer in the group (its features on
+        # the group's cache), planned for every batch.
+        self.prefill_planner = PrefillPlanner(
+            device=self.device,
+            layers=self._prefill_layers_of(
+                vllm_config, kv_cache_spec, q_dtype, kv_dtype
+            ),
+            head_size=self.head_size,
+            max_model_len=vllm_config.model_config.max_model_len,
+            batch_invariant=self.batch_invariant,
         )
-        self._prefill_workspace = None
-        if vllm_config.model_config.max_model_len >= 2 * SPLIT_MIN_KEYS:
-            self._prefill_workspace = torch.empty(
-                split_workspace_bound(head_size=self.head_size, num_sms=self.num_sms),
-                dtype=torch.float32,
-                device=self.device,
-            )
 
         # Compile every kernel specialisation now, at startup (see warm_up).
         self._warmed_stride_classes: set[tuple[bool, bool]] = set()
@@ -357,50 +330,6 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             if isinstance(getattr(layer, "impl", None), TritonAttentionImpl)
         }
 
-    def decode_plan(
-        self, num_decodes: int
-    ) -> tuple[int, torch.Tensor | None, DecodeConfig]:
-        """``(num_splits, workspace, config)`` of a decode launch over
-        ``num_decodes`` (``DecodePlanner``)."""
-        return self.decode_planner.plan(num_decodes)
-
-    def prefill_plans(
-        self,
-        *,
-        num_decodes: int,
-        num_reqs: int,
-        num_tokens: int,
-        max_query_len: int,
-        max_seq_len: int,
-    ) -> dict[PrefillLayer, PrefillPlan]:
-        """The prefill launch of each kind of layer over requests ``[num_decodes,
-        num_reqs)`` (``plan_prefill``), once per batch."""
-        if num_reqs <= num_decodes:
-            return {}
-        return {
-            layer: plan_prefill(
-                layer=layer,
-                device=self.device,
-                seq_start=num_decodes,
-                num_seqs=num_reqs - num_decodes,
-                num_tokens=num_tokens,
-                max_query_len=max_query_len,
-                max_seq_len=max_seq_len,
-                workspace=self._prefill_workspace,
-                **self._batch_invariant_plan(layer),
-            )
-            for layer in self.prefill_layers
-        }
-
-    def _batch_invariant_plan(self, layer: PrefillLayer) -> dict:
-        """``plan_prefill``'s fixed choices under VLLM_BATCH_INVARIANT=1 (none
-        otherwise): no split, and the config of the longest query bucket for
-        every batch, so that neither depends on the batch."""
-        if not self.batch_invariant:
-            return {}
-        config = layer_config(layer, self.device, QUERY_LEN_BUCKETS[-1])
-        return {"config": config, "num_splits": 1}
-
     def build(
         self,
         common_prefix_len: int,
@@ -450,7 +379,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         num_decodes, num_decode_tokens = split_decodes(
             query_start_loc_cpu, batch["num_reqs"], batch["max_query_len"]
         )
-        num_splits, workspace, config = self.decode_plan(num_decodes)
+        num_splits, workspace, config = self.decode_planner.plan(num_decodes)
         prefill_max_seq_len = batch["max_seq_len"]
         if seq_lens_upper_bound_cpu is not None and num_decodes < batch["num_reqs"]:
             prefills = seq_lens_upper_bound_cpu[num_decodes : batch["num_reqs"]]
@@ -463,7 +392,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             decode_workspace=workspace,
             decode_config=config,
             prefill_max_seq_len=prefill_max_seq_len,
-            prefill_plans=self.prefill_plans(
+            prefill_plans=self.prefill_planner.plan(
                 num_decodes=num_decodes,
                 num_reqs=batch["num_reqs"],
                 num_tokens=batch["num_actual_tokens"],
@@ -748,41 +677,15 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         sinks: torch.Tensor | None = None,  # [num_heads] logits (gpt-oss)
         **unsupported,  # refused below, by name
     ) -> None:
-        # RNJ-1's chunked attention with lookback passes chunk_lookback=-1 when off.
-        if unsupported.get("chunk_lookback", -1) == -1:
-            unsupported.pop("chunk_lookback", None)
-        if unsupported:
-            raise NotImplementedError(
-                f"TRITON_ATTN does not support {sorted(unsupported)} (e.g. chunked "
-                f"attention with lookback); {STOCK_BACKEND_HINT} backend."
-            )
-        if attn_type != AttentionType.DECODER:
-            raise NotImplementedError(
-                f"TRITON_ATTN supports decoder self-attention only, not {attn_type} "
-                f"(the kernels are causal); {STOCK_BACKEND_HINT} backend."
-            )
-        num_kv_heads = num_kv_heads or num_heads
-        if num_heads % num_kv_heads:
-            raise ValueError(
-                f"num_heads {num_heads} is not a multiple of num_kv_heads "
-                f"{num_kv_heads}."
-            )
-        if head_size not in SUPPORTED_HEAD_SIZES:
-            raise ValueError(
-                f"TRITON_ATTN does not support head size {head_size} (supported: "
-                f"{HEAD_SIZES_TEXT}); {STOCK_BACKEND_HINT} backend."
-            )
-        if kv_cache_dtype not in TritonAttentionBackend.supported_kv_cache_dtypes:
-            raise ValueError(
-                f"TRITON_ATTN does not support --kv-cache-dtype {kv_cache_dtype}; "
-                f"use one of {TritonAttentionBackend.supported_kv_cache_dtypes}, or "
-                f"{STOCK_BACKEND_HINT} backend."
-            )
-        if sinks is not None and sinks.shape != (num_heads,):
-            raise ValueError(
-                f"sinks must have one value per query head ({num_heads},), got "
-                f"{tuple(sinks.shape)}."
-            )
+        num_kv_heads = selection.check_layer(
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads or num_heads,
+            head_size=head_size,
+            kv_cache_dtype=kv_cache_dtype,
+            attn_type=attn_type,
+            sinks=sinks,
+            unsupported=unsupported,
+        )
         # What vLLM reads from an impl (the layer's repr, the metadata builders'
         # checks), in the interface's names.
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads

@@ -26,7 +26,7 @@ from vllm.attention.ops.triton_attention_common import (
     SUPPORTED_HEAD_SIZES as KERNEL_HEAD_SIZES,
 )
 from vllm.logger import init_logger
-from vllm.v1.attention.backend import AttentionBackend
+from vllm.v1.attention.backend import AttentionBackend, AttentionType
 from vllm.v1.attention.backends import triton_unified_attn as stock_triton
 
 if TYPE_CHECKING:
@@ -156,6 +156,56 @@ def kernel_refusals(base_reasons: list[str], **config) -> list[str]:
             f"{capability.as_version_str()}"
         )
     return reasons
+
+
+def check_layer(
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    kv_cache_dtype: str,
+    attn_type: str,
+    sinks: torch.Tensor | None,
+    unsupported: dict,
+) -> int:
+    """Refuse, by name, what a TRITON_ATTN layer (``TritonAttentionImpl``) asks
+    of our kernels that they do not take; the selector hands such layers over
+    first (``kernel_refusals``), so this stops a model that builds the impl
+    itself. ``unsupported``: constructor options the impl has no parameter for.
+    Returns ``num_kv_heads``."""
+    # RNJ-1's chunked attention with lookback passes chunk_lookback=-1 when off.
+    if unsupported.get("chunk_lookback", -1) == -1:
+        unsupported.pop("chunk_lookback", None)
+    if unsupported:
+        raise NotImplementedError(
+            f"TRITON_ATTN does not support {sorted(unsupported)} (e.g. chunked "
+            f"attention with lookback); {STOCK_BACKEND_HINT} backend."
+        )
+    if attn_type != AttentionType.DECODER:
+        raise NotImplementedError(
+            f"TRITON_ATTN supports decoder self-attention only, not {attn_type} "
+            f"(the kernels are causal); {STOCK_BACKEND_HINT} backend."
+        )
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}."
+        )
+    if head_size not in SUPPORTED_HEAD_SIZES:
+        raise ValueError(
+            f"TRITON_ATTN does not support head size {head_size} (supported: "
+            f"{HEAD_SIZES_TEXT}); {STOCK_BACKEND_HINT} backend."
+        )
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"TRITON_ATTN does not support --kv-cache-dtype {kv_cache_dtype}; "
+            f"use one of {list(KV_CACHE_DTYPES)}, or {STOCK_BACKEND_HINT} backend."
+        )
+    if sinks is not None and sinks.shape != (num_heads,):
+        raise ValueError(
+            f"sinks must have one value per query head ({num_heads},), got "
+            f"{tuple(sinks.shape)}."
+        )
+    return num_kv_heads
 
 
 def handed_over(reasons: list[str]) -> type[AttentionBackend]:

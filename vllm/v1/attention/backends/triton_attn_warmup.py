@@ -7,7 +7,7 @@ the query's two layouts, the block table's row stride class), so the metadata
 builder hands this to vLLM's JIT warm-up registry (``register_jit_warm_up``),
 which runs it before CUDA-graph capture. ``warm_up_plan`` lists the batches whose
 launches cover every specialisation (the prefill ones from the builder's own
-plans, ``prefill_plans``); ``warm_up`` runs them on a scratch cache through each
+plans, ``prefill_planner``); ``warm_up`` runs them on a scratch cache through each
 kind of layer's ``forward``. The list is in docs/backend.md.
 """
 
@@ -104,7 +104,7 @@ def warm_up_plan(builder, block_table_stride: int) -> list["WarmUpBatch"]:
     max_model_len = builder.vllm_config.model_config.max_model_len
     for bound in (b for b in QUERY_LEN_BUCKETS if b <= top):
         batches.append(WarmUpBatch(f"prefill bucket {bound}", [2], max_query_len=bound))
-        plans = builder.prefill_plans(
+        plans = builder.prefill_planner.plan(
             num_decodes=0,
             num_reqs=1,
             num_tokens=2,
