@@ -30,6 +30,10 @@ REFERS_TO_SELECTED_BACKEND = {
 }
 
 
+# Head sizes our kernels take: usual ones and odd ones (8, 24, 72, 100).
+ODD_AND_USUAL_HEAD_SIZES = (8, 16, 24, 48, 64, 72, 80, 96, 100, 112, 128, 160, 224, 256)
+
+
 def _imports_from(tree, module: str) -> list[str]:
     import ast
 
@@ -202,8 +206,8 @@ def check_capabilities():
         {"has_sliding_window": True, "has_sink": True},
         {"device_capability": DeviceCapability(8, 0)},
         {"use_batch_invariant": True},  # the builder fixes the plan then
-        # The kernels' head sizes: every multiple of 16 up to 256.
-        *({"head_size": h} for h in (16, 48, 64, 80, 96, 112, 128, 160, 224, 256)),
+        # The kernels' head sizes: any up to 256 (odd ones padded and masked).
+        *({"head_size": h} for h in ODD_AND_USUAL_HEAD_SIZES),
         *({"block_size": b} for b in (16, 32, 64, 128, 256, 48)),
     ]
     for overrides in accepted:
@@ -212,9 +216,8 @@ def check_capabilities():
         assert B.validate_configuration(**config) == [], overrides
 
     refused = [
-        ({"head_size": 72}, "head_size 72 not supported (supported: a multiple of 16"),
-        ({"head_size": 8}, "head_size 8 not supported"),
-        ({"head_size": 272}, "head_size 272 not supported"),
+        ({"head_size": 272}, "head_size 272 not supported (supported: any up to 256"),
+        ({"head_size": 320}, "head_size 320 not supported"),
         ({"dtype": torch.float32}, "dtype torch.float32 not supported"),
         ({"kv_cache_dtype": "int8_per_token_head"}, "not supported (supported: auto"),
         ({"kv_cache_dtype": "float16"}, "16-bit cache in the model's dtype"),
@@ -329,7 +332,7 @@ def _named_on_cuda(cuda):
     also_taken = [
         good._replace(kv_cache_dtype="fp8_e5m2"),
         good._replace(attn_type="encoder_only"),
-        good._replace(head_size=72),
+        good._replace(head_size=272),
     ]
     for config in (good, *also_taken):
         assert cuda.get_attn_backend_cls(E.TRITON_ATTN, config) == (
@@ -339,10 +342,7 @@ def _named_on_cuda(cuda):
             assert cuda.get_attn_backend_cls(E.ROCM_ATTN, config) == (
                 ours + "RocmAttentionBackend"
             )
-    for config, expected in (
-        (good._replace(use_mla=True), "MLA not supported"),
-        (good._replace(head_size=8), "head_size 8 not supported"),
-    ):
+    for config, expected in [(good._replace(use_mla=True), "MLA not supported")]:
         try:
             cuda.get_attn_backend_cls(E.TRITON_ATTN, config)
         except ValueError as e:
@@ -392,7 +392,7 @@ def check_layers_ours_do_not_take_run_on_stock_backend():
         head_size=128, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=64
     )
     stock_only = [
-        good._replace(head_size=72),
+        good._replace(head_size=272),
         good._replace(attn_type="encoder_only"),
         good._replace(kv_cache_dtype="int8_per_token_head"),
         good._replace(dtype=torch.float32, kv_cache_dtype="auto"),
@@ -416,7 +416,7 @@ def check_layers_ours_do_not_take_run_on_stock_backend():
     finally:
         selection.logger.removeHandler(records)
     logged = [m for m in records.messages if "TRITON_UNIFIED_ATTN." in m]
-    assert logged and any("head_size 72 not supported" in m for m in logged), logged
+    assert logged and any("head_size 272 not supported" in m for m in logged), logged
     assert len(logged) == len(set(logged)), "logged more than once per kind"
     return f"{len(stock_only)} kinds of layer served by TRITON_UNIFIED_ATTN"
 
@@ -649,7 +649,7 @@ def check_impl_refusals():
 
     bad_impls = [
         ({"attn_type": "encoder_only"}, "decoder self-attention only"),
-        ({"head_size": 72}, "head size 72"),
+        ({"head_size": 272}, "head size 272"),
         ({"kv_cache_dtype": "int8_per_token_head"}, "int8_per_token_head"),
         ({"chunk_lookback": 2}, "chunk_lookback"),
         ({"sinks": torch.zeros(3)}, "sinks must have one value per query head"),

@@ -45,9 +45,8 @@ BASE = {
     "kv_cache_dtype": "auto",
     "block_size": None,
 }
-# Head sizes of models from 8 to 512, and odd ones (24, 100): ours take the
-# multiples of 16 up to 256, stock's Triton backend every one from 32, the others
-# their lists.
+# Head sizes of models from 8 to 512, and odd ones (24, 100): ours take every one
+# up to 256, stock's Triton backend every one from 32, the others their lists.
 HEAD_SIZES = (8, 16, 24, 32, 48, 64, 72, 80, 96, 100, 112, 128, 160, 192, 224, 256,
               320, 512)  # fmt: skip
 # --block-size values: kernel block sizes of ours (16..128), a multiple of 16 that

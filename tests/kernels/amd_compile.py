@@ -120,7 +120,7 @@ MAX_WAVES_PER_SIMD = 8
 SIMDS_PER_CU = 4
 LDS_BYTES_PER_CU = 64 * 1024
 
-HEAD_SIZES = (64, 128, 256)
+HEAD_SIZES = (64, 100, 128, 256)  # 100: an odd head, padded to 128 and masked
 GROUPS = (1, 4, 8)
 Q_DTYPES = (torch.bfloat16, torch.float16)
 FP8 = torch.float8_e4m3fnuz
@@ -143,13 +143,15 @@ DECODE_NUM_SEQS = {"decode": 256, "decode-split": 1}
 # Known on MI300 with Triton 3.8, reported and not fixed here (kernel code is not
 # this check's to change): the merge of a 64-split decode (SPLITS_PAD 64: batches
 # of 1-2 sequences at 8 KV heads on 304 CUs) reaches the SGPR limit (106, counted
-# with VCC and the XNACK mask) from head size 128 and spills SGPRs into VGPR lanes
-# (v_writelane / v_readlane), with no scratch and no VGPR spills; the same merge at
+# with VCC and the XNACK mask) from 128-wide tiles (head sizes 100 and 128) and
+# spills SGPRs into VGPR lanes (v_writelane / v_readlane), with no scratch and no
+# VGPR spills; the same merge at
 # head size 64, and every prefill merge (SPLITS_PAD 16), spills none (outside the
 # sweep, a 32-split merge, batches of 3-4, spills 13 at head size 256). The most
 # each may spill: {(kind, head size, SPLITS_PAD): SGPR spills}; more, or a spill
 # anywhere else, fails.
 KNOWN_SGPR_SPILLS = {
+    ("decode-merge", 100, 64): 76,  # padded to 128 columns, masked
     ("decode-merge", 128, 64): 75,
     ("decode-merge", 256, 64): 123,
 }

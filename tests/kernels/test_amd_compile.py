@@ -13,7 +13,7 @@ import triton
 # What the module must build, stated here independently of it.
 ATTENTION_KINDS = ("prefill", "prefill-split", "decode", "decode-split")
 MERGE_KINDS = ("prefill-merge", "decode-merge")
-HEAD_SIZES = ("d64", "d128", "d256")
+HEAD_SIZES = ("d64", "d100", "d128", "d256")
 GROUPS = ("g1", "g4", "g8")
 DTYPE_PAIRS = ("bf16/bf16", "bf16/fp8e4m3fnuz", "fp16/fp16", "fp16/fp8e4m3fnuz")
 

@@ -263,7 +263,6 @@ def test_fp8_cache_with_a_query_past_fp16_range():
 # each with the words its error must contain. Both kernels share the contract, so
 # the batch's decode part and its prefill part reject each one alike.
 CONTRACT_VIOLATIONS = {
-    "head-size-not-multiple-of-16": ({"head_size": 72}, {}, "head size 72"),
     "head-size-past-256": ({"head_size": 272}, {}, "head size 272"),
     "block-size-not-power-of-2": ({"block_size": 24}, {}, "block size 24"),
     "negative-softcap": ({}, {"logits_soft_cap": -1.0}, "logits_soft_cap"),
@@ -452,15 +451,25 @@ def test_prefill_planner_plans_each_kind_of_layer_once(batch_invariant):
     assert short.workspace is None
 
 
+# Pages of 64 take the TMA tiles where a head's row is a multiple of 16 bytes (24
+# in bf16) and pointer loads elsewhere (36, 100; 24 in fp8).
+ODD_HEADS_ON_TMA_PAGES = [(h, 64, kv) for h in (24, 36, 100)
+                          for kv in (torch.bfloat16, torch.float8_e4m3fn)]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "head_size, block_size",
-    [(h, 16) for h in SUPPORTED_HEAD_SIZES] + [(64, 1), (64, 8), (96, 4)],
+    "head_size, block_size, cache_dtype",
+    [(h, 16, torch.bfloat16) for h in SUPPORTED_HEAD_SIZES]
+    + [(64, 1, torch.bfloat16), (64, 8, torch.bfloat16), (96, 4, torch.bfloat16)]
+    + ODD_HEADS_ON_TMA_PAGES,
 )
-def test_every_declared_head_size_against_reference(head_size, block_size):
-    """Every head size the kernels declare (and so the backend: one source) runs
-    both kernels correctly: decodes and a chunked prefill in one batch, the
-    heuristic's tiles, a group of 3 (padded rows), pages of 16; and pages smaller
-    than vLLM offers (any power of two is in the contract)."""
+def test_every_declared_head_size_against_reference(head_size, block_size, cache_dtype):
+    """Every head size the kernels declare (and so the backend: one source; any up
+    to 256, odd ones in tiles of the next power of two with the extra columns
+    masked) runs both kernels correctly: decodes and a chunked prefill in one
+    batch, the heuristic's tiles, a group of 3 (padded rows), pages of 16; pages
+    smaller than vLLM offers (any power of two is in the contract); and odd head
+    sizes on pages of 64, in bf16 and fp8."""
     batch = make_paged_batch(
         seqs=[(1, 33), (1, 2), (5, 40)],
         num_q_heads=6,
@@ -468,6 +477,7 @@ def test_every_declared_head_size_against_reference(head_size, block_size):
         head_size=head_size,
         block_size=block_size,
         q_dtype=torch.bfloat16,
+        cache_dtype=cache_dtype,
         seed=head_size,
     )
     output = torch.full_like(batch.query, float("nan"))
@@ -477,7 +487,8 @@ def test_every_declared_head_size_against_reference(head_size, block_size):
         output=output, block_table=batch.block_table,
         query_start_loc=batch.query_start_loc, seq_lens=batch.seq_lens,
         num_decodes=2, num_decode_tokens=2, max_query_len=batch.max_query_len,
-        softmax_scale=scale, prefill_max_seq_len=40,
+        softmax_scale=scale, prefill_max_seq_len=40, k_scale=batch.k_scale,
+        v_scale=batch.v_scale,
     )  # fmt: skip
     ref = ref_paged_attention(**batch.ref_kwargs(), softmax_scale=scale)
     _, atol, rtol = TOLERANCES[torch.bfloat16]

@@ -19,8 +19,10 @@ from tests.kernels.conftest import (
 from vllm.attention.ops.paged_cache_write import write_to_paged_cache
 
 # (num_kv_heads, head_size, block_size): 1 head; 3 heads (not a power of two:
-# masked head tile) with a padded head size; 8 heads of the common size; 256.
-SHAPES = [(1, 64, 16), (3, 80, 32), (8, 128, 64), (2, 256, 128)]
+# masked head tile) with a padded head size; odd head sizes (24, 100) whose rows
+# are not 16-byte multiples in fp8 or bf16; 8 heads of the common size; 256.
+SHAPES = [(1, 64, 16), (3, 80, 32), (2, 24, 16), (3, 100, 64), (8, 128, 64),
+          (2, 256, 128)]  # fmt: skip
 SENTINEL = -3.0
 
 
@@ -87,7 +89,7 @@ def _fp8_inputs(cache_dtype, shape, scale, gen, on_grid):
 @pytest.mark.parametrize(
     "cache_dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2]
 )
-@pytest.mark.parametrize("num_kv_heads, head_size, block_size", SHAPES[:2])
+@pytest.mark.parametrize("num_kv_heads, head_size, block_size", SHAPES[:4])
 def test_fp8_quantisation(cache_dtype, num_kv_heads, head_size, block_size, inputs):
     reason = fp8_skip_reason(cache_dtype)
     if reason:

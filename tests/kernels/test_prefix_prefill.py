@@ -1406,3 +1406,29 @@ def test_picked_configs_fit_the_gpus_shared_memory():
             assert small.block_m // (small.num_warps // 4) <= 128
             shrunk += small != config
     assert shrunk > 0  # some Hopper tiles do not fit the smaller GPUs as they are
+
+
+@pytest.mark.parametrize(
+    "head_size, cache_dtype, tma",
+    [
+        (96, torch.bfloat16, True),  # 192-byte rows
+        (24, torch.bfloat16, True),  # 48-byte rows
+        (100, torch.bfloat16, False),  # 200-byte rows
+        (36, torch.bfloat16, False),
+        (48, torch.float8_e4m3fn, True),  # 48-byte rows
+        (24, torch.float8_e4m3fn, False),  # 24-byte rows
+    ],
+)
+def test_tma_only_for_rows_a_tensor_map_addresses(head_size, cache_dtype, tma):
+    """Any head size runs, but K/V go through TMA descriptors only where a row's
+    bytes are a multiple of 16 (a tensor map's stride rule); other head sizes load
+    through pointers under the same TMA config."""
+    from tests.kernels.hopper_compile import prefill_launch
+
+    config = PrefillConfig(block_m=64, block_n=64, num_warps=4, num_stages=2)
+    _, _, kwargs = prefill_launch(
+        head_size, 4, 64, cache_dtype, 256, use_tma=True, config=config
+    )
+    assert (kwargs["k_desc"] is not None) == tma
+    assert (kwargs["v_desc"] is not None) == tma
+    assert kwargs["USE_TMA"] == tma

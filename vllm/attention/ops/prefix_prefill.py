@@ -92,6 +92,7 @@ from vllm.attention.ops.hardware import (
 )
 from vllm.attention.ops.triton_attention_common import (
     E4M3_DTYPES,
+    TMA_ROW_ALIGN_BYTES,
     AttentionInputs,
     cache_descriptor,
     check_attention_inputs,
@@ -1053,6 +1054,7 @@ def _launches(plan: PrefillPlan, inputs: AttentionInputs) -> list[tuple]:
         config.use_tma
         and tile_in_page
         and pages_are_rows
+        and head_size * key_cache.element_size() % TMA_ROW_ALIGN_BYTES == 0
         and tma_supported(query.device)
     )
 

@@ -71,14 +71,15 @@ def fp8_max(dtype: torch.dtype) -> float:
 
 # Query / output dtypes of the attention kernels.
 QUERY_DTYPES = (torch.bfloat16, torch.float16)
-# Head sizes: multiples of 16 (the tl.dot K dimension) up to 256 (registers and
-# shared memory of one program); non-powers of two are padded and masked.
-HEAD_SIZE_MULTIPLE = 16
+# Head sizes: any up to 256 (registers and shared memory of one program). Tiles are
+# the next power of two, at least 16 (the tl.dot K dimension, ``head_pad``), the
+# columns past the head size masked (zeros in q.k, not stored).
 MAX_HEAD_SIZE = 256
 # Every head size the kernels take: what the backend declares.
-SUPPORTED_HEAD_SIZES = tuple(
-    range(HEAD_SIZE_MULTIPLE, MAX_HEAD_SIZE + 1, HEAD_SIZE_MULTIPLE)
-)
+SUPPORTED_HEAD_SIZES = tuple(range(1, MAX_HEAD_SIZE + 1))
+# TMA reads rows whose byte length is a multiple of this (the global stride rule of
+# a tensor map); other head sizes load K/V through pointers.
+TMA_ROW_ALIGN_BYTES = 16
 
 
 def supported_head_size(head_size: int) -> bool:
@@ -262,9 +263,8 @@ def check_kv_cache(
     if not supported_head_size(head_size):
         fail(
             who,
-            f"head size {head_size} is not supported; use a multiple of "
-            f"{HEAD_SIZE_MULTIPLE} up to {MAX_HEAD_SIZE} (e.g. 64, 80, 128, 256) or "
-            "another attention backend",
+            f"head size {head_size} is not supported; use one up to "
+            f"{MAX_HEAD_SIZE} or another attention backend",
         )
     if not supported_block_size(block_size):
         fail(

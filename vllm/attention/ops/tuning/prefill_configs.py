@@ -24,8 +24,11 @@ import functools
 from dataclasses import dataclass, replace
 
 from vllm.attention.ops.hardware import HOPPER_SMEM_BYTES_PER_PROGRAM
+from vllm.attention.ops.triton_attention_common import (
+    TMA_ROW_ALIGN_BYTES,
+    head_split,
+)
 from vllm.attention.ops.triton_attention_common import head_pad as head_pad_of
-from vllm.attention.ops.triton_attention_common import head_split
 from vllm.attention.ops.tuning.tables import (
     COMMON_KEY_FIELDS,
     TuningTable,
@@ -193,6 +196,7 @@ def heuristic_prefill_config(
     group: int,
     block_size: int,
     max_query_len: int,
+    kv_dtype=None,
     is_hip: bool = False,
 ) -> PrefillConfig:
     """Fallback when the table has no entry: the tiles that timed sweeps on an H200
@@ -209,7 +213,13 @@ def heuristic_prefill_config(
         size below its power of two included: 80, 96 and 112 load padded boxes), one
         warpgroup (4 warps) up to head size 128 and two beyond (a warpgroup holds
         at most a 128 x 128 fp32 accumulator), 2 stages; head sizes in
-        ``SPLIT_HEAD_SIZES`` (96) in two unpadded column tiles (``split_head``).
+        ``SPLIT_HEAD_SIZES`` (96) in two unpadded column tiles (``split_head``);
+      * but a head whose cache rows are not a multiple of 16 bytes (``kv_dtype``'s
+        bytes per element; 16-bit when None), which TMA cannot read and whose
+        pointer loads carry no 16-byte alignment, up to head size 128: 128 x 64
+        tiles in two warpgroups (8 warps), 2 stages, the tile its sm_90 builds
+        keep free of register spills (100, 36, 20, 33 and fp8 100; one warpgroup
+        spills 144-1160 bytes).
     Never ``fp8_qk``: it rounds the query to fp8, a trade only a tuned entry makes.
     ``block_m`` is a multiple of 64 and ``num_warps`` of 4, so both ``tl.dot``
     lower to wgmma on Hopper.
@@ -220,6 +230,9 @@ def heuristic_prefill_config(
     if is_hip:
         return PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=1)
     block_m = 128 if rows >= 128 else 64
+    row_bytes = head_size * (1 if dtype_name(kv_dtype) == "fp8" else 2)
+    if row_bytes % TMA_ROW_ALIGN_BYTES and head_pad <= 128:
+        return PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=2)
     if head_pad <= 64:
         return PrefillConfig(block_m=block_m, block_n=128, num_warps=4, num_stages=2)
     tma_slices = block_size % 64 == 0
@@ -321,6 +334,6 @@ PREFILL_TABLE = TuningTable(
         "max_query_len": query_len_bucket,
     },
     heuristic=heuristic_prefill_config,
-    heuristic_fields=("head_size", "group", "block_size", "max_query_len"),
+    heuristic_fields=("head_size", "group", "block_size", "max_query_len", "kv_dtype"),
     entry_refusal=entry_refusal,
 )

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from vllm.attention.ops.triton_attention_common import (
-    HEAD_SIZE_MULTIPLE,
     MAX_HEAD_SIZE,
     QUERY_DTYPES,
 )
@@ -35,11 +34,11 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 # What the kernels take, as data (docs/backend.md explains each choice).
-# Head sizes and model (query) dtypes: the kernels' own (a multiple of 16 up to 256,
-# non-powers of two padded to the next power of two and masked; bf16 and fp16).
+# Head sizes and model (query) dtypes: the kernels' own (any up to 256, tiles of the
+# next power of two with the extra columns masked; bf16 and fp16).
 SUPPORTED_HEAD_SIZES: tuple[int, ...] = KERNEL_HEAD_SIZES
 KERNEL_DTYPES: tuple[torch.dtype, ...] = QUERY_DTYPES
-HEAD_SIZES_TEXT = f"a multiple of {HEAD_SIZE_MULTIPLE} up to {MAX_HEAD_SIZE}"
+HEAD_SIZES_TEXT = f"any up to {MAX_HEAD_SIZE}"
 # Page sizes (tokens per block). Larger vLLM block sizes (hybrid models) are split
 # into kernel blocks of the largest of these that divides them.
 SUPPORTED_BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
