@@ -460,8 +460,10 @@ def check_layer_options_the_selector_does_not_see():
     """ALiBi-sqrt and chunked attention with lookback (RNJ-1) reach the backend as
     options of vLLM's attention layer, not through the selector: the release's
     layer asks ``backend_for_layer_options`` right after choosing its backend,
-    before it checks ALiBi-sqrt support, and ours hands such a layer to stock's
-    backend, which takes both; wrappers other modules build keep their class."""
+    before it checks ALiBi-sqrt support. Ours keeps an ALiBi-sqrt layer (its
+    kernels take it; the layer then passes ``use_alibi_sqrt`` to our impl) and
+    hands chunk lookback to stock's backend; wrappers other modules build keep
+    their class."""
     import inspect
 
     from vllm.model_executor.layers.attention import attention as layer
@@ -472,17 +474,18 @@ def check_layer_options_the_selector_does_not_see():
     assert source.index("get_attn_backend(") < asked, "asked before the choice"
     assert asked < source.index(".supports_alibi_sqrt()"), "asked after the check"
     stock = ours.TritonUnifiedAttentionBackend
-    assert stock.supports_alibi_sqrt()
     wrapped = type("WrappedTritonAttentionBackend", (ours.TritonAttentionBackend,), {})
-    for options in ({"use_alibi_sqrt": True}, {"chunk_lookback": 2}):
-        for cls in (ours.TritonAttentionBackend, ours.RocmAttentionBackend):
-            assert cls.backend_for_layer_options(**options) is stock, (cls, options)
-        assert stock.backend_for_layer_options(**options) is stock
-        assert wrapped.backend_for_layer_options(**options) is wrapped
+    lookback = {"chunk_lookback": 2}
+    for cls in (ours.TritonAttentionBackend, ours.RocmAttentionBackend):
+        assert cls.backend_for_layer_options(**lookback) is stock, cls
+        assert cls.supports_alibi_sqrt()
+        assert cls.backend_for_layer_options(use_alibi_sqrt=True) is cls, cls
+    assert stock.backend_for_layer_options(**lookback) is stock
+    assert wrapped.backend_for_layer_options(**lookback) is wrapped
     plain = {"use_alibi_sqrt": False, "chunk_lookback": -1, "sinks": None}
     B = ours.TritonAttentionBackend
     assert B.backend_for_layer_options(**plain) is B
-    return "ALiBi-sqrt and chunk lookback handed over at layer construction"
+    return "ALiBi-sqrt kept on ours, chunk lookback handed over at layer construction"
 
 
 def check_layout():
@@ -526,7 +529,7 @@ def check_layout():
         "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"
     ]  # fmt: skip
     assert not B.supports_kv_connector() and B.supports_batch_invariance()
-    assert not B.supports_alibi_sqrt() and not B.supports_non_causal()
+    assert B.supports_alibi_sqrt() and not B.supports_non_causal()
     assert not B.is_mla() and not B.supports_pcp()
 
 
@@ -1375,6 +1378,7 @@ def _run_step(
     logits_soft_cap=None,
     with_sinks=False,
     with_alibi=False,
+    alibi_sqrt=False,
     seed=0,
     uncommitted=0,
 ):
@@ -1442,6 +1446,7 @@ def _run_step(
         kv_cache_dtype=cache_dtype_str,
         logits_soft_cap=logits_soft_cap,
         sinks=sinks,
+        use_alibi_sqrt=alibi_sqrt,
     )
     impl.process_weights_after_loading(q_dtype)
     layer = SimpleNamespace(
@@ -1518,6 +1523,7 @@ def _run_step(
         alibi_slopes=None if alibi is None else torch.tensor(alibi),
         logits_soft_cap=logits_soft_cap,
         sinks=None if sinks is None else sinks.float(),
+        alibi_sqrt=alibi_sqrt,
     )
     return output, reference, md, num_tokens
 
@@ -1605,6 +1611,29 @@ def check_forward_padded_decode_alibi():
     assert md.num_decodes == 4 and md.num_decode_tokens == 4, md
     _assert_close(out[:n], ref, *_TOLERANCE["bfloat16"], "padded decode batch")
     assert torch.isfinite(out[n:]).all(), "padding rows must not be NaN/inf"
+
+
+def check_forward_alibi_sqrt():
+    """ALiBi-sqrt (vLLM's ``use_alibi_sqrt``) on our kernels: split-KV decodes, a
+    prefix-hit chunk and a fresh prefill against the reference's sqrt bias, which
+    differs from linear ALiBi's by more than the tolerance on these inputs."""
+    import torch
+
+    step = dict(seqs=[(1, 40), (1, 3), (6, 30), (9, 0)], q_dtype=torch.bfloat16,
+                cache_dtype_str="auto", with_alibi=True)  # fmt: skip
+    out, ref, md, n = _run_step(**step, alibi_sqrt=True)
+    assert md.num_decodes == 2, md
+    _assert_close(out[:n], ref, *_TOLERANCE["bfloat16"], "ALiBi-sqrt")
+    _, linear, _, _ = _run_step(**step)
+    assert (linear - ref).abs().max() > 10 * _TOLERANCE["bfloat16"][0]
+    try:
+        from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+        TritonAttentionImpl(num_heads=8, head_size=64, scale=0.1, use_alibi_sqrt=True)
+    except ValueError as e:
+        assert "needs ALiBi slopes" in str(e), e
+    else:
+        raise AssertionError("ALiBi-sqrt without slopes accepted")
 
 
 def check_extensible_kv_cache():

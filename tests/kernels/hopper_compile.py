@@ -450,6 +450,9 @@ def _prefix_prefill_cases():
         sinks=heads[:14],
     )
     yield launch(256, 2, 128, torch.bfloat16, 16384)
+    # ALiBi-sqrt (the bias on the square root of the distance).
+    yield launch(128, 4, 64, torch.bfloat16, 1024, alibi_slopes=heads[:8],
+                 alibi_sqrt=True)  # fmt: skip
     # Head sizes at the ends of the declared range and padded ones past 128.
     yield launch(16, 4, 64, torch.bfloat16, 1024)
     yield launch(48, 1, 16, torch.bfloat16, 4096)

@@ -193,10 +193,27 @@ def _dispatch_batch(batch, query, output, **kw):
     )
 
 
+# ALiBi slopes of the four query heads, steep enough that the sqrt and linear biases
+# give different attention.
+SLOPES = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
+
+
 @pytest.mark.parametrize(
     "features, num_splits",
-    [({}, 1), ({"sliding_window": 12, "logits_soft_cap": 4.0}, 2)],
-    ids=["plain", "window_softcap_split"],
+    [
+        ({}, 1),
+        ({"sliding_window": 12, "logits_soft_cap": 4.0}, 2),
+        ({"alibi_slopes": SLOPES}, 2),
+        ({"alibi_slopes": SLOPES, "alibi_sqrt": True}, 2),
+        ({"alibi_slopes": SLOPES, "alibi_sqrt": True, "sliding_window": 12}, 1),
+    ],
+    ids=[
+        "plain",
+        "window_softcap_split",
+        "alibi_split",
+        "alibi_sqrt_split",
+        "alibi_sqrt_window",
+    ],  # fmt: skip
 )
 def test_mixed_batch_against_reference(features, num_splits):
     batch = _mixed_batch()
@@ -228,6 +245,10 @@ def test_mixed_batch_against_reference(features, num_splits):
     assert_close(
         output, ref, dtype=torch.bfloat16, atol=atol, rtol=rtol, what="dispatch"
     )
+    if features.get("alibi_sqrt"):  # the flag changes the result
+        linear = {**features, "alibi_sqrt": False}
+        other = ref_paged_attention(**batch.ref_kwargs(), softmax_scale=scale, **linear)
+        assert (other - ref).abs().max() > 10 * atol
 
 
 def test_fp8_cache_with_a_query_past_fp16_range():

@@ -538,6 +538,7 @@ def _decode_launches(*, fp8, num_splits, features, head_size, group, block_size,
         alibi_slopes=heads,
         logits_soft_cap=5.0 if features else None,
         sinks=heads,
+        alibi_sqrt=features,
     )
     return mod._launches(
         inputs,

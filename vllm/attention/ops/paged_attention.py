@@ -83,6 +83,7 @@ def paged_attention(
     alibi_slopes: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
+    alibi_sqrt: bool = False,
     decode_num_splits: int = 1,
     decode_workspace: torch.Tensor | None = None,
     decode_config: DecodeConfig | None = None,
@@ -147,6 +148,7 @@ def paged_attention(
         alibi_slopes=alibi_slopes,
         logits_soft_cap=logits_soft_cap,
         sinks=sinks,
+        alibi_sqrt=alibi_sqrt,
     )
     check_attention_inputs("paged_attention", inputs)
     if num_decodes > 0:

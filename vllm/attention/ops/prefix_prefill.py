@@ -223,6 +223,7 @@ def _attend_kv_range(
     USE_SOFTCAP: tl.constexpr = FEATURES[4]
     USE_ALIBI: tl.constexpr = FEATURES[5]
     USE_WINDOW: tl.constexpr = FEATURES[6]
+    ALIBI_SQRT: tl.constexpr = FEATURES[7]
     for tile_start in tl.range(kv_start, kv_stop, BLOCK_N):
         k_pos = tile_start + tl.arange(0, BLOCK_N)
         key_valid = k_pos < kv_len
@@ -291,6 +292,7 @@ def _attend_kv_range(
             USE_ALIBI=USE_ALIBI,
             APPLY_MASK=MASKED,
             USE_WINDOW=USE_WINDOW,
+            ALIBI_SQRT=ALIBI_SQRT,
         )
         v = _load_kv_columns(
             v_head_ptr,
@@ -417,6 +419,7 @@ def _prefix_prefill_kernel(
     SPLIT_KV: tl.constexpr,  # num_splits > 1: partials to the workspace
     USE_SOFTCAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
+    ALIBI_SQRT: tl.constexpr,  # with USE_ALIBI: on the distance's square root
     USE_WINDOW: tl.constexpr,
     USE_SINKS: tl.constexpr,
 ):
@@ -553,7 +556,7 @@ def _prefix_prefill_kernel(
     # TILE           (BLOCK_N, BLOCK_SIZE, HEAD_SIZE, HEAD_LO, HEAD_LO_PAD, HEAD_HI,
     #                 STRIDE_KV_BLOCK)
     # FEATURES       (SPLIT_HEAD, TILE_IN_PAGE, USE_TMA, FP8_QK, USE_SOFTCAP,
-    #                 USE_ALIBI, USE_WINDOW)
+    #                 USE_ALIBI, USE_WINDOW, ALIBI_SQRT)
     state = (acc, acc_hi, m_i, l_i)
     queries = (q, q_hi, q_pos, alibi_slope)
     pages = (k_head_ptr, v_head_ptr, block_table_row_ptr, head_offset,
@@ -562,7 +565,8 @@ def _prefix_prefill_kernel(
     TILE: tl.constexpr = (BLOCK_N, BLOCK_SIZE, HEAD_SIZE, HEAD_LO, HEAD_LO_PAD,
                           HEAD_HI, STRIDE_KV_BLOCK)  # fmt: skip
     FEATURES: tl.constexpr = (SPLIT_HEAD, TILE_IN_PAGE, USE_TMA, FP8_QK,
-                              USE_SOFTCAP, USE_ALIBI, USE_WINDOW)  # fmt: skip
+                              USE_SOFTCAP, USE_ALIBI, USE_WINDOW,
+                              ALIBI_SQRT)  # fmt: skip
     if USE_WINDOW:  # the window's left edge
         state = _attend_kv_range(
             state, queries, pages, scoring, edge_lo, edge_hi, TILE, FEATURES,
@@ -654,8 +658,10 @@ class PrefillLayer:
         alibi_slopes: torch.Tensor | None = None,
         logits_soft_cap: float | None = None,
         sinks: torch.Tensor | None = None,
+        alibi_sqrt: bool = False,
     ) -> "PrefillLayer":
-        """The layer of a launch's tensors and feature arguments."""
+        """The layer of a launch's tensors and feature arguments (the ALiBi form,
+        ``alibi_sqrt``, changes no plan: its layers share the ALiBi ones')."""
         head_size = query.shape[2]
         return cls(
             head_size=head_size,
@@ -1142,6 +1148,7 @@ def prefix_prefill_attention(
     alibi_slopes: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
+    alibi_sqrt: bool = False,
     config: PrefillConfig | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
@@ -1169,6 +1176,7 @@ def prefix_prefill_attention(
         k_scale, v_scale: 1-element fp32 tensors, required for an fp8 cache.
         sliding_window: W > 0, or None for full attention.
         alibi_slopes: [num_q_heads] float, or None.
+        alibi_sqrt: with alibi_slopes, the bias is ``-slope * sqrt(pos - j)``.
         logits_soft_cap: c > 0 (s = c * tanh(s / c)), or None / 0 for none.
         sinks: [num_q_heads] float, one extra logit per head, or None.
         config: launch configuration; None picks it from the tuning table.
@@ -1197,6 +1205,7 @@ def prefix_prefill_attention(
         alibi_slopes=alibi_slopes,
         logits_soft_cap=logits_soft_cap,
         sinks=sinks,
+        alibi_sqrt=alibi_sqrt,
     )
     check_attention_inputs(who, inputs)
     num_seqs_total = seq_lens.shape[0]

@@ -43,6 +43,7 @@ def ref_paged_attention(
     alibi_slopes: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
+    alibi_sqrt: bool = False,
 ) -> torch.Tensor:
     """Attention of every query token over its sequence's paged K/V, in fp32.
 
@@ -70,7 +71,10 @@ def ref_paged_attention(
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
         k_pos = torch.arange(seq_len, device=q.device)[None, :]
         if alibi_slopes is not None:
-            scores = scores + alibi_slopes.float()[:, None, None] * (k_pos - q_pos)
+            dist = (k_pos - q_pos).float()
+            if alibi_sqrt:  # keys after the query are masked below
+                dist = -torch.sqrt((-dist).clamp(min=0))
+            scores = scores + alibi_slopes.float()[:, None, None] * dist
         visible = k_pos <= q_pos
         if sliding_window is not None:
             visible = visible & (q_pos - k_pos < sliding_window)

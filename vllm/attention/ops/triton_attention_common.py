@@ -181,6 +181,7 @@ class AttentionInputs:
     alibi_slopes: torch.Tensor | None = None  # [num_q_heads] float
     logits_soft_cap: float | None = None
     sinks: torch.Tensor | None = None  # [num_q_heads] float
+    alibi_sqrt: bool = False  # ALiBi on the square root of the distance
 
     @property
     def features(self) -> dict:
@@ -191,6 +192,7 @@ class AttentionInputs:
             "alibi_slopes": self.alibi_slopes,
             "logits_soft_cap": self.logits_soft_cap,
             "sinks": self.sinks,
+            "alibi_sqrt": self.alibi_sqrt,
         }
 
 
@@ -230,6 +232,7 @@ def shared_kernel_args(inputs: AttentionInputs, *, seq_start: int) -> dict:
         IS_FP8=is_fp8,
         USE_SOFTCAP=softcap_enabled(logits_soft_cap),
         USE_ALIBI=alibi_slopes is not None,
+        ALIBI_SQRT=inputs.alibi_sqrt,
         USE_WINDOW=sliding_window is not None,
         USE_SINKS=sinks is not None,
     )
@@ -407,6 +410,8 @@ def check_attention_inputs(who: str, inputs: AttentionInputs) -> bool:
             who,
             f"logits_soft_cap must be None or 0 (off) or > 0, got {logits_soft_cap}",
         )
+    if inputs.alibi_sqrt and alibi_slopes is None:
+        fail(who, "alibi_sqrt needs alibi_slopes (it changes the ALiBi bias)")
     for name, tensor in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
         if tensor is not None and not (
             tensor.shape == (num_q_heads,)
@@ -617,9 +622,14 @@ def add_alibi_log2(
     alibi_slope,  # [BLOCK_M] fp32: slope of each row's query head (natural units)
     q_pos,  # [BLOCK_M] int: absolute query positions
     k_pos,  # [BLOCK_N] int: absolute key positions
+    SQRT: tl.constexpr,  # ALiBi-sqrt
 ):
-    """ALiBi bias ``slope * (k_pos - q_pos)``, added in log2 units."""
+    """ALiBi bias ``slope * (k_pos - q_pos)``, or with ``SQRT``
+    ``-slope * sqrt(q_pos - k_pos)`` (0 for keys after the query, which the causal
+    mask hides), added in log2 units."""
     dist = (k_pos[None, :] - q_pos[:, None]).to(tl.float32)
+    if SQRT:
+        dist = -tl.sqrt(tl.maximum(-dist, 0.0))
     return scores + (alibi_slope * LOG2E)[:, None] * dist
 
 
@@ -653,6 +663,7 @@ def scores_and_scale(
     USE_ALIBI: tl.constexpr,
     APPLY_MASK: tl.constexpr,  # False for tiles known to be fully visible
     USE_WINDOW: tl.constexpr,
+    ALIBI_SQRT: tl.constexpr = False,  # with USE_ALIBI: ALiBi-sqrt
 ):
     """Raw q.k -> ``(scores, score_scale)``: ``scores * score_scale`` are the scores
     in log2 units, transformed in the order of the contract (scale, soft-cap, ALiBi,
@@ -668,7 +679,7 @@ def scores_and_scale(
     if USE_SOFTCAP or USE_ALIBI:
         scores = scale_scores_log2(qk, qk_scale, softcap, USE_SOFTCAP=USE_SOFTCAP)
         if USE_ALIBI:
-            scores = add_alibi_log2(scores, alibi_slope, q_pos, k_pos)
+            scores = add_alibi_log2(scores, alibi_slope, q_pos, k_pos, SQRT=ALIBI_SQRT)
         score_scale = 1.0
     else:
         scores = qk

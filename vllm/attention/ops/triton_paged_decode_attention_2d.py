@@ -116,7 +116,8 @@ def _attend_tiles(
     tile_lo,  # int: first KV tile
     tile_hi,  # int: one past the last KV tile
     TILE: tl.constexpr,  # (BLOCK_N, BLOCK_SIZE, HEAD_SIZE, HEAD_PAD, STRIDE_KV_BLOCK)
-    FEATURES: tl.constexpr,  # (USE_SOFTCAP, USE_ALIBI, USE_WINDOW, EARLY_CONVERT)
+    FEATURES: tl.constexpr,  # (USE_SOFTCAP, USE_ALIBI, USE_WINDOW, EARLY_CONVERT,
+    #                           ALIBI_SQRT)
     MASKED: tl.constexpr,  # False: every key of every tile is visible
 ):
     """Online softmax over KV tiles ``[tile_lo, tile_hi)``: the inner loop, written
@@ -136,6 +137,7 @@ def _attend_tiles(
     USE_ALIBI: tl.constexpr = FEATURES[1]
     USE_WINDOW: tl.constexpr = FEATURES[2]
     EARLY_CONVERT: tl.constexpr = FEATURES[3]  # fp8 e4m3fn on NVIDIA
+    ALIBI_SQRT: tl.constexpr = FEATURES[4]
     offs_n = tl.arange(0, BLOCK_N)
     # A masked range holds at most one tile: software pipelining would only add a
     # prologue, so it gets one stage; the unmasked bulk uses the launch's stages.
@@ -187,6 +189,7 @@ def _attend_tiles(
             USE_ALIBI=USE_ALIBI,
             APPLY_MASK=MASKED,
             USE_WINDOW=USE_WINDOW,
+            ALIBI_SQRT=ALIBI_SQRT,
         )
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, scores, v, score_scale)
     return acc, m_i, l_i
@@ -227,6 +230,7 @@ def _paged_decode_kernel(
     IS_FP8: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_ALIBI: tl.constexpr,
+    ALIBI_SQRT: tl.constexpr,  # with USE_ALIBI: on the distance's square root
     USE_SOFTCAP: tl.constexpr,
     USE_SINKS: tl.constexpr,
     EARLY_CONVERT: tl.constexpr,  # the config's early_convert, where it applies
@@ -294,7 +298,8 @@ def _paged_decode_kernel(
     pages = (k_head_ptr, v_head_ptr, block_table_row_ptr)
     scoring = (qk_scale, softcap, sliding_window, lo, seq_len)
     TILE: tl.constexpr = (BLOCK_N, BLOCK_SIZE, HEAD_SIZE, HEAD_PAD, STRIDE_KV_BLOCK)
-    FEATURES: tl.constexpr = (USE_SOFTCAP, USE_ALIBI, USE_WINDOW, EARLY_CONVERT)
+    FEATURES: tl.constexpr = (USE_SOFTCAP, USE_ALIBI, USE_WINDOW, EARLY_CONVERT,
+                              ALIBI_SQRT)  # fmt: skip
     if USE_WINDOW:
         state = _attend_tiles(
             state, queries, pages, scoring, tile_begin, head_end, TILE, FEATURES,
@@ -443,6 +448,7 @@ def paged_decode_attention(
     alibi_slopes: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
+    alibi_sqrt: bool = False,
     num_splits: int = 1,
     workspace: torch.Tensor | None = None,
     config: DecodeConfig | None = None,
@@ -469,6 +475,7 @@ def paged_decode_attention(
         v_scale: as ``k_scale``.
         sliding_window: key ``j`` is visible iff ``pos - j < sliding_window``.
         alibi_slopes: ``[num_q_heads]`` fp32; adds ``slope * (j - pos)``.
+        alibi_sqrt: with alibi_slopes, adds ``-slope * sqrt(pos - j)`` instead.
         logits_soft_cap: c > 0 (``c * tanh(s / c)`` after the scale), or None / 0
             for none.
         sinks: ``[num_q_heads]`` fp32 extra logit per head (no value).
@@ -498,6 +505,7 @@ def paged_decode_attention(
         alibi_slopes=alibi_slopes,
         logits_soft_cap=logits_soft_cap,
         sinks=sinks,
+        alibi_sqrt=alibi_sqrt,
     )
     check_attention_inputs("paged_decode_attention", inputs)
     if config is None:

@@ -549,6 +549,11 @@ class TritonAttentionBackend(AttentionBackend):
         return cls._FEATURES["kv_connector"]
 
     @classmethod
+    def supports_alibi_sqrt(cls) -> bool:
+        # The kernels' ALIBI_SQRT flag; vLLM then passes use_alibi_sqrt to the impl.
+        return True
+
+    @classmethod
     def supports_batch_invariance(cls) -> bool:
         # Under VLLM_BATCH_INVARIANT=1 the builder fixes the split counts and
         # the prefill tiles (TritonAttentionMetadataBuilder.batch_invariant).
@@ -633,13 +638,12 @@ class TritonAttentionBackend(AttentionBackend):
     @classmethod
     def backend_for_layer_options(cls, **layer_options) -> type[AttentionBackend]:
         """The hook vLLM's attention layer calls with the options the selector does
-        not see: a layer with ALiBi-sqrt or chunked attention with lookback (RNJ-1)
-        runs on stock's Triton backend, logged once. Subclasses that other vLLM
-        modules build around this backend (encoder-only, cross-attention and
-        Whisper wrappers) are kept as they are: they pass their own class."""
+        not see: a layer with chunked attention with lookback (RNJ-1) runs on
+        stock's Triton backend, logged once (ALiBi-sqrt runs on ours). Subclasses
+        that other vLLM modules build around this backend (encoder-only,
+        cross-attention and Whisper wrappers) are kept as they are: they pass
+        their own class."""
         reasons = []
-        if layer_options.get("use_alibi_sqrt"):
-            reasons.append("ALiBi-sqrt not supported")
         if layer_options.get("chunk_lookback", -1) > -1:
             reasons.append("chunked attention with lookback not supported")
         if not reasons or cls not in (TritonAttentionBackend, RocmAttentionBackend):
@@ -675,6 +679,7 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         attn_type: str = AttentionType.DECODER,  # the only type the kernels run
         kv_sharing_target_layer_name: str | None = None,  # kept for vLLM
         sinks: torch.Tensor | None = None,  # [num_heads] logits (gpt-oss)
+        use_alibi_sqrt: bool = False,  # ALiBi on the distance's square root
         **unsupported,  # refused below, by name
     ) -> None:
         num_kv_heads = selection.check_layer(
@@ -684,6 +689,8 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
             kv_cache_dtype=kv_cache_dtype,
             attn_type=attn_type,
             sinks=sinks,
+            alibi=alibi_slopes is not None,
+            alibi_sqrt=use_alibi_sqrt,
             unsupported=unsupported,
         )
         # What vLLM reads from an impl (the layer's repr, the metadata builders'
@@ -696,6 +703,7 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         self.sliding_window = sliding_window
         # Some configs spell "no soft-cap" as 0.
         self.logits_soft_cap = logits_soft_cap or None
+        self.use_alibi_sqrt = bool(use_alibi_sqrt)
         # Created on the default device of model construction (the GPU in vLLM).
         self.alibi_slopes = (
             None
@@ -747,6 +755,7 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
             window if window is None else warmup.stride_class(window),
             self.logits_soft_cap is not None,
             self.alibi_slopes is not None,
+            self.use_alibi_sqrt,
             self.sinks is not None,
         )
 
@@ -834,6 +843,7 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
             alibi_slopes=self.alibi_slopes,
             logits_soft_cap=self.logits_soft_cap,
             sinks=self._kernel_sinks,
+            alibi_sqrt=self.use_alibi_sqrt,
             **attn_metadata.dispatch_args,
         )
         return output

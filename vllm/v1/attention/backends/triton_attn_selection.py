@@ -165,6 +165,8 @@ def check_layer(
     kv_cache_dtype: str,
     attn_type: str,
     sinks: torch.Tensor | None,
+    alibi: bool,
+    alibi_sqrt: bool,
     unsupported: dict,
 ) -> int:
     """Refuse, by name, what a TRITON_ATTN layer (``TritonAttentionImpl``) asks
@@ -199,6 +201,8 @@ def check_layer(
             f"TRITON_ATTN does not support --kv-cache-dtype {kv_cache_dtype}; "
             f"use one of {list(KV_CACHE_DTYPES)}, or {STOCK_BACKEND_HINT} backend."
         )
+    if alibi_sqrt and not alibi:
+        raise ValueError("use_alibi_sqrt needs ALiBi slopes (alibi_slopes).")
     if sinks is not None and sinks.shape != (num_heads,):
         raise ValueError(
             f"sinks must have one value per query head ({num_heads},), got "
