@@ -658,10 +658,8 @@ class PrefillLayer:
         alibi_slopes: torch.Tensor | None = None,
         logits_soft_cap: float | None = None,
         sinks: torch.Tensor | None = None,
-        alibi_sqrt: bool = False,
     ) -> "PrefillLayer":
-        """The layer of a launch's tensors and feature arguments (the ALiBi form,
-        ``alibi_sqrt``, changes no plan: its layers share the ALiBi ones')."""
+        """The layer of a launch's tensors and feature arguments."""
         head_size = query.shape[2]
         return cls(
             head_size=head_size,

@@ -185,14 +185,14 @@ class AttentionInputs:
 
     @property
     def features(self) -> dict:
-        """The features that shape a launch (window, ALiBi, soft-cap, sinks), as
-        keyword arguments."""
+        """The features a launch's plan depends on (window, ALiBi, soft-cap, sinks),
+        as ``PrefillLayer.of``'s keyword arguments; the ALiBi form
+        (``alibi_sqrt``) changes the kernel's code, not its plan."""
         return {
             "sliding_window": self.sliding_window,
             "alibi_slopes": self.alibi_slopes,
             "logits_soft_cap": self.logits_soft_cap,
             "sinks": self.sinks,
-            "alibi_sqrt": self.alibi_sqrt,
         }
 
 

@@ -682,9 +682,10 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         use_alibi_sqrt: bool = False,  # ALiBi on the distance's square root
         **unsupported,  # refused below, by name
     ) -> None:
-        num_kv_heads = selection.check_layer(
+        num_kv_heads = num_kv_heads or num_heads
+        selection.check_layer(
             num_heads=num_heads,
-            num_kv_heads=num_kv_heads or num_heads,
+            num_kv_heads=num_kv_heads,
             head_size=head_size,
             kv_cache_dtype=kv_cache_dtype,
             attn_type=attn_type,

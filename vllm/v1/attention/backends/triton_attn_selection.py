@@ -168,12 +168,11 @@ def check_layer(
     alibi: bool,
     alibi_sqrt: bool,
     unsupported: dict,
-) -> int:
+) -> None:
     """Refuse, by name, what a TRITON_ATTN layer (``TritonAttentionImpl``) asks
     of our kernels that they do not take; the selector hands such layers over
     first (``kernel_refusals``), so this stops a model that builds the impl
-    itself. ``unsupported``: constructor options the impl has no parameter for.
-    Returns ``num_kv_heads``."""
+    itself. ``unsupported``: constructor options the impl has no parameter for."""
     # RNJ-1's chunked attention with lookback passes chunk_lookback=-1 when off.
     if unsupported.get("chunk_lookback", -1) == -1:
         unsupported.pop("chunk_lookback", None)
@@ -208,7 +207,6 @@ def check_layer(
             f"sinks must have one value per query head ({num_heads},), got "
             f"{tuple(sinks.shape)}."
         )
-    return num_kv_heads
 
 
 def handed_over(reasons: list[str]) -> type[AttentionBackend]:
