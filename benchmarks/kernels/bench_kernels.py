@@ -106,6 +106,34 @@ QUICK = {
     ],
     "fp8": [("llama-3.1-8b", 64, 64, 8192)],
 }
+# --native: the layers our kernels took over from stock's Triton backend (which
+# served them before), timed against it (and FA3 where FA3 takes them): an odd
+# head size (open_llama_3b: 32 heads of 100), ALiBi-sqrt on Llama-3.1-8B heads,
+# Whisper-large-v3's cross-attention (20 heads of 64; a 4-token decoder prompt
+# over the 1500 encoder keys, non-causal), BERT-large's encoder self-attention (16
+# heads of 64, 64 requests of 512 tokens, no cache: stock runs its
+# context_attention_fwd, FA3 its varlen call without pages) and fp8_e5m2 caches;
+# pages of 64.
+NATIVE_POINTS = [
+    # (kernel, model, batch, query_len, kv_len, heads, extra Shape fields)
+    ("prefill", "open-llama-3b", 1, 2048, 2048, (32, 32, 100), {}),
+    ("prefill", "open-llama-3b", 1, 2048, 10240, (32, 32, 100), {}),
+    ("decode", "open-llama-3b", 64, 1, 2048, (32, 32, 100), {}),
+    ("prefill", "llama-3.1-8b-alibi-sqrt", 1, 2048, 2048, (32, 8, 128),
+     {"alibi": "sqrt"}),
+    ("decode", "llama-3.1-8b-alibi-sqrt", 64, 1, 8192, (32, 8, 128),
+     {"alibi": "sqrt"}),
+    ("prefill", "whisper-large-v3-cross", 64, 4, 1500, (20, 20, 64),
+     {"causal": False}),
+    ("prefill", "bert-large-encoder", 64, 512, 512, (16, 16, 64),
+     {"causal": False, "kv_from_step": True}),
+    ("prefill", "llama-3.1-8b", 1, 2048, 2048, (32, 8, 128),
+     {"kv_dtype": "float8_e5m2"}),
+    ("decode", "llama-3.1-8b", 64, 1, 8192, (32, 8, 128),
+     {"kv_dtype": "float8_e5m2"}),
+]  # fmt: skip
+NATIVE_BLOCK_SIZE = 64
+
 # A seconds-long GPU smoke run (--tiny).
 TINY = {
     "decode": [(2, 40, (4, 2, 64), 16), (3, 70, (4, 1, 64), 32)],
@@ -187,6 +215,11 @@ class Shape:
     kv_dtype: str = "bfloat16"
     window: int | None = None  # sliding window W: key j visible iff pos - j < W
     softcap: float | None = None  # logits soft-cap c: s -> c * tanh(s / c)
+    alibi: str | None = None  # "linear" or "sqrt" (ALiBi-sqrt), slopes alibi_slopes()
+    causal: bool = True  # False: every query sees all keys (cross-attention)
+    # Encoder self-attention: no cache, the keys are the step's own K/V rows (ours
+    # reads them as one-key pages, block_size 1; query_len == context).
+    kv_from_step: bool = False
 
 
 # Page sizes of --decode-batches (vLLM's default on CUDA, and the H200 tables' 64).
@@ -201,6 +234,12 @@ def sweep(args) -> list[Shape]:
         for batch, q, ctx, (hq, hk, d), bs in TINY["prefill"]:
             shapes.append(Shape("prefill", "tiny", batch, q, ctx, hq, hk, d, bs))
         return shapes
+    if args.native:
+        return [
+            Shape(kernel, model, b, q, ctx, *heads,
+                  1 if extra.get("kv_from_step") else NATIVE_BLOCK_SIZE, **extra)
+            for kernel, model, b, q, ctx, heads, extra in NATIVE_POINTS
+        ]  # fmt: skip
     if args.decode_batches:
         # One decode context over many batch sizes: how the grid meets the SMs
         # (wave quantisation) shows as a saw-tooth in time per sequence.
@@ -347,9 +386,12 @@ def decode_bytes(s: Shape) -> float:
 
 
 def prefill_flops(s: Shape) -> float:
-    """Causally visible (query, key) pairs (at most W per query with a window W)."""
+    """Causally visible (query, key) pairs (at most W per query with a window W);
+    every pair when not causal."""
     prefix = s.context - s.query_len
     visible = _sum_min(prefix + 1, s.context, s.window)
+    if not s.causal:
+        visible = s.query_len * s.context
     return 4.0 * s.head_size * s.num_q_heads * s.batch * visible
 
 
@@ -417,6 +459,8 @@ def build_inputs(s: Shape, device: str, rotate: bool) -> Inputs:
             part[:, 1] /= v_scale
         kv_cache[start : start + part.shape[0]] = part.to(kv_dtype)
     perm = torch.randperm(num_blocks, device=device, generator=gen).to(torch.int32)
+    if s.kv_from_step:  # the step's rows in order: request r's keys follow its start
+        perm = torch.arange(num_blocks, device=device, dtype=torch.int32)
     tables = list(perm.view(num_sets, s.batch, pages).unbind(0))
     tokens = s.batch * s.query_len
     query = torch.randn(
@@ -469,6 +513,7 @@ def caller_ours(
     would pick (its table entry or the heuristic)."""
     out = torch.empty_like(inp.query)
     key_cache, value_cache = inp.kv_cache[:, 0], inp.kv_cache[:, 1]
+    slopes = alibi_slopes(s, inp.query.device)
     if s.kernel == "decode":
         splits = ops.choose_decode_splits(
             num_seqs=s.batch,
@@ -503,12 +548,15 @@ def caller_ours(
                 config=decode_config,
                 sliding_window=s.window,
                 logits_soft_cap=s.softcap,
+                alibi_slopes=slopes,
+                alibi_sqrt=s.alibi == "sqrt",
             )
 
         return Runner(run, out, note=f"splits={splits}")
 
     pp = ops.prefix_prefill
-    features = {"sliding_window": s.window, "logits_soft_cap": s.softcap}
+    features = {"sliding_window": s.window, "logits_soft_cap": s.softcap,
+                "alibi_slopes": slopes, "causal": s.causal}  # fmt: skip
     layer = pp.PrefillLayer.of(query=inp.query, key_cache=key_cache, **features)
     config = None
     if prefill_config_fields:
@@ -550,6 +598,7 @@ def caller_ours(
             softmax_scale=inp.softmax_scale,
             k_scale=inp.k_scale,
             v_scale=inp.v_scale,
+            alibi_sqrt=s.alibi == "sqrt",
             **features,
         )
         for block_table in inp.block_tables
@@ -571,9 +620,43 @@ def stock_window(s: Shape) -> tuple[int, int]:
     return (-1, -1) if s.window is None else (s.window - 1, 0)
 
 
+def alibi_slopes(s: Shape, device) -> torch.Tensor | None:
+    """ALiBi slopes of the shape's query heads (the usual geometric series,
+    ``2 ** (-8 (h + 1) / num_q_heads)``), or None without ALiBi."""
+    if s.alibi is None:
+        return None
+    heads = torch.arange(1, s.num_q_heads + 1, dtype=torch.float32, device=device)
+    return torch.exp2(-8.0 * heads / s.num_q_heads)
+
+
+def step_kv(inp: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V ``[tokens, kv_heads, head_size]`` of a ``kv_from_step`` point (its
+    cache holds one-key pages in token order)."""
+    return inp.kv_cache[:, 0, :, 0], inp.kv_cache[:, 1, :, 0]
+
+
 def caller_fa3(s: Shape, inp: Inputs) -> Runner:
     if stock.flash_attn_varlen_func is None:
         raise Skip(stock.fa3_reason)
+    if s.kv_from_step:  # as vLLM's FlashAttention backend runs encoder layers
+        k, v = step_kv(inp)
+        out = torch.empty_like(inp.query)
+
+        def run_varlen(i):
+            stock.flash_attn_varlen_func(
+                q=inp.query, k=k, v=v, out=out,
+                cu_seqlens_q=inp.query_start_loc, cu_seqlens_k=inp.query_start_loc,
+                max_seqlen_q=s.query_len, max_seqlen_k=s.context,
+                softmax_scale=inp.softmax_scale, causal=False, fa_version=3,
+            )  # fmt: skip
+
+        return Runner(run_varlen, out, note="no pages (encoder)")
+    if s.alibi is not None:
+        raise Skip("FA3 has no ALiBi")
+    if s.kv_dtype == "float8_e5m2":
+        raise Skip("FA3 reads e4m3 fp8 caches only")
+    if s.head_size % 8:
+        raise Skip("FA3 takes head sizes in multiples of 8")
     k, v = inp.nhd_caches()
     q, descales = inp.query, {}
     if inp.k_scale is not None:
@@ -603,7 +686,7 @@ def caller_fa3(s: Shape, inp: Inputs) -> Runner:
             seqused_k=inp.seq_lens,
             max_seqlen_k=s.context,
             softmax_scale=inp.softmax_scale,
-            causal=True,
+            causal=s.causal,
             block_table=inp.block_tables[i],
             window_size=stock_window(s),
             softcap=s.softcap or 0.0,
@@ -617,6 +700,19 @@ def caller_fa3(s: Shape, inp: Inputs) -> Runner:
 def caller_stock_triton(s: Shape, inp: Inputs) -> Runner:
     if stock.unified_attention is None:
         raise Skip(stock.triton_reason)
+    if s.kv_from_step:  # as stock's Triton backend runs encoder layers
+        k, v = step_kv(inp)
+        out = torch.empty_like(inp.query)
+
+        def run_encoder(i):
+            stock.context_attention_fwd(
+                q=inp.query, k=k, v=v, o=out, b_start_loc=inp.query_start_loc,
+                b_seq_len=inp.seq_lens, max_input_len=s.query_len, is_causal=False,
+                softmax_scale=inp.softmax_scale, sliding_window_q=-1,
+                sliding_window_k=-1,
+            )  # fmt: skip
+
+        return Runner(run_encoder, out, note="context_attention_fwd (encoder)")
     k, v = inp.nhd_caches()
     if inp.k_scale is not None:
         k, v = k.view(getattr(torch, s.kv_dtype)), v.view(getattr(torch, s.kv_dtype))
@@ -642,6 +738,8 @@ def caller_stock_triton(s: Shape, inp: Inputs) -> Runner:
     if inp.k_scale is not None:
         quant_mode = stock.KVQuantMode.FP8_PER_TENSOR
 
+    slopes = alibi_slopes(s, inp.query.device)
+
     def run(i):
         stock.unified_attention(
             q=inp.query,
@@ -653,7 +751,9 @@ def caller_stock_triton(s: Shape, inp: Inputs) -> Runner:
             seqused_k=inp.seq_lens,
             max_seqlen_k=s.context,
             softmax_scale=inp.softmax_scale,
-            causal=True,
+            causal=s.causal,
+            alibi_slopes=slopes,
+            use_alibi_sqrt=s.alibi == "sqrt",
             window_size=stock_window(s),
             block_table=inp.block_tables[i],
             softcap=s.softcap or 0.0,
@@ -707,6 +807,9 @@ def reference_rows(s: Shape, inp: Inputs) -> list[tuple[slice, torch.Tensor]]:
             v_scale=None if inp.v_scale is None else inp.v_scale.item(),
             sliding_window=s.window,
             logits_soft_cap=s.softcap,
+            alibi_slopes=alibi_slopes(s, inp.query.device),
+            alibi_sqrt=s.alibi == "sqrt",
+            causal=s.causal,
         )
         checked.append((slice(end - rows, end), ref))
     return checked
@@ -861,10 +964,14 @@ def _import_stock(files: dict) -> None:
         stock.fa3_reason = f"import failed: {type(exc).__name__}: {exc}"[:200]
     try:
         from vllm.v1.attention.backends import triton_attn
+        from vllm.v1.attention.ops.triton_prefill_attention import (
+            context_attention_fwd,
+        )
         from vllm.v1.attention.ops.triton_unified_attention import unified_attention
         from vllm.v1.kv_cache_interface import KVQuantMode
 
         stock.unified_attention = unified_attention
+        stock.context_attention_fwd = context_attention_fwd
         stock.KVQuantMode = KVQuantMode
         stock.MIN_LAUNCH_GRID_SIZE_2D = triton_attn.MIN_LAUNCH_GRID_SIZE_2D
         stock.NUM_PAR_SOFTMAX_SEGMENTS = triton_attn.NUM_PAR_SOFTMAX_SEGMENTS
@@ -1228,6 +1335,13 @@ def main() -> None:
         "--kv-dtypes / --block-sizes)",
     )
     p.add_argument("--decode-context", type=int, default=1536)
+    p.add_argument(
+        "--native",
+        action="store_true",
+        help="the layers our kernels took over from stock's Triton backend "
+        "(NATIVE_POINTS: head size 100, ALiBi-sqrt, cross-attention, fp8_e5m2), "
+        "against it and FA3 where FA3 takes them",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny shapes (smoke run)")
     p.add_argument(
         "--prefill-num-splits",
@@ -1326,7 +1440,11 @@ def main() -> None:
     shapes = selected_shapes(args)
     if args.list:
         for s in shapes:
-            print(" ".join(f"{k}={v}" for k, v in zip(KEY_FIELDS, shape_key(s))))
+            fields = [f"{k}={v}" for k, v in zip(KEY_FIELDS, shape_key(s))]
+            fields += [f"alibi={s.alibi}"] if s.alibi else []
+            fields += [] if s.causal else ["causal=False"]
+            fields += ["kv_from_step=True"] if s.kv_from_step else []
+            print(" ".join(fields))
         print(f"{len(shapes)} points")
         return
     stock_callers = [c for c in args.callers if c in STOCK_CALLERS]

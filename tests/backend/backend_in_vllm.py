@@ -206,6 +206,13 @@ def check_capabilities():
         {"has_sliding_window": True, "has_sink": True},
         {"device_capability": DeviceCapability(8, 0)},
         {"use_batch_invariant": True},  # the builder fixes the plan then
+        # Non-causal: cross-attention over the cached encoder output (Whisper),
+        # bidirectional drafting; the prefill kernel's CAUSAL off.
+        {"attn_type": "encoder_decoder"},
+        {"attn_type": "encoder_decoder", "kv_cache_dtype": "fp8"},
+        {"attn_type": "encoder_only"},
+        {"attn_type": "encoder"},
+        {"use_non_causal": True, "has_sink": True},
         # The kernels' head sizes: any up to 256 (odd ones padded and masked).
         *({"head_size": h} for h in ODD_AND_USUAL_HEAD_SIZES),
         *({"block_size": b} for b in (16, 32, 64, 128, 256, 48)),
@@ -233,13 +240,18 @@ def check_capabilities():
         ({"block_size": 8}, "block_size 8 not supported"),
         ({"use_mla": True}, "MLA not supported"),
         ({"use_sparse": True}, "sparse not supported"),
-        ({"attn_type": "encoder"}, "attention type encoder not supported"),
-        ({"attn_type": "encoder_only"}, "attention type encoder_only not supported"),
         (
-            {"attn_type": "encoder_decoder"},
-            "attention type encoder_decoder not supported",
+            {"attn_type": "encoder_only", "has_sliding_window": True},
+            "non-causal attention with a sliding window not supported",
         ),
-        ({"use_non_causal": True}, "non-causal attention not supported"),
+        (
+            {"use_non_causal": True, "has_sliding_window": True},
+            "non-causal attention with a sliding window not supported",
+        ),
+        (
+            {"attn_type": "encoder_decoder", "has_sliding_window": True},
+            "non-causal attention with a sliding window not supported",
+        ),
         ({"use_kv_connector": True}, "KV connector not supported"),
         ({"use_pcp": True}, "prefill context parallelism not supported"),
         ({"use_mm_prefix": True}, "multimodal prefix-LM"),
@@ -328,7 +340,8 @@ def _named_on_cuda(cuda):
     good = AttentionSelectorConfig(
         head_size=128, dtype=torch.bfloat16, kv_cache_dtype="fp8", block_size=64
     )
-    # Named, TRITON_ATTN takes these: ours (e5m2) or handed over (the others).
+    # Named, TRITON_ATTN takes these: ours (e5m2, encoder-only) or handed over
+    # (head size 272).
     also_taken = [
         good._replace(kv_cache_dtype="fp8_e5m2"),
         good._replace(attn_type="encoder_only"),
@@ -393,10 +406,10 @@ def check_layers_ours_do_not_take_run_on_stock_backend():
     )
     stock_only = [
         good._replace(head_size=272),
-        good._replace(attn_type="encoder_only"),
+        good._replace(attn_type="encoder_only", has_sliding_window=True),
         good._replace(kv_cache_dtype="int8_per_token_head"),
         good._replace(dtype=torch.float32, kv_cache_dtype="auto"),
-        good._replace(use_non_causal=True),
+        good._replace(use_non_causal=True, has_sliding_window=True),
     ]
     from vllm.v1.attention.backends import triton_attn_selection as selection
 
@@ -529,7 +542,8 @@ def check_layout():
         "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"
     ]  # fmt: skip
     assert not B.supports_kv_connector() and B.supports_batch_invariance()
-    assert B.supports_alibi_sqrt() and not B.supports_non_causal()
+    assert B.supports_alibi_sqrt() and B.supports_non_causal()
+    assert all(B.supports_attn_type(t) for t in ("encoder_decoder", "encoder_only"))
     assert not B.is_mla() and not B.supports_pcp()
 
 
@@ -651,7 +665,15 @@ def check_impl_refusals():
     from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
 
     bad_impls = [
-        ({"attn_type": "encoder_only"}, "decoder self-attention only"),
+        ({"attn_type": "encoder_mystery"}, "supported: decoder, encoder_decoder"),
+        (
+            {"attn_type": "encoder_decoder", "sliding_window": 64},
+            "without a sliding window or ALiBi",
+        ),
+        (
+            {"attn_type": "encoder_only", "alibi_slopes": [0.5] * 8},
+            "without a sliding window or ALiBi",
+        ),
         ({"head_size": 272}, "head size 272"),
         ({"kv_cache_dtype": "int8_per_token_head"}, "int8_per_token_head"),
         ({"chunk_lookback": 2}, "chunk_lookback"),
@@ -802,8 +824,9 @@ def check_batch_invariance():
 def check_features_reaching_our_classes_are_refused():
     """What vLLM's selector hands over can still reach our classes when a model
     passes TRITON_ATTN's class explicitly: each feature our kernels do not
-    implement is refused, never ignored (R-SWA, multimodal prefix-LM ranges and
-    non-causal batches; the impl's own refusals are check_impl_refusals)."""
+    implement is refused, never ignored (R-SWA, multimodal prefix-LM ranges,
+    per-request causal flags, non-causal batches of windowed layers; the impl's
+    own refusals are check_impl_refusals)."""
     import dataclasses
 
     import torch
@@ -841,9 +864,28 @@ def check_features_reaching_our_classes_are_refused():
     if "mm_req_doc_ranges" in fields:
         prefix_lm = dataclasses.replace(cm, mm_req_doc_ranges={1: [(0, 3)]})
         expect_refusal("prefix-LM ranges", lambda: builder.build(0, prefix_lm))
+    # One causal flag per request (a tensor): the kernels take one per batch.
+    per_request = dataclasses.replace(cm, causal=torch.tensor([1, 0]))
+    expect_refusal("per-request causal flags", lambda: builder.build(0, per_request))
+    # A non-causal batch of layers with a sliding window (a causal distance).
+    layers = {
+        "layers.0.attn": _FakeAttentionLayer(
+            ours.TritonAttentionImpl(
+                num_heads=NUM_Q_HEADS, head_size=128, scale=0.1,
+                num_kv_heads=NUM_KV_HEADS, sliding_window=64,
+            )
+        )
+    }  # fmt: skip
+    config = _fake_vllm_config()
+    config.compilation_config.static_forward_context = layers
+    spec = builder.kv_cache_spec
+    windowed = ours.TritonAttentionMetadataBuilder(
+        spec, list(layers), config, torch.device("cpu")
+    )
     non_causal = dataclasses.replace(cm, causal=False)
-    expect_refusal("non-causal batch", lambda: builder.build(0, non_causal))
-    assert isinstance(builder.build(0, cm), ours.TritonAttentionMetadata)
+    expect_refusal("non-causal window", lambda: windowed.build(0, non_causal))
+    assert windowed.build(0, cm).causal is True
+    assert builder.build(0, non_causal).causal is False
     return f"refused: {refused}"
 
 
@@ -967,7 +1009,8 @@ def check_warm_up_registry():
     calls = []
 
     class Builder:  # hashable, as the real builder is
-        _warmed_stride_classes: set = set()
+        _warmed: set = set()
+        causal = True
 
     builder = Builder()
     registry = JitWarmupRegistry(vllm_config=None)
@@ -978,7 +1021,7 @@ def check_warm_up_registry():
             warmup.register_jit_warm_up(builder, 64)
             warmup.register_jit_warm_up(builder, 64)  # deduplicated
         assert calls == [], "the warm-up ran before the registry's turn"
-        assert builder._warmed_stride_classes == {warmup.stride_class(64)}
+        assert builder._warmed == {(warmup.stride_class(64), True)}
         registry.warmup()
     finally:
         warmup.warm_up = real
@@ -1129,15 +1172,14 @@ def check_builder():
         assert ws is None or ws.shape[0] >= num_decodes
         assert config == builder.decode_planner.configs[splits > 1]
 
+    # A non-causal batch (bidirectional drafting) is planned as such: the
+    # dispatch gets the flag, which the prefill kernel takes.
     noncausal = _common_metadata(
-        [1], [3], torch.zeros((1, 4), dtype=torch.int32), torch.zeros(1).long(), 1
+        [1, 3], [3, 9], torch.zeros((2, 4), dtype=torch.int32), torch.zeros(4).long(), 4
     ).replace(causal=False)
-    try:
-        builder.build(0, noncausal)
-    except NotImplementedError as e:
-        assert "causal" in str(e)
-    else:
-        raise AssertionError("non-causal batch accepted")
+    md = builder.build(0, noncausal)
+    assert md.causal is False and md.dispatch_args["causal"] is False
+    assert md.num_decodes == 1
 
 
 def check_prefill_planned_once_per_batch():
@@ -1546,6 +1588,210 @@ def _assert_close(actual, expected, atol, rtol, what):
 # (dtype -> atol, rtol): the kernels round P to the query dtype for P @ V and the
 # output once; inputs are randn (magnitude ~1), so errors of a broken kernel are O(1).
 _TOLERANCE = {"bfloat16": (2e-2, 2e-2), "float16": (5e-3, 5e-3)}
+
+
+def check_forward_cross_attention():
+    """Whisper-style cross-attention through vLLM's own wrapper
+    (``create_cross_attention_backend`` around TRITON_ATTN) on our kernels: a
+    request's first step writes its encoder K/V into the cache (vLLM's cross
+    slot mapping) and attends over all of it, non-causally, from a decoder prompt
+    of several tokens; later steps decode over the cached encoder output; one step
+    mixes a decode with a new request's prompt. Against softmax attention of each
+    decoder query over all of its request's encoder keys, from the K/V as given."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    from vllm.model_executor.layers.attention.cross_attention import (
+        create_cross_attention_backend,
+    )
+    from vllm.v1.attention.backend import AttentionType
+    from vllm.v1.attention.backends.triton_attn import (
+        TritonAttentionBackend,
+        TritonAttentionImpl,
+    )
+    from vllm.v1.kv_cache_interface import CrossAttentionSpec
+
+    head_size, block_size, scale = 64, 16, 0.125
+    backend = create_cross_attention_backend(TritonAttentionBackend)
+    impl = backend.get_impl_cls()(
+        num_heads=NUM_Q_HEADS, head_size=head_size, scale=scale,
+        num_kv_heads=NUM_KV_HEADS, attn_type=AttentionType.ENCODER_DECODER,
+    )  # fmt: skip
+    assert isinstance(impl, TritonAttentionImpl)
+    layer = _FakeAttentionLayer(impl)
+    layer.kv_sharing_target_layer_name = None
+    name = "decoder.layers.0.encoder_attn"
+    config = _fake_vllm_config()
+    config.compilation_config.static_forward_context = {name: layer}
+    # The encoder budget bounds a cross-attention request's keys (max_model_len,
+    # 4096 here, bounds the decoder's).
+    config.scheduler_config.max_num_encoder_input_tokens = 6000
+    spec = CrossAttentionSpec(
+        block_size=block_size, num_kv_heads=NUM_KV_HEADS, head_size=head_size,
+        dtype=torch.bfloat16,
+    )  # fmt: skip
+    builder = backend.get_builder_cls()(spec, [name], config, torch.device("cpu"))
+    assert builder.causal is False and builder.max_kv_len == 6000
+
+    gen = torch.Generator().manual_seed(5)
+    encoder_lens = {"a": 20, "b": 37, "c": 50}
+    enc_k = {r: torch.randn((n, NUM_KV_HEADS, head_size), generator=gen).bfloat16()
+             for r, n in encoder_lens.items()}  # fmt: skip
+    enc_v = {r: torch.randn((n, NUM_KV_HEADS, head_size), generator=gen).bfloat16()
+             for r, n in encoder_lens.items()}  # fmt: skip
+    pages = {r: -(-n // block_size) for r, n in encoder_lens.items()}
+    num_blocks = sum(pages.values()) + 2
+    perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    blocks, used = {}, 0
+    for r, n in pages.items():
+        blocks[r], used = perm[used : used + n], used + n
+    # Slots never written hold NaN: a read of one would show.
+    kv_cache = torch.full(
+        (num_blocks, 2, NUM_KV_HEADS, block_size, head_size), float("nan"),
+        dtype=torch.bfloat16,
+    )  # fmt: skip
+
+    def step(requests):
+        """One step: ``[(request, decoder tokens computed before, query_len)]``."""
+        q_lens = [q for _, _, q in requests]
+        seq_lens = [c + q for _, c, q in requests]
+        table = torch.zeros((len(requests), max(pages.values()) + 1), dtype=torch.int32)
+        for i, (r, _, _) in enumerate(requests):
+            table[i, : pages[r]] = torch.tensor(blocks[r], dtype=torch.int32)
+        num_tokens = sum(q_lens)
+        cm = _common_metadata(q_lens, seq_lens, table, torch.zeros(num_tokens).long(),
+                              num_tokens)  # fmt: skip
+        enc = np.array([encoder_lens[r] for r, _, _ in requests], dtype=np.int32)
+        cm = dataclasses.replace(
+            cm,
+            encoder_seq_lens=torch.from_numpy(enc.copy()),
+            encoder_seq_lens_cpu=enc,
+            seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32),
+        )
+        md = builder.build(0, cm)
+        assert md.causal is False and md.dispatch_args["causal"] is False
+        assert all(not plan.layer.causal for plan in md.prefill_plans.values())
+        new = [r for r, computed, _ in requests if computed == 0]
+        key = torch.cat([enc_k[r] for r in new]) if new else None
+        value = torch.cat([enc_v[r] for r in new]) if new else None
+        query = torch.randn((num_tokens, NUM_Q_HEADS, head_size), generator=gen)
+        query = query.bfloat16()
+        output = torch.full_like(query, float("nan"))
+        impl.forward(layer, query, key, value, kv_cache, md, output)
+        start = 0
+        for r, _, q_len in requests:
+            q = query[start : start + q_len].float()
+            k = enc_k[r].float().repeat_interleave(NUM_Q_HEADS // NUM_KV_HEADS, 1)
+            v = enc_v[r].float().repeat_interleave(NUM_Q_HEADS // NUM_KV_HEADS, 1)
+            probs = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) * scale, -1)
+            expected = torch.einsum("hqk,khd->qhd", probs, v)
+            _assert_close(output[start : start + q_len], expected,
+                          *_TOLERANCE["bfloat16"], f"cross-attention {r}")  # fmt: skip
+            start += q_len
+        return md
+
+    first = step([("a", 0, 3), ("b", 0, 5)])
+    assert first.num_decodes == 0 and first.prefill_plans, first
+    decodes = step([("a", 3, 1), ("b", 5, 1)])
+    assert decodes.num_decodes == 2 and not decodes.prefill_plans
+    mixed = step([("a", 4, 1), ("c", 0, 4)])
+    assert mixed.num_decodes == 1, mixed
+
+    # The group's warm-up compiles the non-causal prefill variants, up to the
+    # encoder budget's keys.
+    from vllm.attention.ops import prefix_prefill
+    from vllm.v1.attention.backends import triton_attn_warmup as warmup
+
+    plan = warmup.warm_up_plan(builder, 64)
+    assert max(b.max_seq_len or 0 for b in plan) == 6000, plan
+    launched = []
+    real_launches, real_plan = prefix_prefill._launches, warmup.warm_up_plan
+    prefix_prefill._launches = lambda plan, inputs: [
+        launched.append(kwargs.get("CAUSAL")) or (k, g, kwargs)
+        for k, g, kwargs in real_launches(plan, inputs)
+    ]
+    warmup.warm_up_plan = lambda builder, stride: [
+        b for b in plan if b.max_query_len is not None
+    ][:1]
+    try:
+        warmup.warm_up(builder, 64)
+    finally:
+        prefix_prefill._launches, warmup.warm_up_plan = real_launches, real_plan
+    assert launched and not any(launched), launched
+    assert builder._warmed == {(warmup.stride_class(64), False)}
+    return "prompt, decode and mixed steps over the cached encoder output"
+
+
+def check_forward_encoder_only():
+    """Encoder self-attention (BERT-style embedding models) through vLLM's own
+    wrapper (``create_encoder_only_attention_backend`` around TRITON_ATTN) on our
+    kernels: no cache; each request's queries attend to all of its own keys, read
+    from the step's K/V (views of the fused QKV output, as vLLM passes them)
+    through the builder's single-key page table, which two batches reuse in
+    place. Against softmax attention over each request's K/V."""
+    import torch
+
+    from vllm.model_executor.layers.attention.encoder_only_attention import (
+        create_encoder_only_attention_backend,
+    )
+    from vllm.v1.attention.backend import AttentionType
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend as B
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+    from vllm.v1.kv_cache_interface import EncoderOnlyAttentionSpec
+
+    head_size, scale, group = 64, 0.125, NUM_Q_HEADS // NUM_KV_HEADS
+    backend = create_encoder_only_attention_backend(B)
+    impl = backend.get_impl_cls()(
+        num_heads=NUM_Q_HEADS, head_size=head_size, scale=scale,
+        num_kv_heads=NUM_KV_HEADS, attn_type=AttentionType.ENCODER_ONLY,
+    )  # fmt: skip
+    assert isinstance(impl, TritonAttentionImpl) and impl.kv_from_step
+    layer = _FakeAttentionLayer(impl)
+    name = "encoder.layer.0.attention"
+    config = _fake_vllm_config()
+    config.compilation_config.static_forward_context = {name: layer}
+    spec = EncoderOnlyAttentionSpec(
+        block_size=16, num_kv_heads=NUM_KV_HEADS, head_size=head_size,
+        dtype=torch.bfloat16,
+    )  # fmt: skip
+    builder = backend.get_builder_cls()(spec, [name], config, torch.device("cpu"))
+    assert builder.kv_from_step and not builder.causal
+    gen = torch.Generator().manual_seed(11)
+    q_end = NUM_Q_HEADS * head_size
+    k_end = q_end + NUM_KV_HEADS * head_size
+    tables = []
+    for q_lens in ([7, 1, 20, 33], [1, 1, 40]):
+        num_tokens, pad = sum(q_lens), 2
+        qkv = torch.randn((num_tokens + pad, k_end + k_end - q_end), generator=gen)
+        qkv = qkv.bfloat16()
+        query = qkv[:, :q_end].view(-1, NUM_Q_HEADS, head_size)
+        key = qkv[:, q_end:k_end].view(-1, NUM_KV_HEADS, head_size)
+        value = qkv[:, k_end:].view(-1, NUM_KV_HEADS, head_size)
+        cm = _common_metadata(
+            q_lens, q_lens, torch.zeros((len(q_lens), 1), dtype=torch.int32),
+            torch.zeros(num_tokens + pad).long(), num_tokens + pad,
+        )  # fmt: skip
+        md = builder.build(0, cm)
+        assert md.num_decodes == 0 and md.causal is False, md
+        tables.append(md.block_table.data_ptr())
+        output = torch.full_like(query, float("nan"))
+        impl.do_kv_cache_update(layer, key, value, torch.empty(0), cm.slot_mapping)
+        impl.forward(layer, query, key, value, torch.empty(0), md, output)
+        start = 0
+        for q_len in q_lens:
+            rows = slice(start, start + q_len)
+            q = query[rows].float()
+            k = key[rows].float().repeat_interleave(group, 1)
+            v = value[rows].float().repeat_interleave(group, 1)
+            probs = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) * scale, -1)
+            expected = torch.einsum("hqk,khd->qhd", probs, v)
+            _assert_close(output[rows], expected, *_TOLERANCE["bfloat16"],
+                          f"encoder-only request of {q_len}")  # fmt: skip
+            start += q_len
+    assert tables[0] == tables[1], "the page table was not reused in place"
+    return "two batches, requests of 1-40 tokens, GQA 2"
 
 
 def check_forward_mixed_bf16():

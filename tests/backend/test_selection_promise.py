@@ -19,9 +19,9 @@ each Triton backend named. One test per platform compares the two, for every
   kernels or stock's Triton backend take, so it can win over an AITER backend
   (ROCM_AITER_FA, which reports "FLASH_ATTN", or ROCM_AITER_UNIFIED_ATTN) that
   stock picked after its own, narrower ROCM_ATTN refused the layer: the fork may
-  give TRITON_ATTN (ours, e.g. attention sinks, head size 112) or
-  TRITON_UNIFIED_ATTN (e.g. head size 72, cross attention) instead, again the
-  one the layer needs;
+  give TRITON_ATTN (ours, e.g. attention sinks, head size 112, cross attention)
+  or TRITON_UNIFIED_ATTN (e.g. head size 320) instead, again the one the layer
+  needs;
 - where stock refuses, the fork may refuse or serve.
 
 The TRITON_UNIFIED_ATTN path exists only on the fork: named, it serves every

@@ -412,6 +412,51 @@ def test_decode_batches_sweep_one_context_many_batches(monkeypatch, capsys):
     }
 
 
+def test_native_sweep_times_each_feature_our_kernels_took_over(monkeypatch, capsys):
+    """--native: head size 100, ALiBi-sqrt, non-causal cross-attention and
+    fp8_e5m2 points, on both kernels where the feature reaches both."""
+    out = _main(monkeypatch, capsys, "--native", "--list")
+    points = [dict(f.split("=") for f in line.split())
+              for line in out.strip().splitlines()[:-1]]  # fmt: skip
+    assert {p["kernel"] for p in points if p["head_size"] == "100"} == {
+        "prefill",
+        "decode",
+    }
+    assert {p["kernel"] for p in points if p.get("alibi") == "sqrt"} == {
+        "prefill",
+        "decode",
+    }
+    cross = [p for p in points if p.get("causal") == "False"]
+    assert [(p["q_len"], p["kv_len"]) for p in cross] == [("4", "1500"), ("512", "512")]
+    # Encoder self-attention: the step's K/V as one-key pages in token order.
+    (encoder,) = [p for p in points if p.get("kv_from_step") == "True"]
+    assert encoder["block_size"] == "1" and encoder["causal"] == "False"
+    native = bk.sweep(SimpleNamespace(tiny=False, native=True))
+    s = next(s for s in native if s.kv_from_step)
+    inp = bk.build_inputs(dataclasses.replace(s, batch=3, query_len=5, context=5),
+                          "cpu", rotate=True)  # fmt: skip
+    assert inp.block_tables[0].tolist() == [list(range(r * 5, r * 5 + 5))
+                                            for r in range(3)]  # fmt: skip
+    k, _ = bk.step_kv(inp)
+    assert k.shape == (15, 16, 64)
+    assert {p["kernel"] for p in points if p["kv_cache_dtype"] == "float8_e5m2"} == {
+        "prefill",
+        "decode",
+    }
+
+
+def test_fa3_skips_what_it_does_not_take(monkeypatch):
+    monkeypatch.setattr(bk.stock, "flash_attn_varlen_func", object(), raising=False)
+    base = bk.Shape("prefill", "m", 1, 16, 16, 8, 2, 128, 64)
+    for changes, why in (
+        ({"alibi": "sqrt"}, "ALiBi"),
+        ({"kv_dtype": "float8_e5m2"}, "e4m3"),
+        ({"head_size": 100}, "multiples of 8"),
+    ):
+        with pytest.raises(bk.Skip, match=why):
+            bk.caller_fa3(dataclasses.replace(base, **changes), inp=None)
+
+
 def _fake_callers(monkeypatch, measured, *, fail=()):
     """Callers whose times are made up: ours 10 us, fa3 20 us (skipped on fp8),
     stock 5 us; ``fail``: shapes on which ours raises."""
@@ -546,6 +591,9 @@ def test_work_formulas_count_only_window_visible_keys():
             min(ctx - q + i + 1, w or ctx) for i in range(q)
         )  # brute force: the keys query i sees
         assert bk.prefill_flops(s) == 4 * 64 * 8 * 2 * pairs
+    # Not causal (cross-attention): every query sees every key.
+    cross = bk.Shape("prefill", "m", 2, 4, 1500, 8, 2, 64, 16, causal=False)
+    assert bk.prefill_flops(cross) == 4 * 64 * 8 * 2 * 4 * 1500
     d = bk.Shape("decode", "m", 1, 1, 10000, 8, 2, 64, 16, window=4096)
     full = bk.Shape("decode", "m", 1, 1, 4096, 8, 2, 64, 16)
     assert bk.decode_bytes(d) == bk.decode_bytes(full)

@@ -318,7 +318,7 @@ def prefill_launches(
     from vllm.attention.ops.triton_attention_common import AttentionInputs
 
     layer_args = ("query", "key_cache", "sliding_window", "alibi_slopes",
-                  "logits_soft_cap", "sinks")  # fmt: skip
+                  "logits_soft_cap", "sinks", "causal")  # fmt: skip
     query = tensors["query"]
     plan = pp.plan_prefill(
         layer=pp.PrefillLayer.of(**{k: tensors[k] for k in layer_args if k in tensors}),
@@ -453,6 +453,10 @@ def _prefix_prefill_cases():
     # ALiBi-sqrt (the bias on the square root of the distance).
     yield launch(128, 4, 64, torch.bfloat16, 1024, alibi_slopes=heads[:8],
                  alibi_sqrt=True)  # fmt: skip
+    # Non-causal (cross-attention, bidirectional drafting), with TMA and sinks.
+    yield launch(64, 1, 16, torch.bfloat16, 64, causal=False)
+    yield launch(128, 4, 64, torch.bfloat16, 4096, use_tma=True, causal=False,
+                 sinks=heads[:8])  # fmt: skip
     # Head sizes at the ends of the declared range and padded ones past 128.
     yield launch(16, 4, 64, torch.bfloat16, 1024)
     yield launch(48, 1, 16, torch.bfloat16, 4096)

@@ -206,6 +206,8 @@ SLOPES = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
         ({"alibi_slopes": SLOPES}, 2),
         ({"alibi_slopes": SLOPES, "alibi_sqrt": True}, 2),
         ({"alibi_slopes": SLOPES, "alibi_sqrt": True, "sliding_window": 12}, 1),
+        ({"causal": False}, 1),
+        ({"causal": False, "logits_soft_cap": 4.0}, 2),
     ],
     ids=[
         "plain",
@@ -213,6 +215,8 @@ SLOPES = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
         "alibi_split",
         "alibi_sqrt_split",
         "alibi_sqrt_window",
+        "non_causal",
+        "non_causal_softcap_split",
     ],  # fmt: skip
 )
 def test_mixed_batch_against_reference(features, num_splits):
@@ -245,10 +249,13 @@ def test_mixed_batch_against_reference(features, num_splits):
     assert_close(
         output, ref, dtype=torch.bfloat16, atol=atol, rtol=rtol, what="dispatch"
     )
-    if features.get("alibi_sqrt"):  # the flag changes the result
-        linear = {**features, "alibi_sqrt": False}
-        other = ref_paged_attention(**batch.ref_kwargs(), softmax_scale=scale, **linear)
-        assert (other - ref).abs().max() > 10 * atol
+    # The flag changes the result (the prefill rows', for causality).
+    for flag, default in (("alibi_sqrt", False), ("causal", True)):
+        if flag in features and features[flag] != default:
+            other = ref_paged_attention(
+                **batch.ref_kwargs(), softmax_scale=scale, **{**features, flag: default}
+            )
+            assert (other - ref).abs().max() > 10 * atol
 
 
 def test_fp8_cache_with_a_query_past_fp16_range():
@@ -290,6 +297,7 @@ CONTRACT_VIOLATIONS = {
     "window-0": ({}, {"sliding_window": 0}, "sliding_window"),
     "sinks-shape": ({}, {"sinks": "wrong-shape"}, "sinks"),
     "fp8-without-scales": ({"kv_dtype": torch.float8_e4m3fn}, {}, "k_scale"),
+    "non-causal-window": ({}, {"causal": False, "sliding_window": 8}, "non-causal"),
 }
 
 

@@ -77,6 +77,7 @@ def _case(name, **overrides):
         "sinks": False,
         "q_on_fp8_grid": False,
         "num_splits": None,  # KV splits; None: unsplit (no max_seq_len given)
+        "causal": True,
         "tolerance": None,  # (dtype, atol, rtol); default TOLERANCES[q_dtype]
     }
     base.update(overrides)
@@ -339,6 +340,45 @@ CASES = [
         num_q_heads=4,
         config=PrefillConfig(16, 16, 4, 1, split_head=True),
     ),
+    # Non-causal (cross-attention over a cached encoder, bidirectional drafting):
+    # every query sees all keys of its sequence, also where the query is longer
+    # than the keys (a decoder prompt over a short encoder output) or there are
+    # no keys at all (zeros).
+    _case(
+        "non-causal-mixed",
+        causal=False,
+        num_q_heads=4,
+        seqs=[(1, 9), (4, 4), (3, 21), (19, 37), (6, 3), (2, 0)],
+    ),
+    _case(
+        "non-causal-split-kv-3-sinks-g4",
+        causal=False,
+        num_q_heads=8,
+        num_kv_heads=2,
+        sinks=True,
+        num_splits=3,
+        seqs=[(1, 40), (5, 70), (19, 37), (2, 2)],
+    ),
+    _case(
+        "non-causal-fp8-softcap-sinks-tma",
+        causal=False,
+        cache_dtype=torch.float8_e4m3fn,
+        num_q_heads=8,
+        soft_cap=2.0,
+        sinks=True,
+        seqs=[(5, 29), (1, 1), (12, 12), (19, 50)],
+        config=PrefillConfig(16, 16, 4, 1, use_tma=True),
+    ),
+    _case(
+        "non-causal-split-head-d96-g7",
+        causal=False,
+        head_size=96,
+        num_q_heads=14,
+        num_kv_heads=2,
+        block_size=32,
+        seqs=[(30, 5), (1, 1), (19, 50)],
+        config=PrefillConfig(32, 16, 4, 1, use_tma=True, split_head=True),
+    ),
 ]
 
 
@@ -371,6 +411,7 @@ def _run(
         alibi_slopes=alibi_slopes,
         logits_soft_cap=case["soft_cap"],
         sinks=sinks,
+        causal=case.get("causal", True),
         config=case["config"],
         num_splits=case.get("num_splits"),
     )
@@ -428,6 +469,7 @@ def _check_case(case, seed=0):
         alibi_slopes=alibi_slopes,
         logits_soft_cap=case["soft_cap"],
         sinks=sinks,
+        causal=case.get("causal", True),
         **batch.ref_kwargs(),
     )
     dtype, atol, rtol = case.get("tolerance") or _default_tolerance(case, batch)
@@ -487,12 +529,41 @@ def _random_case(seed):
         "soft_cap": rng.choice([None, 5.0]),
         "sinks": rng.random() < 0.3,
         "num_splits": rng.choice([None, None, 2, 3, 7]),
+        "causal": rng.random() < 0.6,  # non-causal drops the window and ALiBi
     }
+
+
+def test_non_causal_rows_see_the_keys_after_them():
+    """The same prefill, causal and not: each matches its reference, and they
+    differ (a kernel that ignored the flag would pass one case only)."""
+    case = dict(CASES[0].values[0], num_q_heads=4, seqs=[(9, 9), (5, 30)])
+    shape = ("seqs", "num_q_heads", "num_kv_heads", "head_size", "block_size",
+             "q_dtype")  # fmt: skip
+    batch = make_paged_batch(**{k: case[k] for k in shape})
+    outputs = {}
+    for causal in (True, False):
+        output = torch.full_like(batch.query, float("nan"))
+        _run({**case, "causal": causal}, batch, output, softmax_scale=0.125)
+        expected = ref_paged_attention(
+            softmax_scale=0.125, causal=causal, **batch.ref_kwargs()
+        )
+        _, atol, rtol = TOLERANCES[torch.bfloat16]
+        assert_close(output, expected, dtype=torch.bfloat16, atol=atol, rtol=rtol)
+        outputs[causal] = output.float()
+    # Every row but the last of each sequence sees more keys without the mask.
+    assert (outputs[True][:8] - outputs[False][:8]).abs().amax(dim=(1, 2)).min() > 0
+    last_rows = [8, 13]  # the last token of each sequence sees every key either way
+    torch.testing.assert_close(
+        outputs[True][last_rows], outputs[False][last_rows], atol=1e-2, rtol=0
+    )
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_random_batches(seed):
-    _check_case(_random_case(seed), seed=seed)
+    case = _random_case(seed)
+    if not case["causal"]:
+        case.update(sliding_window=None, alibi=False)
+    _check_case(case, seed=seed)
 
 
 @pytest.mark.parametrize("num_splits", [None, 4])
@@ -1226,7 +1297,11 @@ def test_a_gluon_program_counts_as_a_whole_sm(on_hopper):
     assert (plan.kernel, plan.num_splits) == ("triton", 2)
 
 
-@pytest.mark.parametrize("feature", ["soft_cap", "alibi", "sinks"])
+@pytest.mark.parametrize(
+    "feature",
+    [{"soft_cap": True}, {"alibi": True}, {"sinks": True}, {"causal": False}],
+    ids=["soft_cap", "alibi", "sinks", "non_causal"],
+)
 def test_the_kernel_is_chosen_before_its_split_count(monkeypatch, feature):
     """A layer the Gluon kernel does not take runs in the portable kernel under
     the portable kernel's split decision, not under one made for Gluon programs:
@@ -1234,7 +1309,7 @@ def test_the_kernel_is_chosen_before_its_split_count(monkeypatch, feature):
     ws = PrefillConfig(128, 64, 4, 3, use_tma=True, gluon=True)
     monkeypatch.setattr(prefix_prefill, "is_hopper", lambda device: True)
     assert _plan(ws).kernel == "gluon"
-    plan = _plan(ws, **{feature: True})
+    plan = _plan(ws, **feature)
     assert (plan.kernel, plan.num_splits) == ("triton", 2)
     monkeypatch.setattr(prefix_prefill, "is_hopper", lambda device: False)
     off_hopper = _plan(ws)

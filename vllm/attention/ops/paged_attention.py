@@ -84,6 +84,7 @@ def paged_attention(
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
     alibi_sqrt: bool = False,
+    causal: bool = True,
     decode_num_splits: int = 1,
     decode_workspace: torch.Tensor | None = None,
     decode_config: DecodeConfig | None = None,
@@ -115,6 +116,9 @@ def paged_attention(
         prefill_max_seq_len: without a plan, a host int >= the longest KV length
             of the prefill part, or None: lets it split its keys when its grid
             is small (``prefix_prefill.choose_prefill_splits``).
+        causal: False: every query sees all ``seq_len`` keys of its sequence
+            (a decode's one query does either way, so only the prefill kernel
+            takes the flag).
         The rest are the attention features of both kernels.
 
     The inputs are checked once against the one input contract
@@ -149,6 +153,7 @@ def paged_attention(
         logits_soft_cap=logits_soft_cap,
         sinks=sinks,
         alibi_sqrt=alibi_sqrt,
+        causal=causal,
     )
     check_attention_inputs("paged_attention", inputs)
     if num_decodes > 0:

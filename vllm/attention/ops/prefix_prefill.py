@@ -16,7 +16,10 @@ Layouts (docs/design.md):
     seq_lens             [num_seqs_total]  KV length incl. new tokens, int32
 Query token ``i`` of a sequence with ``q_len`` new tokens sits at position
 ``seq_len - q_len + i`` and sees key ``j`` iff ``j <= pos`` (and ``pos - j < W``
-with a sliding window ``W``).
+with a sliding window ``W``). Non-causal launches (constexpr ``CAUSAL`` off:
+cross-attention over a cached encoder, bidirectional drafting) place every row at
+the last key, ``pos = seq_len - 1``, so each sees all ``seq_len`` keys and the same
+code masks only keys past the sequence.
 
 Algorithm. FlashAttention-2's online softmax (Dao, arXiv 2307.08691) with the
 "Q-block" GQA packing of the Triton attention paper (Ringlein et al., "The Anatomy
@@ -422,6 +425,7 @@ def _prefix_prefill_kernel(
     ALIBI_SQRT: tl.constexpr,  # with USE_ALIBI: on the distance's square root
     USE_WINDOW: tl.constexpr,
     USE_SINKS: tl.constexpr,
+    CAUSAL: tl.constexpr,  # False: every row sees all kv_len keys of its sequence
 ):
     row_tile, seq, kv_head, split = program_coords(
         num_seqs, num_splits, NUM_KV_HEADS=NUM_KV_HEADS, LONGEST_FIRST=LONGEST_FIRST
@@ -444,6 +448,12 @@ def _prefix_prefill_kernel(
     first_token = first_row // GROUP_SIZE
     last_token = tl.minimum((first_row + BLOCK_M - 1) // GROUP_SIZE, q_len - 1)
     q_pos = context_len + token
+    if not CAUSAL:
+        # Every row stands at the last key: the causal mask then hides only keys
+        # past the sequence (no window or ALiBi here: the contract refuses them).
+        first_token = q_len - 1
+        last_token = q_len - 1
+        q_pos = tl.zeros_like(token) + (kv_len - 1)
     dims = tl.arange(0, HEAD_LO_PAD)
     dim_ok = dims < HEAD_LO
     dims_hi = HEAD_LO + tl.arange(0, HEAD_HI)  # SPLIT_HEAD
@@ -647,6 +657,7 @@ class PrefillLayer:
     soft_cap: bool = False
     alibi: bool = False
     sinks: bool = False
+    causal: bool = True  # False: every query sees all keys of its sequence
 
     @classmethod
     def of(
@@ -658,6 +669,7 @@ class PrefillLayer:
         alibi_slopes: torch.Tensor | None = None,
         logits_soft_cap: float | None = None,
         sinks: torch.Tensor | None = None,
+        causal: bool = True,
     ) -> "PrefillLayer":
         """The layer of a launch's tensors and feature arguments."""
         head_size = query.shape[2]
@@ -674,6 +686,7 @@ class PrefillLayer:
             soft_cap=bool(logits_soft_cap),
             alibi=alibi_slopes is not None,
             sinks=sinks is not None,
+            causal=causal,
         )
 
     @classmethod
@@ -746,6 +759,8 @@ def hopper_kernel_refusal(
         return "ALiBi and sinks run in the portable kernel"
     if layer.soft_cap:
         return "soft-cap runs in the portable kernel"
+    if not layer.causal:
+        return "non-causal attention runs in the portable kernel"
     refusal = gluon_config_refusal(config)
     if refusal is not None:
         return refusal
@@ -986,7 +1001,7 @@ class PrefillPlanner:
         self.device = device
         self.layers = frozenset(layers)
         self.workspace = None
-        if max_model_len >= 2 * SPLIT_MIN_KEYS:
+        if max_model_len >= 2 * SPLIT_MIN_KEYS:  # the most keys a request has
             self.workspace = torch.empty(
                 split_workspace_bound(head_size=head_size, num_sms=num_sms(device)),
                 dtype=torch.float32,
@@ -1010,14 +1025,16 @@ class PrefillPlanner:
         num_tokens: int,
         max_query_len: int,
         max_seq_len: int,
+        causal: bool = True,
     ) -> dict[PrefillLayer, PrefillPlan]:
         """The launch of each kind of layer over requests ``[num_decodes,
-        num_reqs)`` (none without prefills)."""
+        num_reqs)`` (none without prefills), keyed by the layer as its launch
+        sees it (``PrefillLayer.of_inputs``: the batch's causality included)."""
         if num_reqs <= num_decodes:
             return {}
-        return {
-            layer: plan_prefill(
-                layer=layer,
+        plans = (
+            plan_prefill(
+                layer=replace(layer, causal=causal),
                 device=self.device,
                 seq_start=num_decodes,
                 num_seqs=num_reqs - num_decodes,
@@ -1028,7 +1045,8 @@ class PrefillPlanner:
                 **self.fixed[layer],
             )
             for layer in self.layers
-        }
+        )
+        return {plan.layer: plan for plan in plans}
 
 
 def _launches(plan: PrefillPlan, inputs: AttentionInputs) -> list[tuple]:
@@ -1089,6 +1107,7 @@ def _launches(plan: PrefillPlan, inputs: AttentionInputs) -> list[tuple]:
         FP8_MAX=fp8_max(key_cache.dtype),
         LONGEST_FIRST=config.longest_first,
         SPLIT_KV=num_splits > 1,
+        CAUSAL=plan.layer.causal,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
@@ -1147,11 +1166,12 @@ def prefix_prefill_attention(
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
     alibi_sqrt: bool = False,
+    causal: bool = True,
     config: PrefillConfig | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
 ) -> None:
-    """Causal attention of sequences ``[seq_start, seq_start + num_seqs)`` over the
+    """Attention of sequences ``[seq_start, seq_start + num_seqs)`` over the
     paged KV cache, written into ``output``: checks the inputs, plans the launch
     (``plan_prefill``) and runs it (``launch_prefix_prefill``). The backend plans
     once per batch and calls ``launch_prefix_prefill`` per layer instead.
@@ -1177,6 +1197,9 @@ def prefix_prefill_attention(
         alibi_sqrt: with alibi_slopes, the bias is ``-slope * sqrt(pos - j)``.
         logits_soft_cap: c > 0 (s = c * tanh(s / c)), or None / 0 for none.
         sinks: [num_q_heads] float, one extra logit per head, or None.
+        causal: False: every query token sees all ``seq_len`` keys of its
+            sequence (cross-attention over a cached encoder, bidirectional
+            drafting); takes no sliding window or ALiBi.
         config: launch configuration; None picks it from the tuning table.
         max_seq_len: host int >= the longest KV length of the launched sequences,
             or None (unknown: no split).
@@ -1204,6 +1227,7 @@ def prefix_prefill_attention(
         logits_soft_cap=logits_soft_cap,
         sinks=sinks,
         alibi_sqrt=alibi_sqrt,
+        causal=causal,
     )
     check_attention_inputs(who, inputs)
     num_seqs_total = seq_lens.shape[0]

@@ -44,12 +44,14 @@ def ref_paged_attention(
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
     alibi_sqrt: bool = False,
+    causal: bool = True,
 ) -> torch.Tensor:
     """Attention of every query token over its sequence's paged K/V, in fp32.
 
     query: [num_tokens, num_q_heads, head_size]; query_start_loc: [num_seqs + 1];
     seq_lens: [num_seqs], KV length including the new tokens. Returns fp32
-    [num_tokens, num_q_heads, head_size]. Semantics as in docs/design.md.
+    [num_tokens, num_q_heads, head_size]. Semantics as in docs/design.md; with
+    ``causal=False`` every query sees all ``seq_len`` keys.
     """
     num_q_heads = query.shape[1]
     num_kv_heads = key_cache.shape[1]
@@ -75,7 +77,7 @@ def ref_paged_attention(
             if alibi_sqrt:  # keys after the query are masked below
                 dist = -torch.sqrt((-dist).clamp(min=0))
             scores = scores + alibi_slopes.float()[:, None, None] * dist
-        visible = k_pos <= q_pos
+        visible = (k_pos <= q_pos) | (not causal)
         if sliding_window is not None:
             visible = visible & (q_pos - k_pos < sliding_window)
         scores = scores.masked_fill(~visible, -math.inf)

@@ -182,17 +182,19 @@ class AttentionInputs:
     logits_soft_cap: float | None = None
     sinks: torch.Tensor | None = None  # [num_q_heads] float
     alibi_sqrt: bool = False  # ALiBi on the square root of the distance
+    causal: bool = True  # False: a query sees every key of its sequence
 
     @property
     def features(self) -> dict:
-        """The features a launch's plan depends on (window, ALiBi, soft-cap, sinks),
-        as ``PrefillLayer.of``'s keyword arguments; the ALiBi form
+        """The features a launch's plan depends on (window, ALiBi, soft-cap, sinks,
+        causality), as ``PrefillLayer.of``'s keyword arguments; the ALiBi form
         (``alibi_sqrt``) changes the kernel's code, not its plan."""
         return {
             "sliding_window": self.sliding_window,
             "alibi_slopes": self.alibi_slopes,
             "logits_soft_cap": self.logits_soft_cap,
             "sinks": self.sinks,
+            "causal": self.causal,
         }
 
 
@@ -412,6 +414,13 @@ def check_attention_inputs(who: str, inputs: AttentionInputs) -> bool:
         )
     if inputs.alibi_sqrt and alibi_slopes is None:
         fail(who, "alibi_sqrt needs alibi_slopes (it changes the ALiBi bias)")
+    if not inputs.causal and (sliding_window is not None or alibi_slopes is not None):
+        fail(
+            who,
+            "non-causal attention takes no sliding window or ALiBi here (both are "
+            "defined by the distance to a causal query); pass causal=True, or use "
+            "stock vLLM's Triton backend",
+        )
     for name, tensor in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
         if tensor is not None and not (
             tensor.shape == (num_q_heads,)

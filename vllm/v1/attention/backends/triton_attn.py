@@ -75,10 +75,13 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends import triton_attn_selection as selection
 from vllm.v1.attention.backends import triton_attn_warmup as warmup
 from vllm.v1.attention.backends.triton_attn_selection import (
+    ATTN_TYPES,
     FP8_CACHE_DTYPES,
     KERNEL_DTYPES,
     KV_CACHE_DTYPES,
+    NON_CAUSAL_ATTN_TYPES,
     PREFERRED_BLOCK_SIZE,
+    STEP_KV_ATTN_TYPES,
     SUPPORTED_BLOCK_SIZES,
     SUPPORTED_HEAD_SIZES,
     TritonUnifiedAttentionBackend,
@@ -146,6 +149,9 @@ class TritonAttentionMetadata:
     # The prefill launch of each kind of layer the builder serves (empty without
     # prefills): kernel, tiles, split count, workspace view (plan_prefill).
     prefill_plans: dict[PrefillLayer, PrefillPlan]
+    # False: every query sees all keys of its request (cross-attention over the
+    # cached encoder output, bidirectional drafting); vLLM's flag for the batch.
+    causal: bool = True
 
     @property
     def num_prefills(self) -> int:
@@ -172,6 +178,7 @@ _DISPATCH_FIELDS = (
     "decode_config",
     "prefill_plans",
     "prefill_max_seq_len",
+    "causal",
 )
 # The metadata fields a batch's CommonAttentionMetadata gives: {ours: vLLM's}.
 _FROM_COMMON = {
@@ -222,6 +229,24 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         self.head_size = kv_cache_spec.head_size
         self.num_q_heads = self._num_q_heads(vllm_config, layer_names)
         self.num_sms = num_sms(self.device)  # an H200's count off the GPU
+        impls = self._impls(vllm_config)
+        kinds = {impl.attn_type for impl in impls}
+        # Cross-attention (its cache holds the encoder's output) and encoder
+        # self-attention run non-causal batches; decoder self-attention causal
+        # ones, or non-causal ones where vLLM says so (bidirectional drafting).
+        self.causal = not kinds & NON_CAUSAL_ATTN_TYPES
+        # Encoder self-attention has no paged cache: every request runs in the
+        # prefill kernel over the step's own K/V rows, seen as pages of one key
+        # (``_step_kv_pages``).
+        self.kv_from_step = bool(kinds & STEP_KV_ATTN_TYPES)
+        # The most keys a request has: a cross-attention request's are the
+        # encoder's, which the scheduler's encoder budget bounds.
+        self.max_kv_len = vllm_config.model_config.max_model_len
+        if AttentionType.ENCODER_DECODER in kinds:
+            scheduler = vllm_config.scheduler_config
+            self.max_kv_len = max(
+                self.max_kv_len, getattr(scheduler, "max_num_encoder_input_tokens", 0)
+            )
 
         # VLLM_BATCH_INVARIANT=1: a request's result must not depend on the batch
         # around it. The kernels reduce each query row's keys in one program, in
@@ -252,27 +277,35 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             2 * self.num_kv_heads * kv_cache_spec.block_size * self.head_size,
         )
         # The prefill launch of each kind of layer in the group (its features on
-        # the group's cache), planned for every batch.
+        # the group's cache, or on the step's K/V rows), planned for every batch.
+        pages = {
+            "kv_dtype": kv_dtype,
+            "block_size": kv_cache_spec.block_size,
+            "pages_are_rows": self.block_stride % self.head_size == 0,
+        }
+        if self.kv_from_step:
+            pages = {"kv_dtype": q_dtype, "block_size": 1, "pages_are_rows": True}
         self.prefill_planner = PrefillPlanner(
             device=self.device,
-            layers=self._prefill_layers_of(
-                vllm_config, kv_cache_spec, q_dtype, kv_dtype
-            ),
+            layers={impl.prefill_layer(q_dtype=q_dtype, **pages) for impl in impls},
             head_size=self.head_size,
-            max_model_len=vllm_config.model_config.max_model_len,
+            max_model_len=self.max_kv_len,
             batch_invariant=self.batch_invariant,
         )
 
-        # Compile every kernel specialisation now, at startup (see warm_up).
-        self._warmed_stride_classes: set[tuple[bool, bool]] = set()
+        # Compile every kernel specialisation now, at startup (see warm_up), for
+        # each (block-table stride class, causality) a batch brings.
+        self._warmed: set[tuple] = set()
         self._max_query_len = min(
             vllm_config.scheduler_config.max_num_batched_tokens,
             vllm_config.model_config.max_model_len,
         )
+        if self.kv_from_step:
+            self._init_step_kv_pages(vllm_config.scheduler_config.max_num_seqs)
         self._warm_up_enabled = self.device.type == "cuda"
         if self._warm_up_enabled:
             stride = warmup.guess_block_table_stride(vllm_config, kv_cache_spec)
-            warmup.register_jit_warm_up(self, stride)
+            warmup.register_jit_warm_up(self, self._block_table_stride(stride))
 
     @staticmethod
     def _num_q_heads(vllm_config: "VllmConfig", layer_names: list[str]) -> int:
@@ -298,37 +331,23 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             kv_dtype = q_dtype
         return q_dtype, kv_dtype
 
-    def _prefill_layers_of(
-        self,
-        vllm_config: "VllmConfig",
-        spec: AttentionSpec,
-        q_dtype: torch.dtype,
-        kv_dtype: torch.dtype,
-    ) -> set[PrefillLayer]:
-        """What ``plan_prefill`` needs of each of the group's layers: their
-        features on the group's cache. Pages are whole rows of the head size when
-        the block stride is."""
+    def _impls(self, vllm_config: "VllmConfig") -> list["TritonAttentionImpl"]:
+        """The impls of the group's layers (their features, attention type)."""
         from vllm.config import get_layers_from_vllm_config
         from vllm.model_executor.layers.attention_layer_base import (
             AttentionLayerBase,
         )
 
-        pages_are_rows = self.block_stride % self.head_size == 0
         layers = get_layers_from_vllm_config(
             vllm_config,
             AttentionLayerBase,  # type: ignore[type-abstract]
             self.layer_names,
         )
-        return {
-            layer.impl.prefill_layer(
-                q_dtype=q_dtype,
-                kv_dtype=kv_dtype,
-                block_size=spec.block_size,
-                pages_are_rows=pages_are_rows,
-            )
+        return [
+            layer.impl
             for layer in layers.values()
             if isinstance(getattr(layer, "impl", None), TritonAttentionImpl)
-        }
+        ]
 
     def build(
         self,
@@ -337,21 +356,17 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         fast_build: bool = False,
     ) -> TritonAttentionMetadata:
         cm = common_attn_metadata
+        causal = self._batch_causality(cm.causal)
+        stride = self._block_table_stride(cm.block_table_tensor.stride(0))
         if self._warm_up_enabled and (
-            warmup.stride_class(cm.block_table_tensor.stride(0))
-            not in self._warmed_stride_classes
+            (warmup.stride_class(stride), causal) not in self._warmed
         ):
             # The block-table row stride is a kernel argument that Triton
-            # specialises on and the startup guess missed its class. This is the
-            # first batch, still before serving: vLLM's warm-up and CUDA-graph
-            # capture build metadata first.
-            warmup.warm_up(self, cm.block_table_tensor.stride(0))
-        if cm.causal is not True:
-            raise NotImplementedError(
-                "TRITON_ATTN runs causal attention only; this batch asks for "
-                "non-causal attention (e.g. DFlash drafting). Use "
-                "--attention-backend FLASH_ATTN, FLEX_ATTENTION or TRITON_UNIFIED_ATTN."
-            )
+            # specialises on and the startup guess missed its class, or the batch
+            # is the first of its causality. This is the first such batch, still
+            # before serving: vLLM's warm-up and CUDA-graph capture build
+            # metadata first.
+            warmup.warm_up(self, stride, causal=causal)
         if getattr(cm, "mm_req_doc_ranges", None) is not None:
             raise NotImplementedError(
                 "TRITON_ATTN runs causal attention only; this batch has multimodal "
@@ -361,13 +376,77 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         return self._metadata(
             cm.query_start_loc_cpu,
             getattr(cm, "seq_lens_cpu_upper_bound", None),
+            causal=causal,
             **{ours: getattr(cm, theirs) for ours, theirs in _FROM_COMMON.items()},
         )
+
+    def _block_table_stride(self, vllm_stride: int) -> int:
+        """Row stride of the block table the kernels get: vLLM's, or that of the
+        step's single-key page table (``_step_kv_pages``)."""
+        return self._step_table.stride(0) if self.kv_from_step else vllm_stride
+
+    def _init_step_kv_pages(self, max_num_seqs: int) -> None:
+        """Buffers of ``_step_kv_pages``, allocated once (CUDA graphs read them
+        where they are): a page table of ``max_query_len`` columns, rounded up to
+        a multiple of 16 (one stride class), and the requests' key counts."""
+        width = -(-self._max_query_len // 16) * 16
+        self._step_keys = torch.arange(width, dtype=torch.int32, device=self.device)
+        self._step_table = torch.zeros(
+            (max_num_seqs, width), dtype=torch.int32, device=self.device
+        )
+        self._step_seq_lens = torch.zeros(
+            max_num_seqs, dtype=torch.int32, device=self.device
+        )
+
+    def _step_kv_pages(self, query_start_loc: torch.Tensor, num_reqs: int) -> dict:
+        """Encoder self-attention's keys: the step's own K/V rows, which the impl
+        views as a cache of one-key pages. Request ``r``'s key ``j`` is row
+        ``query_start_loc[r] + j``: its block-table row maps page ``j`` there, and
+        its keys are its queries (``seq_lens``). Written into the buffers in
+        place; a query is at most ``max_query_len`` long, the table's width."""
+        if num_reqs > self._step_table.shape[0]:
+            self._init_step_kv_pages(num_reqs)
+        starts = query_start_loc[:num_reqs]
+        table = self._step_table[:num_reqs]
+        torch.add(starts[:, None], self._step_keys, out=table)
+        seq_lens = self._step_seq_lens[:num_reqs]
+        torch.sub(query_start_loc[1 : num_reqs + 1], starts, out=seq_lens)
+        return {"block_table": table, "seq_lens": seq_lens}
+
+    def _batch_causality(self, causal) -> bool:
+        """vLLM's causal flag of a batch as the kernels take it: one bool for
+        the batch, and non-causal only for layers without a sliding window or
+        ALiBi (both measure the distance to a causal query)."""
+        if causal is True:
+            return True
+        if causal is not False:
+            raise NotImplementedError(
+                "TRITON_ATTN takes one causal flag per batch; this batch has one "
+                "per request. Use --attention-backend FLASH_ATTN or "
+                "TRITON_UNIFIED_ATTN."
+            )
+        distance = {
+            name
+            for layer in self.prefill_planner.layers
+            for name, on in (
+                ("a sliding window", layer.sliding_window),
+                ("ALiBi", layer.alibi),
+            )  # fmt: skip
+            if on
+        }
+        if distance:
+            raise NotImplementedError(
+                "TRITON_ATTN runs non-causal attention without "
+                f"{' or '.join(sorted(distance))}; this batch asks for it on such "
+                "layers. Use --attention-backend FLASH_ATTN or TRITON_UNIFIED_ATTN."
+            )
+        return False
 
     def _metadata(
         self,
         query_start_loc_cpu: torch.Tensor,
         seq_lens_upper_bound_cpu: torch.Tensor | None = None,
+        causal: bool = True,
         **batch,
     ) -> TritonAttentionMetadata:
         """The metadata of a batch from its common fields (``_FROM_COMMON``'s
@@ -375,10 +454,14 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         requests' longest KV length added. ``seq_lens_upper_bound_cpu``: vLLM's
         host upper bound of each request's seq_len (exact for prefills), when the
         model runner gives one; else the batch's ``max_seq_len`` bounds the
-        prefills."""
+        prefills. ``causal``: the batch's flag (``_batch_causality``)."""
         num_decodes, num_decode_tokens = split_decodes(
             query_start_loc_cpu, batch["num_reqs"], batch["max_query_len"]
         )
+        if self.kv_from_step:  # no cache: every request in the prefill kernel
+            num_decodes = num_decode_tokens = 0
+            pages = self._step_kv_pages(batch["query_start_loc"], batch["num_reqs"])
+            batch.update(pages)
         num_splits, workspace, config = self.decode_planner.plan(num_decodes)
         prefill_max_seq_len = batch["max_seq_len"]
         if seq_lens_upper_bound_cpu is not None and num_decodes < batch["num_reqs"]:
@@ -398,7 +481,9 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
                 num_tokens=batch["num_actual_tokens"],
                 max_query_len=batch["max_query_len"],
                 max_seq_len=prefill_max_seq_len,
+                causal=causal,
             ),
+            causal=causal,
         )
 
 
@@ -560,8 +645,16 @@ class TritonAttentionBackend(AttentionBackend):
         return True
 
     @classmethod
+    def supports_non_causal(cls) -> bool:
+        # Non-causal batches of decoder layers (bidirectional drafting): the
+        # prefill kernel's CAUSAL flag, off.
+        return True
+
+    @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
-        return attn_type == AttentionType.DECODER
+        # Cross-attention reads the encoder's K/V from its paged cache, encoder
+        # self-attention the step's own K/V rows; both non-causally.
+        return attn_type in ATTN_TYPES
 
     # vLLM asks these three for a vision encoder's attention (which runs stock's
     # ViT kernel, not this backend) and inside validate_configuration: they answer
@@ -676,7 +769,7 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         sliding_window: int | None = None,  # keys a query sees, itself included
         kv_cache_dtype: str = "auto",  # KV_CACHE_DTYPES
         logits_soft_cap: float | None = None,  # None or 0: no soft-cap
-        attn_type: str = AttentionType.DECODER,  # the only type the kernels run
+        attn_type: str = AttentionType.DECODER,  # any of ATTN_TYPES
         kv_sharing_target_layer_name: str | None = None,  # kept for vLLM
         sinks: torch.Tensor | None = None,  # [num_heads] logits (gpt-oss)
         use_alibi_sqrt: bool = False,  # ALiBi on the distance's square root
@@ -690,6 +783,7 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
             kv_cache_dtype=kv_cache_dtype,
             attn_type=attn_type,
             sinks=sinks,
+            sliding_window=sliding_window,
             alibi=alibi_slopes is not None,
             alibi_sqrt=use_alibi_sqrt,
             unsupported=unsupported,
@@ -698,7 +792,7 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         # checks), in the interface's names.
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_size, self.scale = head_size, float(scale)
-        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_cache_dtype, self.attn_type = kv_cache_dtype, attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         # vLLM's sliding window W: a query at position p sees keys j with p - j < W.
         self.sliding_window = sliding_window
@@ -717,7 +811,9 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         self._kernel_sinks = (
             sinks if sinks is None or sinks.dtype == torch.float32 else None
         )
-        self.is_fp8_cache = kv_cache_dtype in FP8_CACHE_DTYPES
+        # Encoder self-attention has no cache: the kernels read the step's K/V.
+        self.kv_from_step = attn_type in STEP_KV_ATTN_TYPES
+        self.is_fp8_cache = kv_cache_dtype in FP8_CACHE_DTYPES and not self.kv_from_step
         self._fp8_dtype = (
             selection.fp8_cache_dtype(kv_cache_dtype) if self.is_fp8_cache else None
         )
@@ -786,7 +882,10 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         slot_mapping: torch.Tensor,
     ) -> None:
         """Store this step's K/V ``[num_tokens, num_kv_heads, head_size]`` at
-        ``slot_mapping`` (fp8: quantised with the layer's per-tensor scales)."""
+        ``slot_mapping`` (fp8: quantised with the layer's per-tensor scales);
+        encoder self-attention has no cache."""
+        if self.kv_from_step:
+            return
         # Rows of key/value past len(slot_mapping) are padding and are not written.
         key_cache, value_cache = self._cache_views(kv_cache)
         write_to_paged_cache(
@@ -829,7 +928,11 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
                 "TRITON_ATTN: attention sinks were not converted to fp32; vLLM calls "
                 "process_weights_after_loading() after loading, call it first."
             )
-        key_cache, value_cache = self._cache_views(kv_cache)
+        if self.kv_from_step:
+            # The step's K/V rows as pages of one key (the builder's table).
+            key_cache, value_cache = key.unsqueeze(2), value.unsqueeze(2)
+        else:
+            key_cache, value_cache = self._cache_views(kv_cache)
         # The batch's plans (attn_metadata.prefill_plans) ride in dispatch_args;
         # paged_attention launches the one of this layer.
         paged_attention(

@@ -54,6 +54,18 @@ KV_CACHE_DTYPES: tuple[str, ...] = (
     *_SIXTEEN_BIT_CACHE_DTYPES,
     *FP8_CACHE_DTYPES,
 )
+# Attention types: decoder self-attention and cross-attention read K/V from a
+# paged cache; encoder self-attention (embedding models) has none, and its
+# launches read the step's K/V rows instead (the builder's single-key pages).
+# All but decoder self-attention are non-causal.
+ATTN_TYPES: tuple[str, ...] = (
+    AttentionType.DECODER,
+    AttentionType.ENCODER_DECODER,
+    AttentionType.ENCODER,
+    AttentionType.ENCODER_ONLY,
+)
+STEP_KV_ATTN_TYPES = frozenset({AttentionType.ENCODER, AttentionType.ENCODER_ONLY})
+NON_CAUSAL_ATTN_TYPES = STEP_KV_ATTN_TYPES | {AttentionType.ENCODER_DECODER}
 # CUDA: bf16 tensor-core dots need SM 8.0; Triton's fp8 e4m3 conversions need 8.9.
 MIN_CUDA_CAPABILITY = (8, 0)
 MIN_CUDA_FP8_CAPABILITY = (8, 9)
@@ -93,10 +105,7 @@ def kernel_refusals(base_reasons: list[str], **config) -> list[str]:
         "MLA not supported": "MLA not supported (MLA models need an MLA "
         "backend such as TRITON_MLA)",
         f"attention type {attn_type} not supported": f"attention type "
-        f"{attn_type} not supported (the kernels are causal decoder "
-        "self-attention only)",
-        "non-causal attention not supported": "non-causal attention not "
-        "supported (the kernels are causal only)",
+        f"{attn_type} not supported (supported: {', '.join(ATTN_TYPES)})",
         "KV connector not supported": "KV connector not supported (connectors "
         "expect stock vLLM's packed KV layout, TRITON_ATTN stores "
         "[num_blocks, 2, num_kv_heads, block_size, head_size])",
@@ -137,6 +146,12 @@ def kernel_refusals(base_reasons: list[str], **config) -> list[str]:
             + f" not supported (CUDA needs SM {MIN_CUDA_CAPABILITY[0]}."
             f"{MIN_CUDA_CAPABILITY[1]}+)"
         )
+    non_causal = config.get("use_non_causal") or attn_type in NON_CAUSAL_ATTN_TYPES
+    if non_causal and config.get("has_sliding_window"):
+        reasons.append(
+            "non-causal attention with a sliding window not supported (the "
+            "kernels' window is causal)"
+        )
     cache_dtype = _SIXTEEN_BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
     if cache_dtype is not None and cache_dtype != dtype:
         reasons.append(
@@ -165,6 +180,7 @@ def check_layer(
     kv_cache_dtype: str,
     attn_type: str,
     sinks: torch.Tensor | None,
+    sliding_window: int | None,
     alibi: bool,
     alibi_sqrt: bool,
     unsupported: dict,
@@ -181,10 +197,16 @@ def check_layer(
             f"TRITON_ATTN does not support {sorted(unsupported)} (e.g. chunked "
             f"attention with lookback); {STOCK_BACKEND_HINT} backend."
         )
-    if attn_type != AttentionType.DECODER:
+    if attn_type not in ATTN_TYPES:
         raise NotImplementedError(
-            f"TRITON_ATTN supports decoder self-attention only, not {attn_type} "
-            f"(the kernels are causal); {STOCK_BACKEND_HINT} backend."
+            f"TRITON_ATTN does not support attention type {attn_type} (supported: "
+            f"{', '.join(ATTN_TYPES)}); {STOCK_BACKEND_HINT} backend."
+        )
+    if attn_type in NON_CAUSAL_ATTN_TYPES and (sliding_window or alibi):
+        raise NotImplementedError(
+            f"TRITON_ATTN runs {attn_type} attention (non-causal) without a sliding "
+            f"window or ALiBi (both are causal distances); {STOCK_BACKEND_HINT} "
+            "backend."
         )
     if num_heads % num_kv_heads:
         raise ValueError(

@@ -101,7 +101,7 @@ def warm_up_plan(builder, block_table_stride: int) -> list["WarmUpBatch"]:
     # which plan_prefill answers for each of the group's layers.
     top = query_len_bucket(builder._max_query_len)
     shortest = 2  # a query of one token is a decode
-    max_model_len = builder.vllm_config.model_config.max_model_len
+    max_model_len = builder.max_kv_len  # the most keys a request of the group has
     for bound in (b for b in QUERY_LEN_BUCKETS if b <= top):
         batches.append(WarmUpBatch(f"prefill bucket {bound}", [2], max_query_len=bound))
         plans = builder.prefill_planner.plan(
@@ -124,20 +124,23 @@ def warm_up_plan(builder, block_table_stride: int) -> list["WarmUpBatch"]:
     return batches
 
 
-def warm_up(builder, block_table_stride: int) -> None:
+def warm_up(builder, block_table_stride: int, causal: bool | None = None) -> None:
     """Launch every kernel specialisation this group's layers can use, on a
     scratch cache, so that no Triton compilation happens while serving. (vLLM's
     JIT monitor, activated after the worker's warm-up, logs any that does:
-    ``--jit-monitor-mode error`` makes it fail instead.)
+    ``--jit-monitor-mode error`` makes it fail instead.) ``causal``: the batches'
+    causality (the prefill kernel's CAUSAL), default the group's
+    (``builder.causal``).
 
     A failure here is logged, not raised: it costs compilations at first use,
     never a wrong answer (the same launches then fail or succeed in forward).
     """
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return  # never launch scratch work into a CUDA graph
-    builder._warmed_stride_classes.add(stride_class(block_table_stride))
+    causal = builder.causal if causal is None else causal
+    builder._warmed.add((stride_class(block_table_stride), causal))
     try:
-        _warm_up(builder, block_table_stride)
+        _warm_up(builder, block_table_stride, causal)
     except Exception as e:  # the model may still run; say why it was not warmed
         logger.warning(
             "TRITON_ATTN warm-up failed (%s: %s); kernels will compile at first use.",
@@ -146,7 +149,7 @@ def warm_up(builder, block_table_stride: int) -> None:
         )
 
 
-def _warm_up(builder, block_table_stride: int) -> None:
+def _warm_up(builder, block_table_stride: int, causal: bool) -> None:
     from vllm.config import get_layers_from_vllm_config
     from vllm.model_executor.layers.attention_layer_base import (
         AttentionLayerBase,
@@ -173,6 +176,7 @@ def _warm_up(builder, block_table_stride: int) -> None:
         builder.num_kv_heads,
         builder.head_size,
         stride_class(block_table_stride),
+        causal,
         len(plan),
     )
     start = time.perf_counter()
@@ -184,7 +188,7 @@ def _warm_up(builder, block_table_stride: int) -> None:
         for batch in plan:
             for query_layout in QUERY_LAYOUTS:
                 run_warm_up_batch(
-                    builder, layer, batch, block_table_stride, query_layout
+                    builder, layer, batch, block_table_stride, query_layout, causal
                 )
                 launched += 1
     if launched:
@@ -222,6 +226,7 @@ def run_warm_up_batch(
     batch: "WarmUpBatch",
     block_table_stride: int,
     query_layout: str,
+    causal: bool = True,
 ) -> None:
     impl = layer.impl
     device = builder.device
@@ -259,6 +264,7 @@ def run_warm_up_batch(
     )
     md = builder._metadata(
         query_start_loc_cpu,
+        causal=causal,
         num_actual_tokens=num_tokens,
         num_reqs=num_reqs,
         max_query_len=batch.max_query_len or max(batch.query_lens),
@@ -304,5 +310,5 @@ def register_jit_warm_up(
 
         _JIT_WARM_UP = TritonAttentionWarmUp()
     # build() must not warm this stride class up again before the registry does.
-    builder._warmed_stride_classes.add(stride_class(block_table_stride))
+    builder._warmed.add((stride_class(block_table_stride), builder.causal))
     _JIT_WARM_UP.register_warmup(builder, block_table_stride)
