@@ -522,3 +522,55 @@ def test_every_declared_head_size_against_reference(head_size, block_size, cache
     ref = ref_paged_attention(**batch.ref_kwargs(), softmax_scale=scale)
     _, atol, rtol = TOLERANCES[torch.bfloat16]
     assert_close(output, ref, dtype=torch.bfloat16, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("sinks", [False, True], ids=["plain", "sinks"])
+def test_attention_without_a_cache_reads_the_steps_rows(sinks):
+    """Encoder self-attention: the step's K/V (views of a fused QKV output) as
+    one-key pages (``StepKVPages``), every request in the prefill kernel,
+    non-causal; each request's queries see all of its own keys and none of the
+    others'. The page table is written in place, twice."""
+    num_q_heads, num_kv_heads, head_size = 4, 2, 64
+    pages = dispatch.StepKVPages(max_num_seqs=2, max_query_len=40, device=DEVICE)
+    assert pages.stride == 48  # 40 rounded up to 16
+    gen = torch.Generator().manual_seed(3)
+    sink_logits = torch.randn(num_q_heads, generator=gen).to(DEVICE) if sinks else None
+    for q_lens in ([7, 1, 20, 33], [40, 2]):
+        starts = [0]
+        for q in q_lens:
+            starts.append(starts[-1] + q)
+        tokens = starts[-1] + 3  # padding rows past the last request
+        width = (num_q_heads + 2 * num_kv_heads) * head_size
+        qkv = torch.randn((tokens, width), generator=gen).to(torch.bfloat16).to(DEVICE)
+        q_end = num_q_heads * head_size
+        k_end = q_end + num_kv_heads * head_size
+        query = qkv[:, :q_end].view(tokens, num_q_heads, head_size)
+        key = qkv[:, q_end:k_end].view(tokens, num_kv_heads, head_size)
+        value = qkv[:, k_end:].view(tokens, num_kv_heads, head_size)
+        query_start_loc = torch.tensor(starts, dtype=torch.int32, device=DEVICE)
+        block_table, seq_lens = pages.table(query_start_loc, len(q_lens))
+        assert block_table.data_ptr() == pages.block_table.data_ptr()
+        key_cache, value_cache = dispatch.StepKVPages.views(key, value)
+        output = torch.full_like(query, float("nan"))
+        dispatch.paged_attention(
+            query=query, key_cache=key_cache, value_cache=value_cache, output=output,
+            block_table=block_table, query_start_loc=query_start_loc,
+            seq_lens=seq_lens, num_decodes=0, num_decode_tokens=0,
+            max_query_len=max(q_lens), softmax_scale=0.125, sinks=sink_logits,
+            causal=False,
+        )  # fmt: skip
+        assert seq_lens.tolist() == q_lens
+        _, atol, rtol = TOLERANCES[torch.bfloat16]
+        for r, q_len in enumerate(q_lens):
+            # Each request alone, its K/V rows as one dense page of its own.
+            rows = slice(starts[r], starts[r + 1])
+            ref = ref_paged_attention(
+                query=query[rows], key_cache=key[rows].transpose(0, 1)[None],
+                value_cache=value[rows].transpose(0, 1)[None],
+                block_table=torch.zeros((1, 1), dtype=torch.int32),
+                query_start_loc=torch.tensor([0, q_len]),
+                seq_lens=torch.tensor([q_len]), softmax_scale=0.125,
+                sinks=sink_logits, causal=False,
+            )  # fmt: skip
+            assert_close(output[rows], ref, dtype=torch.bfloat16, atol=atol,
+                         rtol=rtol, what=f"request {r} without a cache")  # fmt: skip

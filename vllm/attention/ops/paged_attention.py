@@ -42,6 +42,55 @@ from vllm.attention.ops.tuning.decode_configs import DecodeConfig
 DECODE_QUERY_LEN = 1
 
 
+class StepKVPages:
+    """The keys of attention without a cache (encoder self-attention): the step's
+    own K/V rows, for the paged kernels. ``views`` gives the step's key and value
+    ``[tokens, kv_heads, head_size]`` as caches of one-key pages ``[tokens,
+    kv_heads, 1, head_size]`` (no copy); ``table`` the block table whose row ``r``
+    maps page ``j`` to row ``query_start_loc[r] + j``, and the requests' key counts
+    (their query lengths). Every request then runs in the prefill kernel,
+    non-causally (``num_decodes=0``, ``causal=False``).
+
+    ``table`` writes into buffers allocated here once, which CUDA graphs read
+    where they are: ``max_num_seqs`` rows (grown if a batch has more) of
+    ``max_query_len`` columns rounded up to a multiple of 16, so that the block
+    table's row stride, which Triton specialises on, keeps one class."""
+
+    def __init__(self, *, max_num_seqs: int, max_query_len: int, device):
+        width = -(-max(1, max_query_len) // 16) * 16
+        self.keys = torch.arange(width, dtype=torch.int32, device=device)
+        self._allocate(max_num_seqs)
+
+    def _allocate(self, rows: int) -> None:
+        self.block_table = torch.zeros(
+            (rows, self.keys.shape[0]), dtype=torch.int32, device=self.keys.device
+        )
+        self.seq_lens = torch.zeros(rows, dtype=torch.int32, device=self.keys.device)
+
+    @property
+    def stride(self) -> int:
+        """Row stride of ``table``'s block table."""
+        return self.block_table.stride(0)
+
+    @staticmethod
+    def views(key: torch.Tensor, value: torch.Tensor) -> tuple:
+        return key.unsqueeze(2), value.unsqueeze(2)
+
+    def table(
+        self, query_start_loc: torch.Tensor, num_reqs: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(block_table, seq_lens)`` of a batch's ``num_reqs`` requests, whose
+        queries are at most ``max_query_len`` long."""
+        if num_reqs > self.block_table.shape[0]:
+            self._allocate(num_reqs)
+        starts = query_start_loc[:num_reqs]
+        block_table = self.block_table[:num_reqs]
+        torch.add(starts[:, None], self.keys, out=block_table)
+        seq_lens = self.seq_lens[:num_reqs]
+        torch.sub(query_start_loc[1 : num_reqs + 1], starts, out=seq_lens)
+        return block_table, seq_lens
+
+
 def split_decodes(
     query_start_loc_cpu: torch.Tensor, num_reqs: int, max_query_len: int
 ) -> tuple[int, int]:

@@ -52,6 +52,7 @@ import vllm.envs as envs
 from vllm.attention.ops.hardware import num_sms
 from vllm.attention.ops.paged_attention import (
     DECODE_QUERY_LEN,
+    StepKVPages,
     paged_attention,
     split_decodes,
 )
@@ -237,7 +238,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         self.causal = not kinds & NON_CAUSAL_ATTN_TYPES
         # Encoder self-attention has no paged cache: every request runs in the
         # prefill kernel over the step's own K/V rows, seen as pages of one key
-        # (``_step_kv_pages``).
+        # (``StepKVPages``, made below).
         self.kv_from_step = bool(kinds & STEP_KV_ATTN_TYPES)
         # The most keys a request has: a cross-attention request's are the
         # encoder's, which the scheduler's encoder budget bounds.
@@ -300,8 +301,13 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             vllm_config.scheduler_config.max_num_batched_tokens,
             vllm_config.model_config.max_model_len,
         )
+        self.step_kv = None
         if self.kv_from_step:
-            self._init_step_kv_pages(vllm_config.scheduler_config.max_num_seqs)
+            self.step_kv = StepKVPages(
+                max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
+                max_query_len=self._max_query_len,
+                device=self.device,
+            )
         self._warm_up_enabled = self.device.type == "cuda"
         if self._warm_up_enabled:
             stride = warmup.guess_block_table_stride(vllm_config, kv_cache_spec)
@@ -382,36 +388,8 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
 
     def _block_table_stride(self, vllm_stride: int) -> int:
         """Row stride of the block table the kernels get: vLLM's, or that of the
-        step's single-key page table (``_step_kv_pages``)."""
-        return self._step_table.stride(0) if self.kv_from_step else vllm_stride
-
-    def _init_step_kv_pages(self, max_num_seqs: int) -> None:
-        """Buffers of ``_step_kv_pages``, allocated once (CUDA graphs read them
-        where they are): a page table of ``max_query_len`` columns, rounded up to
-        a multiple of 16 (one stride class), and the requests' key counts."""
-        width = -(-self._max_query_len // 16) * 16
-        self._step_keys = torch.arange(width, dtype=torch.int32, device=self.device)
-        self._step_table = torch.zeros(
-            (max_num_seqs, width), dtype=torch.int32, device=self.device
-        )
-        self._step_seq_lens = torch.zeros(
-            max_num_seqs, dtype=torch.int32, device=self.device
-        )
-
-    def _step_kv_pages(self, query_start_loc: torch.Tensor, num_reqs: int) -> dict:
-        """Encoder self-attention's keys: the step's own K/V rows, which the impl
-        views as a cache of one-key pages. Request ``r``'s key ``j`` is row
-        ``query_start_loc[r] + j``: its block-table row maps page ``j`` there, and
-        its keys are its queries (``seq_lens``). Written into the buffers in
-        place; a query is at most ``max_query_len`` long, the table's width."""
-        if num_reqs > self._step_table.shape[0]:
-            self._init_step_kv_pages(num_reqs)
-        starts = query_start_loc[:num_reqs]
-        table = self._step_table[:num_reqs]
-        torch.add(starts[:, None], self._step_keys, out=table)
-        seq_lens = self._step_seq_lens[:num_reqs]
-        torch.sub(query_start_loc[1 : num_reqs + 1], starts, out=seq_lens)
-        return {"block_table": table, "seq_lens": seq_lens}
+        step's one-key page table."""
+        return self.step_kv.stride if self.step_kv else vllm_stride
 
     def _batch_causality(self, causal) -> bool:
         """vLLM's causal flag of a batch as the kernels take it: one bool for
@@ -458,10 +436,11 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         num_decodes, num_decode_tokens = split_decodes(
             query_start_loc_cpu, batch["num_reqs"], batch["max_query_len"]
         )
-        if self.kv_from_step:  # no cache: every request in the prefill kernel
+        if self.step_kv:  # no cache: every request in the prefill kernel
             num_decodes = num_decode_tokens = 0
-            pages = self._step_kv_pages(batch["query_start_loc"], batch["num_reqs"])
-            batch.update(pages)
+            batch["block_table"], batch["seq_lens"] = self.step_kv.table(
+                batch["query_start_loc"], batch["num_reqs"]
+            )
         num_splits, workspace, config = self.decode_planner.plan(num_decodes)
         prefill_max_seq_len = batch["max_seq_len"]
         if seq_lens_upper_bound_cpu is not None and num_decodes < batch["num_reqs"]:
@@ -930,7 +909,7 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
             )
         if self.kv_from_step:
             # The step's K/V rows as pages of one key (the builder's table).
-            key_cache, value_cache = key.unsqueeze(2), value.unsqueeze(2)
+            key_cache, value_cache = StepKVPages.views(key, value)
         else:
             key_cache, value_cache = self._cache_views(kv_cache)
         # The batch's plans (attn_metadata.prefill_plans) ride in dispatch_args;
