@@ -37,6 +37,8 @@ _BACKEND_LISTS = (
     "BACKENDS_TO_TEST",
     "SLIDING_WINDOW_BACKENDS_TO_TEST",
     "SLIDING_WINDOW_ENCODER_BACKENDS_TO_TEST",
+    # Upstream does not list TRITON_ATTN here; ours runs non-causal batches.
+    "NON_CAUSAL_BACKENDS_TO_TEST",
 )
 
 

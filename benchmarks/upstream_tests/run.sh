@@ -12,14 +12,16 @@
 # published config.json) is in ./hf.
 #
 # Selected: test_causal_backend_correctness (10 batch shapes x TP 1/2/4 x KV
-#   auto/fp8/fp8_e4m3), TRITON_ATTN only.
+#   auto/fp8/fp8_e4m3) and test_non_causal_backend_correctness (bidirectional
+#   decoder batches; conftest.py adds TRITON_ATTN to the list upstream keeps for
+#   it), TRITON_ATTN only.
 # Not selected:
 #   test_sliding_window_backend_correctness: loads microsoft/Phi-tiny-MoE-instruct,
 #     whose config.json is not in ./hf (selected once it is added there);
-#   test_sliding_window_encoder_backend_correctness: encoder-only attention, which
-#     our kernels hand to TRITON_UNIFIED_ATTN (stock's backend) at selection; the
-#     test builds our class directly;
-#   test_non_causal_backend_correctness: upstream does not list TRITON_ATTN;
+#   test_sliding_window_encoder_backend_correctness: encoder-only attention with a
+#     (bidirectional) sliding window, which our kernels hand to TRITON_UNIFIED_ATTN
+#     (stock's backend) at selection; the test builds our class directly, and
+#     google/embeddinggemma-300m's config.json is not in ./hf;
 #   the rest are specific to other backends or not backend-parametrised.
 set -eu
 [ $# -eq 3 ] || { echo "usage: $0 SOURCE SITE JUNIT_XML" >&2; exit 2; }
@@ -38,7 +40,7 @@ cp "$HERE/conftest.py" "$HERE/pytest.ini" "$WORK/"
 cp -r "$HERE/hf" "$WORK/hf"
 cd "$WORK"
 export HF_HOME=$WORK/hf HF_HUB_CACHE=$WORK/hf/hub HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-SEL="test_causal_backend_correctness"
+SEL="test_causal_backend_correctness or test_non_causal_backend_correctness"
 if compgen -G "hf/hub/models--microsoft--Phi-tiny-MoE-instruct/snapshots/*/config.json" >/dev/null; then
   SEL="$SEL or test_sliding_window_backend_correctness"
 fi
