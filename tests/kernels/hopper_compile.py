@@ -453,8 +453,10 @@ def _prefix_prefill_cases():
     # ALiBi-sqrt (the bias on the square root of the distance).
     yield launch(128, 4, 64, torch.bfloat16, 1024, alibi_slopes=heads[:8],
                  alibi_sqrt=True)  # fmt: skip
-    # Non-causal (cross-attention, bidirectional drafting), with TMA and sinks.
+    # Non-causal (cross-attention, bidirectional drafting), with TMA and sinks;
+    # encoder self-attention: the step's K/V as one-key pages (BERT heads).
     yield launch(64, 1, 16, torch.bfloat16, 64, causal=False)
+    yield launch(64, 1, 1, torch.bfloat16, 512, causal=False)
     yield launch(128, 4, 64, torch.bfloat16, 4096, use_tma=True, causal=False,
                  sinks=heads[:8])  # fmt: skip
     # Head sizes at the ends of the declared range and padded ones past 128.
