@@ -34,7 +34,9 @@ import math
 import random
 import sys
 import time
+import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,6 +133,29 @@ def _post(port: int, path: str, body: dict) -> dict:
         return json.loads(resp.read())
 
 
+def _embed_under_load(port: int, texts: list[str], concurrency: int) -> dict:
+    """One /v1/embeddings request per text, ``concurrency`` at a time: each text's
+    embedding (None where its request failed) and the failures."""
+
+    def one(text):
+        try:
+            body = _post(port, "/v1/embeddings", {"model": "m", "input": [text]})
+            return body["data"][0]["embedding"], None
+        except (OSError, KeyError, ValueError, urllib.error.URLError) as e:
+            return None, f"{type(e).__name__}: {e}"[:200]
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        results = list(pool.map(one, texts))
+    errors = [err for _, err in results if err is not None]
+    return {
+        "requests": len(texts),
+        "concurrency": concurrency,
+        "errors": len(errors),
+        "error_examples": errors[:3],
+        "embeddings": [emb for emb, _ in results],
+    }
+
+
 def _cosine(a: list[float], b: list[float]) -> float:
     dot = sum(x * y for x, y in zip(a, b))
     na = math.sqrt(sum(x * x for x in a))
@@ -180,6 +205,12 @@ def check_embed(args, installs, work: Path) -> dict:
         " ".join(rng.choice(words) for _ in range(n))
         for n in [3, 17, 64, 130, 255, 400, 500, 9, 33, 310]
     ]
+    # Under load (--load N): N more texts, one request each, --concurrency at a
+    # time, on every server; each compared with the reference server's.
+    load_texts = [
+        " ".join(rng.choice(words) for _ in range(rng.randint(1, 500)))
+        for _ in range(args.load)
+    ]
     sides = [
         ("stock-auto", "stock", None),
         ("stock-TRITON_ATTN", "stock", "TRITON_ATTN"),
@@ -220,6 +251,8 @@ def check_embed(args, installs, work: Path) -> dict:
                 body = _post(port, "/v1/embeddings", {"model": "m", "input": texts})
                 side["embeddings"] = [d["embedding"] for d in body["data"]]
                 side["prompt_tokens"] = body.get("usage", {}).get("prompt_tokens")
+                if load_texts:
+                    side["load"] = _embed_under_load(port, load_texts, args.concurrency)
         side["backend_lines"] = _backend_lines(log)
         results[label] = side
     ref = results["stock-auto"].get("embeddings")
@@ -233,16 +266,33 @@ def check_embed(args, installs, work: Path) -> dict:
     b = results["fork-TRITON_ATTN"].get("embeddings")
     if a and b:
         comparisons["fork-TRITON_ATTN vs stock-TRITON_ATTN"] = _compare_embeddings(a, b)
-    ok = len(comparisons) == 4 and all(
+    expected = 4
+    if load_texts:
+        expected += 3
+        ref_load = results["stock-auto"].get("load", {}).get("embeddings")
+        for label, side in results.items():
+            got = side.get("load", {}).get("embeddings")
+            if label == "stock-auto" or not (ref_load and got):
+                continue
+            pairs = [(r, g) for r, g in zip(ref_load, got) if r and g]
+            if len(pairs) == len(load_texts):
+                comparisons[f"{label} vs stock-auto, under load"] = _compare_embeddings(
+                    *zip(*pairs)
+                )
+    ok = len(comparisons) == expected and all(
         c["min_cosine"] >= EMBED_MIN_COSINE for c in comparisons.values()
     )
+    ok = ok and all(side.get("load", {}).get("errors", 0) == 0
+                    for side in results.values())  # fmt: skip
     for side in results.values():  # the numbers are in the comparisons
         side.pop("embeddings", None)
+        side.get("load", {}).pop("embeddings", None)
     return {
         "check": "embed",
         "model": "bert-base",
         "weights": args.weights,
         "texts_words": [len(t.split()) for t in texts],
+        "load": {"texts": len(load_texts), "concurrency": args.concurrency},
         "tolerance": {"min_cosine": EMBED_MIN_COSINE},
         "sides": results,
         "comparisons": comparisons,
@@ -391,6 +441,14 @@ def main(argv: list[str] | None = None) -> int:
         help="embed: vLLM's dummy weights, or seeded Hugging Face initialisation "
         "written into the model directory (needs transformers in the stock install)",
     )
+    p.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        help="embed: also send this many single-text requests (1-500 words), "
+        "--concurrency at a time, to every server and compare them",
+    )
+    p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--timeout-s", type=float, default=420)
     p.add_argument("--work-dir", type=Path, default=Path("selection-work"))
     p.add_argument("--out", type=Path, required=True)

@@ -58,6 +58,28 @@ def test_embed_fails_when_the_fork_differs(site_args, tmp_path):
     )
 
 
+def test_embed_under_load_compares_every_text_on_every_server(site_args, tmp_path):
+    extra = ("--load", "24", "--concurrency", "8")
+    res, rec = _run("embed", site_args, tmp_path, extra=extra)
+    assert res.returncode == 0, res.stdout + res.stderr
+    loaded = {k for k in rec["comparisons"] if k.endswith("under load")}
+    assert loaded == {
+        "stock-TRITON_ATTN vs stock-auto, under load",
+        "fork-TRITON_ATTN vs stock-auto, under load",
+        "fork-auto vs stock-auto, under load",
+    }
+    assert all(side["load"]["requests"] == 24 and side["load"]["errors"] == 0
+               for side in rec["sides"].values())  # fmt: skip
+    # A server whose embeddings differ fails the check under load as well.
+    res, rec = _run("embed", site_args, tmp_path,
+                    {"FAKE_VLLM_WRONG": "TRITON_ATTN"}, extra=extra)  # fmt: skip
+    assert rec["verdict"] == "fail"
+    assert (
+        rec["comparisons"]["fork-TRITON_ATTN vs stock-auto, under load"]["min_cosine"]
+        < 0.999
+    )
+
+
 def test_auto_records_what_served_each_layer(site_args, tmp_path):
     res, rec = _run("auto", site_args, tmp_path, extra=["--num-prompts", "6"])
     assert res.returncode == 0, res.stdout + res.stderr
