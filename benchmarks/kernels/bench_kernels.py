@@ -502,6 +502,7 @@ def caller_ours(
     *,
     decode_config=None,
     decode_max_splits=None,
+    decode_programs_per_sm=None,
     prefill_num_splits=None,
     prefill_config_fields=None,
 ) -> Runner:
@@ -520,6 +521,7 @@ def caller_ours(
             num_kv_heads=s.num_kv_heads,
             num_sms=ops.hardware.num_sms(inp.query.device),
             max_splits=decode_max_splits or ops.MAX_DECODE_SPLITS,
+            programs_per_sm=decode_programs_per_sm,
         )
         workspace = torch.empty(
             ops.decode_workspace_shape(
@@ -859,6 +861,7 @@ def measure_point(s: Shape, args) -> dict:
                     s,
                     inp,
                     decode_max_splits=args.decode_max_splits,
+                    decode_programs_per_sm=args.decode_programs_per_sm,
                     prefill_num_splits=args.prefill_num_splits,
                     prefill_config_fields=args.prefill_config,
                 )
@@ -1366,6 +1369,15 @@ def main() -> None:
         default=None,
         help="cap of choose_decode_splits for our decode (default: MAX_DECODE_SPLITS); "
         "to measure a different cap against FA3 in the same run",
+    )
+    p.add_argument(
+        "--decode-programs-per-sm",
+        type=int,
+        default=None,
+        help="our decode's split rule made wave-aware for grids past its target, "
+        "with this many resident programs per SM (choose_decode_splits' "
+        "programs_per_sm; e.g. 4 for the bf16 sm_90 build, 3 for fp8), to measure "
+        "it against the default rule and FA3",
     )
     p.add_argument(
         "--kernels",

@@ -269,6 +269,45 @@ def test_split_without_workspace_allocates():
     )
 
 
+def test_wave_aware_split_rule_past_the_target():
+    """With ``programs_per_sm``, a grid past the target splits where its last wave
+    would run mostly idle (Llama-3.1-8B's 8 KV heads on an H200's 132 SMs, 4
+    resident bf16 programs per SM: 77 sequences are 616 programs, 1.17 waves of
+    528); grids under the target keep the default rule, and without
+    ``programs_per_sm`` nothing past the target splits."""
+    from vllm.attention.ops.triton_paged_decode_attention_2d import (
+        MAX_WAVE_SPLITS,
+        SPLIT_PROGRAM_OVERHEAD,
+        fewest_waves,
+    )
+
+    def splits(num_seqs, per_sm=4):
+        return choose_decode_splits(
+            num_seqs=num_seqs, num_kv_heads=8, num_sms=132, programs_per_sm=per_sm
+        )
+
+    assert splits(77) == 2 and splits(128) == 1  # 1.17 waves; 1.94 waves
+    for num_seqs in range(1, 600):
+        default = choose_decode_splits(num_seqs=num_seqs, num_kv_heads=8, num_sms=132)
+        n = splits(num_seqs)
+        if num_seqs * 8 < SPLIT_TARGET_WAVES * 132:
+            assert n == default, num_seqs
+        else:
+            assert default == 1 and 1 <= n <= MAX_WAVE_SPLITS, num_seqs
+
+    # The model itself: waves of programs, each split one paying the overhead.
+    def cost(work, resident, s):
+        program = 1.0 if s == 1 else SPLIT_PROGRAM_OVERHEAD + (
+            1 - SPLIT_PROGRAM_OVERHEAD) / s  # fmt: skip
+        return -(-work * s // resident) * program
+
+    for work in range(400, 3000, 37):
+        s = fewest_waves(work=work, resident=528, max_splits=8)
+        assert all(cost(work, 528, s) <= cost(work, 528, t) + 1e-9
+                   for t in (1, 2, 4, 8)), work  # fmt: skip
+    assert fewest_waves(work=528 * 4, resident=528, max_splits=8) == 1  # whole waves
+
+
 def test_choose_decode_splits():
     for num_kv_heads, num_sms in [(8, 132), (4, 132), (1, 304), (8, 1)]:
         target = SPLIT_TARGET_WAVES * num_sms

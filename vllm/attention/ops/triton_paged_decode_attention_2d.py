@@ -98,6 +98,12 @@ SPLIT_LIMIT = 256
 # program streams K/V with a few tiles in flight; several resident programs per SM
 # are needed to keep enough bytes in flight to saturate HBM.
 SPLIT_TARGET_WAVES = 3
+# Wave-aware splitting of grids past the target (choose_decode_splits with
+# ``programs_per_sm``): the share of an unsplit program's time that every split
+# program spends again whatever its keys (query load, softmax state, partial
+# store), and the most splits it may choose.
+SPLIT_PROGRAM_OVERHEAD = 0.15
+MAX_WAVE_SPLITS = 8
 
 WORKSPACE_DTYPE = torch.float32
 
@@ -355,6 +361,7 @@ def choose_decode_splits(
     num_kv_heads: int,
     num_sms: int,
     max_splits: int = MAX_DECODE_SPLITS,
+    programs_per_sm: int | None = None,
 ) -> int:
     """Number of KV splits for a decode batch; a power of two in [1, max_splits].
 
@@ -366,13 +373,40 @@ def choose_decode_splits(
     a power of two <= ``SPLIT_LIMIT``); batches that reach the
     target alone get 1 (no workspace traffic, no merge). Short contexts lose little
     to splitting: shares past the end of a context are empty and exit at once.
+
+    ``programs_per_sm`` (the resident decode programs an SM holds at the kernel's
+    register use; None: not known) makes the rule for grids past the target
+    wave-aware (``fewest_waves``): a batch whose grid fills the GPU 1.2 times
+    otherwise runs a second, mostly idle wave of whole programs.
     """
     work = max(1, num_seqs * num_kv_heads)
     target = SPLIT_TARGET_WAVES * max(1, num_sms)
     if work >= target:
-        return 1
+        if programs_per_sm is None:
+            return 1
+        return fewest_waves(
+            work=work,
+            resident=programs_per_sm * max(1, num_sms),
+            max_splits=min(max_splits, MAX_WAVE_SPLITS),
+        )
     want = -(-target // work)  # ceil
     return min(max_splits, 1 << (want - 1).bit_length())
+
+
+def fewest_waves(*, work: int, resident: int, max_splits: int) -> int:
+    """The power-of-two split count, at most ``max_splits``, whose grid of ``work *
+    s`` equal programs, ``resident`` at a time, finishes first: ``ceil(work * s /
+    resident)`` waves of programs that each take ``SPLIT_PROGRAM_OVERHEAD + (1 -
+    SPLIT_PROGRAM_OVERHEAD) / s`` of an unsplit one; a tie goes to fewer splits."""
+    best, best_cost = 1, float(-(-work // resident))
+    s = 2
+    while s <= max_splits:
+        program = SPLIT_PROGRAM_OVERHEAD + (1 - SPLIT_PROGRAM_OVERHEAD) / s
+        cost = -(-work * s // resident) * program
+        if cost < best_cost - 1e-9:
+            best, best_cost = s, cost
+        s *= 2
+    return best
 
 
 def decode_workspace_shape(
