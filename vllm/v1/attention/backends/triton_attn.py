@@ -362,7 +362,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         fast_build: bool = False,
     ) -> TritonAttentionMetadata:
         cm = common_attn_metadata
-        causal = self._batch_causality(cm.causal)
+        causal = selection.batch_causality(cm.causal, self.prefill_planner.layers)
         stride = self._block_table_stride(cm.block_table_tensor.stride(0))
         if self._warm_up_enabled and (
             (warmup.stride_class(stride), causal) not in self._warmed
@@ -391,35 +391,6 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         step's one-key page table."""
         return self.step_kv.stride if self.step_kv else vllm_stride
 
-    def _batch_causality(self, causal) -> bool:
-        """vLLM's causal flag of a batch as the kernels take it: one bool for
-        the batch, and non-causal only for layers without a sliding window or
-        ALiBi (both measure the distance to a causal query)."""
-        if causal is True:
-            return True
-        if causal is not False:
-            raise NotImplementedError(
-                "TRITON_ATTN takes one causal flag per batch; this batch has one "
-                "per request. Use --attention-backend FLASH_ATTN or "
-                "TRITON_UNIFIED_ATTN."
-            )
-        distance = {
-            name
-            for layer in self.prefill_planner.layers
-            for name, on in (
-                ("a sliding window", layer.sliding_window),
-                ("ALiBi", layer.alibi),
-            )  # fmt: skip
-            if on
-        }
-        if distance:
-            raise NotImplementedError(
-                "TRITON_ATTN runs non-causal attention without "
-                f"{' or '.join(sorted(distance))}; this batch asks for it on such "
-                "layers. Use --attention-backend FLASH_ATTN or TRITON_UNIFIED_ATTN."
-            )
-        return False
-
     def _metadata(
         self,
         query_start_loc_cpu: torch.Tensor,
@@ -432,7 +403,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         requests' longest KV length added. ``seq_lens_upper_bound_cpu``: vLLM's
         host upper bound of each request's seq_len (exact for prefills), when the
         model runner gives one; else the batch's ``max_seq_len`` bounds the
-        prefills. ``causal``: the batch's flag (``_batch_causality``)."""
+        prefills. ``causal``: the batch's flag (``selection.batch_causality``)."""
         num_decodes, num_decode_tokens = split_decodes(
             query_start_loc_cpu, batch["num_reqs"], batch["max_query_len"]
         )

@@ -231,6 +231,36 @@ def check_layer(
         )
 
 
+def batch_causality(causal, layers) -> bool:
+    """vLLM's causal flag of a batch (``CommonAttentionMetadata.causal``) as the
+    kernels take it: one bool for the batch, and non-causal only over ``layers``
+    (the group's ``PrefillLayer``s) without a sliding window or ALiBi, both of
+    which measure the distance to a causal query. Anything else is refused."""
+    if causal is True:
+        return True
+    if causal is not False:
+        raise NotImplementedError(
+            "TRITON_ATTN takes one causal flag per batch; this batch has one per "
+            "request. Use --attention-backend FLASH_ATTN or TRITON_UNIFIED_ATTN."
+        )
+    distance = {
+        name
+        for layer in layers
+        for name, on in (
+            ("a sliding window", layer.sliding_window),
+            ("ALiBi", layer.alibi),
+        )  # fmt: skip
+        if on
+    }
+    if distance:
+        raise NotImplementedError(
+            "TRITON_ATTN runs non-causal attention without "
+            f"{' or '.join(sorted(distance))}; this batch asks for it on such "
+            "layers. Use --attention-backend FLASH_ATTN or TRITON_UNIFIED_ATTN."
+        )
+    return False
+
+
 def handed_over(reasons: list[str]) -> type[AttentionBackend]:
     """Stock's Triton backend, for a layer our kernels do not take; logged once
     per kind of layer."""
