@@ -1791,7 +1791,27 @@ def check_forward_encoder_only():
                           f"encoder-only request of {q_len}")  # fmt: skip
             start += q_len
     assert tables[0] == tables[1], "the page table was not reused in place"
-    return "two batches, requests of 1-40 tokens, GQA 2"
+
+    # The group's warm-up runs through the same path: non-causal launches over
+    # one-key pages (the scratch cache is not read), with the table's stride.
+    from vllm.attention.ops import prefix_prefill
+    from vllm.v1.attention.backends import triton_attn_warmup as warmup
+
+    launched = []
+    real_launches, real_plan = prefix_prefill._launches, warmup.warm_up_plan
+    prefix_prefill._launches = lambda plan, inputs: [
+        launched.append((kwargs["CAUSAL"], kwargs["BLOCK_SIZE"])) or (k, g, kwargs)
+        for k, g, kwargs in real_launches(plan, inputs)
+    ]
+    plan = warmup.warm_up_plan(builder, builder.step_kv.stride)
+    warmup.warm_up_plan = lambda builder, stride: [plan[0], plan[-1]]
+    try:
+        warmup.warm_up(builder, builder.step_kv.stride)
+    finally:
+        prefix_prefill._launches, warmup.warm_up_plan = real_launches, real_plan
+    assert launched and set(launched) == {(False, 1)}, launched
+    assert builder._warmed == {(warmup.stride_class(builder.step_kv.stride), False)}
+    return "two batches, requests of 1-40 tokens, GQA 2; warm-up"
 
 
 def check_forward_mixed_bf16():
