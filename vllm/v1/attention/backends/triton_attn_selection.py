@@ -232,8 +232,8 @@ def check_layer(
 
 
 def batch_causality(causal, layers) -> bool:
-    """vLLM's causal flag of a batch (``CommonAttentionMetadata.causal``) as the
-    kernels take it: one bool for the batch, and non-causal only over ``layers``
+    """The causal flag vLLM gives a batch (``CommonAttentionMetadata.causal``) as
+    the kernels take it: one bool for the batch, and non-causal only over ``layers``
     (the group's ``PrefillLayer``s) without a sliding window or ALiBi, both of
     which measure the distance to a causal query. Anything else is refused."""
     if causal is True:
