@@ -1511,6 +1511,7 @@ def main() -> None:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
     suffix = "-tiny" if args.tiny else "-quick" if args.quick else ""
     suffix += "-decode-batches" if args.decode_batches else ""
+    suffix += "-native" if args.native else ""
     # runs of a subset or another split cap in the same minute must not overwrite
     if sorted(set(args.kernels)) != ["decode", "prefill"]:
         suffix += "-" + "-".join(sorted(set(args.kernels)))
@@ -1518,6 +1519,8 @@ def main() -> None:
         suffix += "-" + "-".join(sorted(set(args.kv_dtypes)))
     if args.decode_max_splits is not None:
         suffix += f"-splits{args.decode_max_splits}"
+    if args.decode_programs_per_sm is not None:
+        suffix += f"-waves{args.decode_programs_per_sm}"
     if args.prefill_num_splits is not None:
         suffix += f"-prefill-splits{args.prefill_num_splits}"
     for name, value in args.prefill_config.items():

@@ -498,6 +498,7 @@ def test_matrix_run_writes_each_point_and_resumes(monkeypatch, tmp_path):
     args = SimpleNamespace(
         callers=list(bk.CALLERS),
         decode_max_splits=None,
+        decode_programs_per_sm=None,
         prefill_num_splits=None,
         prefill_config={},
     )
