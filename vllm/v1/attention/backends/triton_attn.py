@@ -121,7 +121,9 @@ class TritonAttentionMetadata:
 
     The kernels read all ``seq_len`` keys from the paged cache. A decode has
     ``query_len == 1``; a prefill chunk or a spec-decode verification has
-    ``query_len > 1``.
+    ``query_len > 1``. Encoder self-attention has no cache: its keys are the
+    step's own K/V rows (``block_table`` and ``seq_lens`` from ``StepKVPages``,
+    ``seq_len == query_len``, every request in the prefill kernel).
 
     Order of the batch (the builder asks vLLM to put decodes first)::
 
@@ -375,9 +377,9 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             warmup.warm_up(self, stride, causal=causal)
         if getattr(cm, "mm_req_doc_ranges", None) is not None:
             raise NotImplementedError(
-                "TRITON_ATTN runs causal attention only; this batch has multimodal "
-                "prefix-LM (bidirectional) ranges. Use --attention-backend "
-                "TRITON_UNIFIED_ATTN."
+                "TRITON_ATTN takes one causal flag per batch; this batch has "
+                "multimodal prefix-LM (bidirectional) ranges. Use "
+                "--attention-backend TRITON_UNIFIED_ATTN."
             )
         return self._metadata(
             cm.query_start_loc_cpu,

@@ -111,7 +111,8 @@ def kernel_refusals(base_reasons: list[str], **config) -> list[str]:
         "[num_blocks, 2, num_kv_heads, block_size, head_size])",
         "PCP not supported": "prefill context parallelism not supported",
         "partial multimodal token full attention not supported": "multimodal "
-        "prefix-LM (bidirectional image tokens) not supported (causal only)",
+        "prefix-LM (bidirectional image tokens) not supported (one causal flag per "
+        "batch)",
         "per-head quant scales not supported": "per-head KV quant scales not "
         "supported (fp8 uses per-tensor k/v scales)",
         "DCP not supported": "decode context parallelism not supported (the "
