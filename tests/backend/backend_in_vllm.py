@@ -1590,6 +1590,23 @@ def _assert_close(actual, expected, atol, rtol, what):
 _TOLERANCE = {"bfloat16": (2e-2, 2e-2), "float16": (5e-3, 5e-3)}
 
 
+def _all_keys_reference(query, key, value, scale):
+    """fp32 attention of every query row over all of ``key``/``value`` ``[keys,
+    kv_heads, head_size]`` (one request, non-causal): the one reference,
+    ``ref_paged_attention``, with the K/V as a single dense page."""
+    import torch
+
+    from vllm.attention.ops.reference import ref_paged_attention
+
+    return ref_paged_attention(
+        query=query, key_cache=key.transpose(0, 1)[None],
+        value_cache=value.transpose(0, 1)[None],
+        block_table=torch.zeros((1, 1), dtype=torch.int32),
+        query_start_loc=torch.tensor([0, query.shape[0]]),
+        seq_lens=torch.tensor([key.shape[0]]), softmax_scale=scale, causal=False,
+    )  # fmt: skip
+
+
 def check_forward_cross_attention():
     """Whisper-style cross-attention through vLLM's own wrapper
     (``create_cross_attention_backend`` around TRITON_ATTN) on our kernels: a
@@ -1682,11 +1699,8 @@ def check_forward_cross_attention():
         impl.forward(layer, query, key, value, kv_cache, md, output)
         start = 0
         for r, _, q_len in requests:
-            q = query[start : start + q_len].float()
-            k = enc_k[r].float().repeat_interleave(NUM_Q_HEADS // NUM_KV_HEADS, 1)
-            v = enc_v[r].float().repeat_interleave(NUM_Q_HEADS // NUM_KV_HEADS, 1)
-            probs = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) * scale, -1)
-            expected = torch.einsum("hqk,khd->qhd", probs, v)
+            rows = slice(start, start + q_len)
+            expected = _all_keys_reference(query[rows], enc_k[r], enc_v[r], scale)
             _assert_close(output[start : start + q_len], expected,
                           *_TOLERANCE["bfloat16"], f"cross-attention {r}")  # fmt: skip
             start += q_len
@@ -1741,7 +1755,7 @@ def check_forward_encoder_only():
     from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
     from vllm.v1.kv_cache_interface import EncoderOnlyAttentionSpec
 
-    head_size, scale, group = 64, 0.125, NUM_Q_HEADS // NUM_KV_HEADS
+    head_size, scale = 64, 0.125
     backend = create_encoder_only_attention_backend(B)
     impl = backend.get_impl_cls()(
         num_heads=NUM_Q_HEADS, head_size=head_size, scale=scale,
@@ -1782,11 +1796,7 @@ def check_forward_encoder_only():
         start = 0
         for q_len in q_lens:
             rows = slice(start, start + q_len)
-            q = query[rows].float()
-            k = key[rows].float().repeat_interleave(group, 1)
-            v = value[rows].float().repeat_interleave(group, 1)
-            probs = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) * scale, -1)
-            expected = torch.einsum("hqk,khd->qhd", probs, v)
+            expected = _all_keys_reference(query[rows], key[rows], value[rows], scale)
             _assert_close(output[rows], expected, *_TOLERANCE["bfloat16"],
                           f"encoder-only request of {q_len}")  # fmt: skip
             start += q_len

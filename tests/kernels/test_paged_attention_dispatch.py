@@ -459,7 +459,7 @@ def test_prefill_planner_plans_each_kind_of_layer_once(batch_invariant):
     kinds = {pp.PrefillLayer(**layer, sliding_window=w) for w in (None, 3000)}
     device = torch.device("cpu")
     planner = pp.PrefillPlanner(
-        device=device, layers=kinds, head_size=HEAD_SIZE, max_model_len=65536,
+        device=device, layers=kinds, head_size=HEAD_SIZE, max_kv_len=65536,
         batch_invariant=batch_invariant,
     )  # fmt: skip
     batch = dict(num_tokens=2050, max_query_len=2048, max_seq_len=30000)
@@ -476,7 +476,7 @@ def test_prefill_planner_plans_each_kind_of_layer_once(batch_invariant):
         assert whole.num_splits > 1
         assert whole.workspace.data_ptr() == planner.workspace.data_ptr()
     short = pp.PrefillPlanner(device=device, layers=kinds, head_size=HEAD_SIZE,
-                              max_model_len=2 * pp.SPLIT_MIN_KEYS - 1)  # fmt: skip
+                              max_kv_len=2 * pp.SPLIT_MIN_KEYS - 1)  # fmt: skip
     assert short.workspace is None
 
 

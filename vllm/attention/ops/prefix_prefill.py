@@ -984,9 +984,10 @@ class PrefillPlanner:
     """The prefill launches of a batch, one per kind of layer, planned once per
     batch as ``DecodePlanner`` plans decodes: ``plan_prefill`` for each of
     ``layers`` over the batch's prefill requests, their split workspaces views of
-    one buffer allocated here (none where no launch can split: ``max_model_len``
-    below ``2 * SPLIT_MIN_KEYS``). With ``batch_invariant`` nothing depends on the
-    batch: no split, and the config of the longest query bucket for every batch.
+    one buffer allocated here (none where no launch can split: ``max_kv_len``, the
+    most keys a request of the group has, below ``2 * SPLIT_MIN_KEYS``). With
+    ``batch_invariant`` nothing depends on the batch: no split, and the config of
+    the longest query bucket for every batch.
     """
 
     def __init__(
@@ -995,13 +996,13 @@ class PrefillPlanner:
         device: torch.device,
         layers: set[PrefillLayer],
         head_size: int,
-        max_model_len: int,
+        max_kv_len: int,
         batch_invariant: bool = False,
     ):
         self.device = device
         self.layers = frozenset(layers)
         self.workspace = None
-        if max_model_len >= 2 * SPLIT_MIN_KEYS:  # the most keys a request has
+        if max_kv_len >= 2 * SPLIT_MIN_KEYS:
             self.workspace = torch.empty(
                 split_workspace_bound(head_size=head_size, num_sms=num_sms(device)),
                 dtype=torch.float32,

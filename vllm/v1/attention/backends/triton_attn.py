@@ -292,7 +292,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             device=self.device,
             layers={impl.prefill_layer(q_dtype=q_dtype, **pages) for impl in impls},
             head_size=self.head_size,
-            max_model_len=self.max_kv_len,
+            max_kv_len=self.max_kv_len,
             batch_invariant=self.batch_invariant,
         )
 
