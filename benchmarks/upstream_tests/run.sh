@@ -8,16 +8,18 @@
 #
 # SOURCE: the release's sdist (vllm-X.tar.gz) or an unpacked source tree;
 # SITE: a site directory with the fork installed (put first on PYTHONPATH).
-# Needs no network: the model config the test loads (Qwen/Qwen3-0.6B, its
-# published config.json) is in ./hf.
+# Needs no network: the model configs the tests load are in ./hf
+# (Qwen/Qwen3-0.6B: its published config.json; microsoft/Phi-tiny-MoE-instruct:
+# a config.json written here with the model's attention dimensions, which are
+# all the tests read: 16 query heads, 4 KV heads, head size 128, bf16, and a
+# sliding window of 2047).
 #
 # Selected: test_causal_backend_correctness (10 batch shapes x TP 1/2/4 x KV
-#   auto/fp8/fp8_e4m3) and test_non_causal_backend_correctness (bidirectional
+#   auto/fp8/fp8_e4m3), test_non_causal_backend_correctness (bidirectional
 #   decoder batches; conftest.py adds TRITON_ATTN to the list upstream keeps for
-#   it), TRITON_ATTN only.
+#   it) and test_sliding_window_backend_correctness (6 batch shapes x TP 1/2/4),
+#   TRITON_ATTN only.
 # Not selected:
-#   test_sliding_window_backend_correctness: loads microsoft/Phi-tiny-MoE-instruct,
-#     whose config.json is not in ./hf (selected once it is added there);
 #   test_sliding_window_encoder_backend_correctness: encoder-only attention with a
 #     (bidirectional) sliding window, which our kernels hand to TRITON_UNIFIED_ATTN
 #     (stock's backend) at selection; the test builds our class directly, and
@@ -41,8 +43,6 @@ cp -r "$HERE/hf" "$WORK/hf"
 cd "$WORK"
 export HF_HOME=$WORK/hf HF_HUB_CACHE=$WORK/hf/hub HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 SEL="test_causal_backend_correctness or test_non_causal_backend_correctness"
-if compgen -G "hf/hub/models--microsoft--Phi-tiny-MoE-instruct/snapshots/*/config.json" >/dev/null; then
-  SEL="$SEL or test_sliding_window_backend_correctness"
-fi
+SEL="$SEL or test_sliding_window_backend_correctness"
 PYTHONPATH=$SITE:$WORK python3 -m pytest -q -p no:cacheprovider -rA --confcutdir=. \
   tests/v1/attention/test_attention_backends.py -k "$SEL" --junitxml="$JUNIT"
