@@ -9,22 +9,22 @@
 # SOURCE: the release's sdist (vllm-X.tar.gz) or an unpacked source tree;
 # SITE: a site directory with the fork installed (put first on PYTHONPATH).
 # Needs no network: the model configs the tests load are in ./hf
-# (Qwen/Qwen3-0.6B: its published config.json; microsoft/Phi-tiny-MoE-instruct:
-# a config.json written here with the model's attention dimensions, which are
-# all the tests read: 16 query heads, 4 KV heads, head size 128, bf16, and a
-# sliding window of 2047).
+# (Qwen/Qwen3-0.6B: its published config.json; microsoft/Phi-tiny-MoE-instruct
+# and google/embeddinggemma-300m: config.json files written here with the models'
+# attention dimensions, which are all the tests read: Phi 16 query heads, 4 KV
+# heads, head size 128, a window of 2047; EmbeddingGemma 3 query heads, 1 KV head,
+# head size 256, a window of 512 (vLLM makes it 257 for bidirectional layers);
+# both bf16 as vLLM resolves them).
 #
-# Selected: test_causal_backend_correctness (10 batch shapes x TP 1/2/4 x KV
-#   auto/fp8/fp8_e4m3), test_non_causal_backend_correctness (bidirectional
-#   decoder batches; conftest.py adds TRITON_ATTN to the list upstream keeps for
-#   it) and test_sliding_window_backend_correctness (6 batch shapes x TP 1/2/4),
-#   TRITON_ATTN only.
-# Not selected:
-#   test_sliding_window_encoder_backend_correctness: encoder-only attention with a
-#     (bidirectional) sliding window, which our kernels hand to TRITON_UNIFIED_ATTN
-#     (stock's backend) at selection; the test builds our class directly, and
-#     google/embeddinggemma-300m's config.json is not in ./hf;
-#   the rest are specific to other backends or not backend-parametrised.
+# Selected, TRITON_ATTN only:
+#   test_causal_backend_correctness (10 batch shapes x TP 1/2/4 x KV
+#     auto/fp8/fp8_e4m3);
+#   test_non_causal_backend_correctness (bidirectional decoder batches;
+#     conftest.py adds TRITON_ATTN to the list upstream keeps for it);
+#   test_sliding_window_backend_correctness (6 batch shapes x TP 1/2/4);
+#   test_sliding_window_encoder_backend_correctness (encoder-only attention
+#     with a two-sided window, 2 batch shapes x TP 1/2).
+# The rest are specific to other backends or not backend-parametrised.
 set -eu
 [ $# -eq 3 ] || { echo "usage: $0 SOURCE SITE JUNIT_XML" >&2; exit 2; }
 SOURCE=$1 SITE=$(realpath "$2") JUNIT=$(realpath -m "$3")
@@ -44,5 +44,6 @@ cd "$WORK"
 export HF_HOME=$WORK/hf HF_HUB_CACHE=$WORK/hf/hub HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 SEL="test_causal_backend_correctness or test_non_causal_backend_correctness"
 SEL="$SEL or test_sliding_window_backend_correctness"
+SEL="$SEL or test_sliding_window_encoder_backend_correctness"
 PYTHONPATH=$SITE:$WORK python3 -m pytest -q -p no:cacheprovider -rA --confcutdir=. \
   tests/v1/attention/test_attention_backends.py -k "$SEL" --junitxml="$JUNIT"

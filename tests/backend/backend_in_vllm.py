@@ -213,6 +213,10 @@ def check_capabilities():
         {"attn_type": "encoder_only"},
         {"attn_type": "encoder"},
         {"use_non_causal": True, "has_sink": True},
+        # A bidirectional window (EmbeddingGemma's encoder-only layers).
+        {"attn_type": "encoder_only", "has_sliding_window": True},
+        {"attn_type": "encoder", "has_sliding_window": True},
+        {"use_non_causal": True, "has_sliding_window": True},
         # The kernels' head sizes: any up to 256 (odd ones padded and masked).
         *({"head_size": h} for h in ODD_AND_USUAL_HEAD_SIZES),
         *({"block_size": b} for b in (16, 32, 64, 128, 256, 48)),
@@ -241,16 +245,8 @@ def check_capabilities():
         ({"use_mla": True}, "MLA not supported"),
         ({"use_sparse": True}, "sparse not supported"),
         (
-            {"attn_type": "encoder_only", "has_sliding_window": True},
-            "non-causal attention with a sliding window not supported",
-        ),
-        (
-            {"use_non_causal": True, "has_sliding_window": True},
-            "non-causal attention with a sliding window not supported",
-        ),
-        (
             {"attn_type": "encoder_decoder", "has_sliding_window": True},
-            "non-causal attention with a sliding window not supported",
+            "cross-attention with a sliding window not supported",
         ),
         ({"use_kv_connector": True}, "KV connector not supported"),
         ({"use_pcp": True}, "prefill context parallelism not supported"),
@@ -406,10 +402,9 @@ def check_layers_ours_do_not_take_run_on_stock_backend():
     )
     stock_only = [
         good._replace(head_size=272),
-        good._replace(attn_type="encoder_only", has_sliding_window=True),
+        good._replace(attn_type="encoder_decoder", has_sliding_window=True),
         good._replace(kv_cache_dtype="int8_per_token_head"),
         good._replace(dtype=torch.float32, kv_cache_dtype="auto"),
-        good._replace(use_non_causal=True, has_sliding_window=True),
     ]
     from vllm.v1.attention.backends import triton_attn_selection as selection
 
@@ -668,11 +663,11 @@ def check_impl_refusals():
         ({"attn_type": "encoder_mystery"}, "supported: decoder, encoder_decoder"),
         (
             {"attn_type": "encoder_decoder", "sliding_window": 64},
-            "without a sliding window or ALiBi",
+            "cross-attention without a sliding window",
         ),
         (
             {"attn_type": "encoder_only", "alibi_slopes": [0.5] * 8},
-            "without a sliding window or ALiBi",
+            "(non-causal) without ALiBi",
         ),
         ({"head_size": 272}, "head size 272"),
         ({"kv_cache_dtype": "int8_per_token_head"}, "int8_per_token_head"),
@@ -825,7 +820,7 @@ def check_features_reaching_our_classes_are_refused():
     """What vLLM's selector hands over can still reach our classes when a model
     passes TRITON_ATTN's class explicitly: each feature our kernels do not
     implement is refused, never ignored (R-SWA, multimodal prefix-LM ranges,
-    per-request causal flags, non-causal batches of windowed layers; the impl's
+    per-request causal flags, non-causal batches of ALiBi layers; the impl's
     own refusals are check_impl_refusals)."""
     import dataclasses
 
@@ -867,24 +862,31 @@ def check_features_reaching_our_classes_are_refused():
     # One causal flag per request (a tensor): the kernels take one per batch.
     per_request = dataclasses.replace(cm, causal=torch.tensor([1, 0]))
     expect_refusal("per-request causal flags", lambda: builder.build(0, per_request))
-    # A non-causal batch of layers with a sliding window (a causal distance).
-    layers = {
-        "layers.0.attn": _FakeAttentionLayer(
-            ours.TritonAttentionImpl(
-                num_heads=NUM_Q_HEADS, head_size=128, scale=0.1,
-                num_kv_heads=NUM_KV_HEADS, sliding_window=64,
+
+    # A non-causal batch of ALiBi layers (a causal distance); one of windowed
+    # layers is taken (the window becomes two-sided).
+    def group_builder(**feature):
+        layers = {
+            "layers.0.attn": _FakeAttentionLayer(
+                ours.TritonAttentionImpl(
+                    num_heads=NUM_Q_HEADS, head_size=128, scale=0.1,
+                    num_kv_heads=NUM_KV_HEADS, **feature,
+                )
             )
+        }  # fmt: skip
+        config = _fake_vllm_config()
+        config.compilation_config.static_forward_context = layers
+        made = ours.TritonAttentionMetadataBuilder(
+            builder.kv_cache_spec, list(layers), config, torch.device("cpu")
         )
-    }  # fmt: skip
-    config = _fake_vllm_config()
-    config.compilation_config.static_forward_context = layers
-    spec = builder.kv_cache_spec
-    windowed = ours.TritonAttentionMetadataBuilder(
-        spec, list(layers), config, torch.device("cpu")
-    )
+        made._warm_up_enabled = False
+        return made
+
     non_causal = dataclasses.replace(cm, causal=False)
-    expect_refusal("non-causal window", lambda: windowed.build(0, non_causal))
-    assert windowed.build(0, cm).causal is True
+    with_alibi = group_builder(alibi_slopes=[0.5] * NUM_Q_HEADS)
+    expect_refusal("non-causal ALiBi", lambda: with_alibi.build(0, non_causal))
+    assert with_alibi.build(0, cm).causal is True
+    assert group_builder(sliding_window=64).build(0, non_causal).causal is False
     assert builder.build(0, non_causal).causal is False
     return f"refused: {refused}"
 
@@ -1590,10 +1592,11 @@ def _assert_close(actual, expected, atol, rtol, what):
 _TOLERANCE = {"bfloat16": (2e-2, 2e-2), "float16": (5e-3, 5e-3)}
 
 
-def _all_keys_reference(query, key, value, scale):
+def _all_keys_reference(query, key, value, scale, sliding_window=None):
     """fp32 attention of every query row over all of ``key``/``value`` ``[keys,
-    kv_heads, head_size]`` (one request, non-causal): the one reference,
-    ``ref_paged_attention``, with the K/V as a single dense page."""
+    kv_heads, head_size]`` (one request, non-causal; with a window, the keys less
+    than it away on either side): the one reference, ``ref_paged_attention``,
+    with the K/V as a single dense page."""
     import torch
 
     from vllm.attention.ops.reference import ref_paged_attention
@@ -1604,6 +1607,7 @@ def _all_keys_reference(query, key, value, scale):
         block_table=torch.zeros((1, 1), dtype=torch.int32),
         query_start_loc=torch.tensor([0, query.shape[0]]),
         seq_lens=torch.tensor([key.shape[0]]), softmax_scale=scale, causal=False,
+        sliding_window=sliding_window,
     )  # fmt: skip
 
 
@@ -1744,7 +1748,8 @@ def check_forward_encoder_only():
     kernels: no cache; each request's queries attend to all of its own keys, read
     from the step's K/V (views of the fused QKV output, as vLLM passes them)
     through the builder's single-key page table, which two batches reuse in
-    place. Against softmax attention over each request's K/V."""
+    place. Against softmax attention over each request's K/V. Then a layer with
+    a sliding window (EmbeddingGemma's), which is two-sided here."""
     import torch
 
     from vllm.model_executor.layers.attention.encoder_only_attention import (
@@ -1757,26 +1762,35 @@ def check_forward_encoder_only():
 
     head_size, scale = 64, 0.125
     backend = create_encoder_only_attention_backend(B)
-    impl = backend.get_impl_cls()(
-        num_heads=NUM_Q_HEADS, head_size=head_size, scale=scale,
-        num_kv_heads=NUM_KV_HEADS, attn_type=AttentionType.ENCODER_ONLY,
-    )  # fmt: skip
-    assert isinstance(impl, TritonAttentionImpl) and impl.kv_from_step
-    layer = _FakeAttentionLayer(impl)
-    name = "encoder.layer.0.attention"
-    config = _fake_vllm_config()
-    config.compilation_config.static_forward_context = {name: layer}
-    spec = EncoderOnlyAttentionSpec(
-        block_size=16, num_kv_heads=NUM_KV_HEADS, head_size=head_size,
-        dtype=torch.bfloat16,
-    )  # fmt: skip
-    builder = backend.get_builder_cls()(spec, [name], config, torch.device("cpu"))
-    assert builder.kv_from_step and not builder.causal
+
+    def encoder_layer(sliding_window=None):
+        impl = backend.get_impl_cls()(
+            num_heads=NUM_Q_HEADS, head_size=head_size, scale=scale,
+            num_kv_heads=NUM_KV_HEADS, attn_type=AttentionType.ENCODER_ONLY,
+            sliding_window=sliding_window,
+        )  # fmt: skip
+        assert isinstance(impl, TritonAttentionImpl) and impl.kv_from_step
+        layer = _FakeAttentionLayer(impl)
+        name = "encoder.layer.0.attention"
+        config = _fake_vllm_config()
+        config.compilation_config.static_forward_context = {name: layer}
+        spec = EncoderOnlyAttentionSpec(
+            block_size=16, num_kv_heads=NUM_KV_HEADS, head_size=head_size,
+            dtype=torch.bfloat16,
+        )  # fmt: skip
+        builder = backend.get_builder_cls()(spec, [name], config, torch.device("cpu"))
+        assert builder.kv_from_step and not builder.causal
+        return impl, layer, builder
+
+    impl, layer, builder = encoder_layer()
     gen = torch.Generator().manual_seed(11)
     q_end = NUM_Q_HEADS * head_size
     k_end = q_end + NUM_KV_HEADS * head_size
     tables = []
-    for q_lens in ([7, 1, 20, 33], [1, 1, 40]):
+    batches = [([7, 1, 20, 33], None), ([1, 1, 40], None), ([30, 1, 9], 6)]
+    for q_lens, window in batches:
+        if window is not None:
+            impl, layer, builder = encoder_layer(sliding_window=window)
         num_tokens, pad = sum(q_lens), 2
         qkv = torch.randn((num_tokens + pad, k_end + k_end - q_end), generator=gen)
         qkv = qkv.bfloat16()
@@ -1796,9 +1810,11 @@ def check_forward_encoder_only():
         start = 0
         for q_len in q_lens:
             rows = slice(start, start + q_len)
-            expected = _all_keys_reference(query[rows], key[rows], value[rows], scale)
-            _assert_close(output[rows], expected, *_TOLERANCE["bfloat16"],
-                          f"encoder-only request of {q_len}")  # fmt: skip
+            expected = _all_keys_reference(
+                query[rows], key[rows], value[rows], scale, sliding_window=window
+            )
+            what = f"encoder-only request of {q_len}, window {window}"
+            _assert_close(output[rows], expected, *_TOLERANCE["bfloat16"], what)
             start += q_len
     assert tables[0] == tables[1], "the page table was not reused in place"
 
@@ -1821,7 +1837,7 @@ def check_forward_encoder_only():
         prefix_prefill._launches, warmup.warm_up_plan = real_launches, real_plan
     assert launched and set(launched) == {(False, 1)}, launched
     assert builder._warmed == {(warmup.stride_class(builder.step_kv.stride), False)}
-    return "two batches, requests of 1-40 tokens, GQA 2; warm-up"
+    return "two batches, requests of 1-40 tokens, GQA 2; a two-sided window; warm-up"
 
 
 def check_forward_mixed_bf16():

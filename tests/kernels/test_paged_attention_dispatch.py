@@ -297,7 +297,7 @@ CONTRACT_VIOLATIONS = {
     "window-0": ({}, {"sliding_window": 0}, "sliding_window"),
     "sinks-shape": ({}, {"sinks": "wrong-shape"}, "sinks"),
     "fp8-without-scales": ({"kv_dtype": torch.float8_e4m3fn}, {}, "k_scale"),
-    "non-causal-window": ({}, {"causal": False, "sliding_window": 8}, "non-causal"),
+    "non-causal-alibi": ({}, {"causal": False, "alibi_slopes": "per-head"}, "ALiBi"),
 }
 
 
@@ -322,6 +322,8 @@ def test_one_contract_for_both_kernels(kernel, build, call, match):
     )
     if call.get("sinks") == "wrong-shape":
         call = {**call, "sinks": torch.zeros(3, device=DEVICE)}
+    if call.get("alibi_slopes") == "per-head":
+        call = {**call, "alibi_slopes": torch.full((4,), 0.5, device=DEVICE)}
     with pytest.raises(ValueError, match=match):
         dispatch.paged_attention(
             query=batch.query,

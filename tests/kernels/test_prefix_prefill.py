@@ -379,6 +379,39 @@ CASES = [
         seqs=[(30, 5), (1, 1), (19, 50)],
         config=PrefillConfig(32, 16, 4, 1, use_tma=True, split_head=True),
     ),
+    # Non-causal with a sliding window (encoder-only models such as EmbeddingGemma):
+    # a query sees the keys less than W away on either side; windows narrower and
+    # wider than a tile, rows near both ends of their sequence, a query longer than
+    # its keys.
+    _case(
+        "non-causal-window-mixed",
+        causal=False,
+        sliding_window=5,
+        num_q_heads=4,
+        seqs=[(1, 9), (4, 4), (3, 21), (19, 37), (40, 40), (6, 3)],
+    ),
+    _case(
+        "non-causal-window-wide-split-kv-3-sinks-g4",
+        causal=False,
+        sliding_window=23,
+        num_q_heads=8,
+        num_kv_heads=2,
+        sinks=True,
+        num_splits=3,
+        seqs=[(1, 40), (5, 70), (60, 60), (2, 2)],
+    ),
+    _case(
+        "non-causal-window-fp8-softcap-tma-split-head-d96",
+        causal=False,
+        sliding_window=9,
+        cache_dtype=torch.float8_e4m3fn,
+        head_size=96,
+        num_q_heads=8,
+        soft_cap=2.0,
+        block_size=32,
+        seqs=[(33, 33), (1, 1), (12, 50)],
+        config=PrefillConfig(32, 16, 4, 1, use_tma=True, split_head=True),
+    ),
 ]
 
 
@@ -529,7 +562,7 @@ def _random_case(seed):
         "soft_cap": rng.choice([None, 5.0]),
         "sinks": rng.random() < 0.3,
         "num_splits": rng.choice([None, None, 2, 3, 7]),
-        "causal": rng.random() < 0.6,  # non-causal drops the window and ALiBi
+        "causal": rng.random() < 0.6,  # non-causal drops ALiBi
     }
 
 
@@ -562,7 +595,7 @@ def test_non_causal_rows_see_the_keys_after_them():
 def test_random_batches(seed):
     case = _random_case(seed)
     if not case["causal"]:
-        case.update(sliding_window=None, alibi=False)
+        case.update(alibi=False)
     _check_case(case, seed=seed)
 
 

@@ -165,9 +165,10 @@ def paged_attention(
         prefill_max_seq_len: without a plan, a host int >= the longest KV length
             of the prefill part, or None: lets it split its keys when its grid
             is small (``prefix_prefill.choose_prefill_splits``).
-        causal: False: every query sees all ``seq_len`` keys of its sequence
-            (a decode's one query does either way, so only the prefill kernel
-            takes the flag).
+        causal: False: every query sees all ``seq_len`` keys of its sequence,
+            or with a sliding window those less than W away on either side (a
+            decode's one query, at the last key, sees the same keys either way,
+            so only the prefill kernel takes the flag).
         The rest are the attention features of both kernels.
 
     The inputs are checked once against the one input contract

@@ -17,9 +17,11 @@ Layouts (docs/design.md):
 Query token ``i`` of a sequence with ``q_len`` new tokens sits at position
 ``seq_len - q_len + i`` and sees key ``j`` iff ``j <= pos`` (and ``pos - j < W``
 with a sliding window ``W``). Non-causal launches (constexpr ``CAUSAL`` off:
-cross-attention over a cached encoder, bidirectional drafting) place every row at
-the last key, ``pos = seq_len - 1``, so each sees all ``seq_len`` keys and the same
-code masks only keys past the sequence.
+cross-attention over a cached encoder, encoder self-attention, bidirectional
+drafting) place every row at the last key, ``pos = seq_len - 1``, so each sees all
+``seq_len`` keys and the same code masks only keys past the sequence; with a
+window the query at ``pos`` sees key ``j`` iff ``|pos - j| < W``, which is the
+causal window ``2W - 1`` from a row placed ``W - 1`` keys past its token.
 
 Algorithm. FlashAttention-2's online softmax (Dao, arXiv 2307.08691) with the
 "Q-block" GQA packing of the Triton attention paper (Ringlein et al., "The Anatomy
@@ -448,12 +450,22 @@ def _prefix_prefill_kernel(
     first_token = first_row // GROUP_SIZE
     last_token = tl.minimum((first_row + BLOCK_M - 1) // GROUP_SIZE, q_len - 1)
     q_pos = context_len + token
+    window = sliding_window
+    shift = 0  # keys a row stands past its token
     if not CAUSAL:
-        # Every row stands at the last key: the causal mask then hides only keys
-        # past the sequence (no window or ALiBi here: the contract refuses them).
-        first_token = q_len - 1
-        last_token = q_len - 1
-        q_pos = tl.zeros_like(token) + (kv_len - 1)
+        if USE_WINDOW:
+            # A bidirectional window, |q - k| < W: each row stands W - 1 keys
+            # past its token with a window of 2W - 1, so the causal window's
+            # mask (k <= pos, pos - k < window) is the two-sided one.
+            shift = sliding_window - 1
+            window = 2 * sliding_window - 1
+            q_pos += shift
+        else:
+            # Every row stands at the last key: the mask then hides only keys
+            # past the sequence (no ALiBi here: the contract refuses it).
+            first_token = q_len - 1
+            last_token = q_len - 1
+            q_pos = tl.zeros_like(token) + (kv_len - 1)
     dims = tl.arange(0, HEAD_LO_PAD)
     dim_ok = dims < HEAD_LO
     dims_hi = HEAD_LO + tl.arange(0, HEAD_HI)  # SPLIT_HEAD
@@ -515,17 +527,18 @@ def _prefix_prefill_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_LO_PAD], dtype=tl.float32)
     acc_hi = tl.zeros([BLOCK_M, HEAD_HI], dtype=tl.float32)  # SPLIT_HEAD
 
-    # Key range of this program: rows sit at positions [pos_lo, pos_hi].
-    pos_lo = context_len + first_token
-    pos_hi = context_len + last_token
-    kv_stop = pos_hi + 1
-    # Tiles left of diag_start hold only keys <= pos_lo: causally visible to all.
-    diag_start = ((pos_lo + 1) // BLOCK_N) * BLOCK_N
+    # Key range of this program: rows sit at positions [pos_lo, pos_hi] (past
+    # the last key with a bidirectional window).
+    pos_lo = context_len + first_token + shift
+    pos_hi = context_len + last_token + shift
+    kv_stop = tl.minimum(pos_hi + 1, kv_len)
+    # Tiles left of diag_start hold only keys <= pos_lo that exist: visible to all.
+    diag_start = (tl.minimum(pos_lo + 1, kv_len) // BLOCK_N) * BLOCK_N
     if USE_WINDOW:
         # First tile with a key inside some row's window, and first tile whose keys
         # are inside every row's window.
-        first = (tl.maximum(pos_lo - sliding_window + 1, 0) // BLOCK_N) * BLOCK_N
-        full_start = tl.cdiv(tl.maximum(pos_hi - sliding_window + 1, 0), BLOCK_N)
+        first = (tl.maximum(pos_lo - window + 1, 0) // BLOCK_N) * BLOCK_N
+        full_start = tl.cdiv(tl.maximum(pos_hi - window + 1, 0), BLOCK_N)
         full_start = full_start * BLOCK_N
     else:
         first = 0
@@ -571,7 +584,7 @@ def _prefix_prefill_kernel(
     queries = (q, q_hi, q_pos, alibi_slope)
     pages = (k_head_ptr, v_head_ptr, block_table_row_ptr, head_offset,
              k_desc, v_desc, k_desc_hi, v_desc_hi)  # fmt: skip
-    scoring = (qk_scale, softcap, sliding_window, kv_len)
+    scoring = (qk_scale, softcap, window, kv_len)
     TILE: tl.constexpr = (BLOCK_N, BLOCK_SIZE, HEAD_SIZE, HEAD_LO, HEAD_LO_PAD,
                           HEAD_HI, STRIDE_KV_BLOCK)  # fmt: skip
     FEATURES: tl.constexpr = (SPLIT_HEAD, TILE_IN_PAGE, USE_TMA, FP8_QK,
@@ -883,7 +896,8 @@ def plan_prefill(
     3. the split count for that kernel: ``num_splits``, else 1 without
        ``max_seq_len``, else ``choose_prefill_splits`` over the launch's
        programs (a Gluon program counts as a whole SM's warps) and the keys one
-       program can see (at most ``sliding_window + block_m`` with a window). The
+       program can see (at most ``sliding_window + block_m`` with a window, twice
+       the window when it is bidirectional). The
        Gluon kernel takes no split: a split launch runs in the portable kernel;
     4. the split workspace: a view of ``workspace`` (a flat fp32 buffer of
        ``split_workspace_bound`` elements, allocated once by the caller; an
@@ -912,7 +926,9 @@ def plan_prefill(
         if max_seq_len is not None:
             keys = max_seq_len
             if layer.sliding_window:
-                keys = min(keys, layer.sliding_window + config.block_m)
+                # A bidirectional (non-causal) window spans 2W - 1 keys.
+                span = layer.sliding_window * (1 if layer.causal else 2)
+                keys = min(keys, span + config.block_m)
             num_splits = choose_prefill_splits(
                 programs=programs,
                 # A Gluon program holds an SM on its own (two consumer
@@ -1199,8 +1215,9 @@ def prefix_prefill_attention(
         logits_soft_cap: c > 0 (s = c * tanh(s / c)), or None / 0 for none.
         sinks: [num_q_heads] float, one extra logit per head, or None.
         causal: False: every query token sees all ``seq_len`` keys of its
-            sequence (cross-attention over a cached encoder, bidirectional
-            drafting); takes no sliding window or ALiBi.
+            sequence (cross-attention over a cached encoder, encoder
+            self-attention, bidirectional drafting), or with a sliding window
+            the keys less than W away on either side; takes no ALiBi.
         config: launch configuration; None picks it from the tuning table.
         max_seq_len: host int >= the longest KV length of the launched sequences,
             or None (unknown: no split).

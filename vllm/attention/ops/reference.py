@@ -51,7 +51,8 @@ def ref_paged_attention(
     query: [num_tokens, num_q_heads, head_size]; query_start_loc: [num_seqs + 1];
     seq_lens: [num_seqs], KV length including the new tokens. Returns fp32
     [num_tokens, num_q_heads, head_size]. Semantics as in docs/design.md; with
-    ``causal=False`` every query sees all ``seq_len`` keys.
+    ``causal=False`` every query sees all ``seq_len`` keys (with a window
+    ``W``: those less than ``W`` away on either side).
     """
     num_q_heads = query.shape[1]
     num_kv_heads = key_cache.shape[1]
@@ -78,8 +79,9 @@ def ref_paged_attention(
                 dist = -torch.sqrt((-dist).clamp(min=0))
             scores = scores + alibi_slopes.float()[:, None, None] * dist
         visible = (k_pos <= q_pos) | (not causal)
-        if sliding_window is not None:
-            visible = visible & (q_pos - k_pos < sliding_window)
+        if sliding_window is not None:  # two-sided when not causal
+            distance = q_pos - k_pos if causal else (q_pos - k_pos).abs()
+            visible = visible & (distance < sliding_window)
         scores = scores.masked_fill(~visible, -math.inf)
         if sinks is not None:
             sink = sinks.float()[:, None, None].expand(num_q_heads, q_len, 1)

@@ -414,12 +414,12 @@ def check_attention_inputs(who: str, inputs: AttentionInputs) -> bool:
         )
     if inputs.alibi_sqrt and alibi_slopes is None:
         fail(who, "alibi_sqrt needs alibi_slopes (it changes the ALiBi bias)")
-    if not inputs.causal and (sliding_window is not None or alibi_slopes is not None):
+    if not inputs.causal and alibi_slopes is not None:
         fail(
             who,
-            "non-causal attention takes no sliding window or ALiBi here (both are "
-            "defined by the distance to a causal query); pass causal=True, or use "
-            "stock vLLM's Triton backend",
+            "non-causal attention takes no ALiBi here (its bias is defined by the "
+            "distance to a causal query); pass causal=True, or use stock vLLM's "
+            "Triton backend",
         )
     for name, tensor in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
         if tensor is not None and not (

@@ -87,7 +87,12 @@ from vllm.v1.attention.backends.triton_attn_selection import (
     SUPPORTED_HEAD_SIZES,
     TritonUnifiedAttentionBackend,
 )
-from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheSpec
+from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
+    CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
+    KVCacheSpec,
+)
 
 if TYPE_CHECKING:  # names used only in annotations
     from vllm.config import VllmConfig
@@ -233,7 +238,7 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         self.num_q_heads = self._num_q_heads(vllm_config, layer_names)
         self.num_sms = num_sms(self.device)  # an H200's count off the GPU
         impls = self._impls(vllm_config)
-        kinds = {impl.attn_type for impl in impls}
+        kinds = {impl.attn_type for impl in impls} | self._spec_kinds(kv_cache_spec)
         # Cross-attention (its cache holds the encoder's output) and encoder
         # self-attention run non-causal batches; decoder self-attention causal
         # ones, or non-causal ones where vLLM says so (bidirectional drafting).
@@ -338,6 +343,17 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         elif kv_dtype == torch.uint8:  # not a cache these kernels take
             kv_dtype = q_dtype
         return q_dtype, kv_dtype
+
+    @staticmethod
+    def _spec_kinds(kv_cache_spec: AttentionSpec) -> set[str]:
+        """The attention type a group's KV-cache spec implies (vLLM gives
+        encoder-only layers and cross-attention layers their own specs), for a
+        group built without its layers in the forward context."""
+        if isinstance(kv_cache_spec, EncoderOnlyAttentionSpec):
+            return {AttentionType.ENCODER_ONLY}
+        if isinstance(kv_cache_spec, CrossAttentionSpec):
+            return {AttentionType.ENCODER_DECODER}
+        return set()
 
     def _impls(self, vllm_config: "VllmConfig") -> list["TritonAttentionImpl"]:
         """The impls of the group's layers (their features, attention type)."""

@@ -147,11 +147,10 @@ def kernel_refusals(base_reasons: list[str], **config) -> list[str]:
             + f" not supported (CUDA needs SM {MIN_CUDA_CAPABILITY[0]}."
             f"{MIN_CUDA_CAPABILITY[1]}+)"
         )
-    non_causal = config.get("use_non_causal") or attn_type in NON_CAUSAL_ATTN_TYPES
-    if non_causal and config.get("has_sliding_window"):
+    if attn_type == AttentionType.ENCODER_DECODER and config.get("has_sliding_window"):
         reasons.append(
-            "non-causal attention with a sliding window not supported (the "
-            "kernels' window is causal)"
+            "cross-attention with a sliding window not supported (a window measures "
+            "the distance between a query and a key of one sequence)"
         )
     cache_dtype = _SIXTEEN_BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
     if cache_dtype is not None and cache_dtype != dtype:
@@ -203,11 +202,16 @@ def check_layer(
             f"TRITON_ATTN does not support attention type {attn_type} (supported: "
             f"{', '.join(ATTN_TYPES)}); {STOCK_BACKEND_HINT} backend."
         )
-    if attn_type in NON_CAUSAL_ATTN_TYPES and (sliding_window or alibi):
+    if attn_type in NON_CAUSAL_ATTN_TYPES and alibi:
         raise NotImplementedError(
-            f"TRITON_ATTN runs {attn_type} attention (non-causal) without a sliding "
-            f"window or ALiBi (both are causal distances); {STOCK_BACKEND_HINT} "
-            "backend."
+            f"TRITON_ATTN runs {attn_type} attention (non-causal) without ALiBi "
+            f"(a causal distance); {STOCK_BACKEND_HINT} backend."
+        )
+    if attn_type == AttentionType.ENCODER_DECODER and sliding_window:
+        raise NotImplementedError(
+            "TRITON_ATTN runs cross-attention without a sliding window (a window "
+            "measures the distance between a query and a key of one sequence); "
+            f"{STOCK_BACKEND_HINT} backend."
         )
     if num_heads % num_kv_heads:
         raise ValueError(
@@ -235,8 +239,9 @@ def check_layer(
 def batch_causality(causal, layers) -> bool:
     """The causal flag vLLM gives a batch (``CommonAttentionMetadata.causal``) as
     the kernels take it: one bool for the batch, and non-causal only over ``layers``
-    (the group's ``PrefillLayer``s) without a sliding window or ALiBi, both of
-    which measure the distance to a causal query. Anything else is refused."""
+    (the group's ``PrefillLayer``s) without ALiBi, whose bias measures the
+    distance to a causal query (a sliding window becomes two-sided). Anything
+    else is refused."""
     if causal is True:
         return True
     if causal is not False:
@@ -244,20 +249,11 @@ def batch_causality(causal, layers) -> bool:
             "TRITON_ATTN takes one causal flag per batch; this batch has one per "
             "request. Use --attention-backend FLASH_ATTN or TRITON_UNIFIED_ATTN."
         )
-    distance = {
-        name
-        for layer in layers
-        for name, on in (
-            ("a sliding window", layer.sliding_window),
-            ("ALiBi", layer.alibi),
-        )  # fmt: skip
-        if on
-    }
-    if distance:
+    if any(layer.alibi for layer in layers):
         raise NotImplementedError(
-            "TRITON_ATTN runs non-causal attention without "
-            f"{' or '.join(sorted(distance))}; this batch asks for it on such "
-            "layers. Use --attention-backend FLASH_ATTN or TRITON_UNIFIED_ATTN."
+            "TRITON_ATTN runs non-causal attention without ALiBi; this batch asks "
+            "for it on such layers. Use --attention-backend FLASH_ATTN or "
+            "TRITON_UNIFIED_ATTN."
         )
     return False
 
