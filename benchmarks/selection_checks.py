@@ -6,8 +6,9 @@
 
 Each check writes one JSON record (``--out``) with provenance and a ``verdict``.
 
-- ``embed``: an encoder-only embedding model (``bert-base`` dimensions, dummy weights,
-  a tokenizer made here) through ``vllm serve``, four servers one after another:
+- ``embed``: an encoder-only embedding model (``--embed-model``: ``bert-base`` or
+  ``embeddinggemma-300m`` dimensions, dummy or seeded random weights, a tokenizer
+  made here) through ``vllm serve``, four servers one after another:
   stock with vLLM's automatic choice (the reference), stock and the fork with
   ``--attention-backend TRITON_ATTN``, the fork with the automatic choice. The same
   texts (one request, mixed lengths) go to each; the record holds each side's
@@ -183,7 +184,8 @@ RANDOM_WEIGHTS = (
 
 
 def check_embed(args, installs, work: Path) -> dict:
-    model_dir = make_model_dir("bert-base", work / "models" / "bert-base")
+    name = args.embed_model
+    model_dir = make_model_dir(name, work / "models" / name)
     load = ["--load-format", "dummy"]
     if args.weights == "random":
         rc = run_logged(
@@ -289,7 +291,7 @@ def check_embed(args, installs, work: Path) -> dict:
         side.get("load", {}).pop("embeddings", None)
     return {
         "check": "embed",
-        "model": "bert-base",
+        "model": name,
         "weights": args.weights,
         "texts_words": [len(t.split()) for t in texts],
         "load": {"texts": len(load_texts), "concurrency": args.concurrency},
@@ -429,6 +431,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("check", choices=sorted(CHECKS))
     p.add_argument("--model", default="decoder-head160", help="auto/invariance model")
+    p.add_argument(
+        "--embed-model",
+        choices=("bert-base", "embeddinggemma-300m"),
+        default="bert-base",
+        help="embed: the encoder-only model (EmbeddingGemma's layers have windows)",
+    )
     p.add_argument("--disable", nargs="*", default=["FLASH_ATTN"])
     p.add_argument("--num-prompts", type=int, default=48)
     p.add_argument("--tokens", type=int, default=32)

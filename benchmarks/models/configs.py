@@ -238,6 +238,40 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
         "note": "BERT-base dimensions: encoder-only, 12 heads of 64; an embedding "
         "model (pooling runner)",
     },
+    # google/embeddinggemma-300m's dimensions: an encoder-only Gemma-3 (3 heads of
+    # 256 over one KV head, bidirectional attention; five of every six layers with
+    # a window, which vLLM makes two-sided), served as an embedding model.
+    "embeddinggemma-300m": {
+        "config": {
+            "architectures": ["Gemma3TextModel"],
+            "model_type": "gemma3_text",
+            "hidden_size": 768,
+            "intermediate_size": 1152,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 3,
+            "num_key_value_heads": 1,
+            "head_dim": 256,
+            "layer_types": [
+                "full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                for i in range(24)
+            ],
+            "sliding_window": 512,
+            "use_bidirectional_attention": True,
+            "max_position_embeddings": 2048,
+            "query_pre_attn_scalar": 256,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0,
+            "attention_bias": False,
+            "vocab_size": 262144,
+            "torch_dtype": "bfloat16",
+        },
+        "tokenizer": "bench",
+        "serving_tp": 1,
+        "note": "EmbeddingGemma-300M dimensions: encoder-only, 3 heads of 256 over "
+        "1 KV head, two-sided windows of 512 on 5 of 6 layers; an embedding model",
+    },
     # Not a published model: a small Llama-architecture decoder whose head size is
     # 160 (16 q / 4 KV heads), the size FlashInfer does not take, for checking
     # vLLM's automatic choice where FlashAttention is unavailable.

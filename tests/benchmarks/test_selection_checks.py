@@ -49,6 +49,17 @@ def test_embed_compares_four_servers(site_args, tmp_path):
     assert rec["commit"] and rec["versions"]["fork"]["vllm"]
 
 
+def test_embed_serves_the_model_asked_for(site_args, tmp_path):
+    extra = ("--embed-model", "embeddinggemma-300m")
+    res, rec = _run("embed", site_args, tmp_path, extra=extra)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert rec["model"] == "embeddinggemma-300m"
+    config = tmp_path / "work/embed/models/embeddinggemma-300m/config.json"
+    assert json.loads(config.read_text())["use_bidirectional_attention"] is True
+    served = rec["sides"]["fork-TRITON_ATTN"]["command"]
+    assert "embeddinggemma-300m" in served, served
+
+
 def test_embed_fails_when_the_fork_differs(site_args, tmp_path):
     res, rec = _run("embed", site_args, tmp_path, {"FAKE_VLLM_WRONG": "TRITON_ATTN"})
     assert res.returncode == 1

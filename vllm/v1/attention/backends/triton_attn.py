@@ -2,44 +2,23 @@
 """TRITON_ATTN: vLLM's attention backend on this fork's Triton kernels.
 
 Replaces stock vLLM's ``triton_attn.py``, keeping the names other vLLM modules
-import from it (``TritonAttentionBackend``, ``TritonAttentionImpl``,
-``TritonAttentionMetadata``, ``TritonAttentionMetadataBuilder``), and adds
-``RocmAttentionBackend`` (the deprecated ROCM_ATTN alias) and
-``TritonUnifiedAttentionBackend`` (stock's backend under the name
-TRITON_UNIFIED_ATTN, defined in ``triton_attn_selection.py``). docs/backend.md describes
-each part; in short:
+import from it, and adds ``RocmAttentionBackend`` (the deprecated ROCM_ATTN
+alias). docs/backend.md describes each part; in short:
 
-* Capabilities (``TritonAttentionBackend``): what the kernels take, derived from
-  their own constants (``triton_attn_selection.py``); ``validate_configuration``
-  accepts every layer that they or stock's Triton backend take, and vLLM's
-  selector then asks ``backend_for_layer`` (a hook of vLLM's
-  ``AttentionBackend``, ``envs_patch/selector.toml``), which hands a layer ours do
-  not take (``kernel_refusals``) to TRITON_UNIFIED_ATTN, logged once per kind of
-  layer.
-* Plan once per batch (``TritonAttentionMetadataBuilder``, FlashInfer's
-  plan/run): ``build()`` splits decodes from prefills, picks the decode launch
-  (split count, workspace view, config) and plans the prefill launch of each kind
-  of layer (``prefix_prefill.plan_prefill``: config, kernel, split count,
-  workspace view); the buffers are allocated once in ``__init__``.
-* Run per layer (``TritonAttentionImpl``): ``do_kv_cache_update`` writes the
-  step's K/V (``write_to_paged_cache``; vLLM calls it before ``forward``, so the
-  write is captured in piecewise CUDA graphs); ``forward`` calls the one
-  dispatch ``paged_attention`` with the batch's plans, which launches the one of
-  the layer's kind.
+* ``TritonAttentionBackend``: capabilities and the KV-cache layout. Which backend
+  serves a layer (ours, or stock's Triton backend as TRITON_UNIFIED_ATTN) is
+  decided in ``triton_attn_selection.py``.
+* ``TritonAttentionMetadataBuilder``: plans once per batch (FlashInfer's
+  plan/run): the decode/prefill split, the decode launch and the prefill launch
+  of each kind of layer, over buffers allocated once.
+* ``TritonAttentionImpl``: runs per layer: writes the step's K/V, then launches
+  the one dispatch ``paged_attention`` with the batch's plans.
 
-KV cache, one tensor per layer (docs/design.md)::
-
-    [num_blocks, 2, num_kv_heads, block_size, head_size]     kv_cache[:, 0] = K
-
-a page of one KV head being a dense ``[block_size, head_size]`` matrix; releases
-that build the view from the KV-cache spec (``customize_spec``) give the same
-memory as ``[num_blocks, 2 * num_kv_heads, block_size, head_size]``. fp8 caches
-hold ``x / scale`` with the layer's per-tensor scales, as ``float8_e4m3fn``
-(``e4m3fnuz`` on MI300).
-
-CUDA graphs: full graphs for uniform single-token decode batches; the decode split
-count depends only on the (padded) number of decodes. Every kernel specialisation
-is compiled at startup (``triton_attn_warmup.py``), never while serving.
+KV cache, one tensor per layer: ``[num_blocks, 2, num_kv_heads, block_size,
+head_size]`` (``kv_cache[:, 0]`` is K; fp8 caches hold ``x / scale`` with the
+layer's per-tensor scales). CUDA graphs: full graphs for uniform single-token
+decode batches. Every kernel specialisation is compiled at startup
+(``triton_attn_warmup.py``), never while serving.
 """
 
 import functools
@@ -80,7 +59,6 @@ from vllm.v1.attention.backends.triton_attn_selection import (
     FP8_CACHE_DTYPES,
     KERNEL_DTYPES,
     KV_CACHE_DTYPES,
-    NON_CAUSAL_ATTN_TYPES,
     PREFERRED_BLOCK_SIZE,
     STEP_KV_ATTN_TYPES,
     SUPPORTED_BLOCK_SIZES,
@@ -89,8 +67,6 @@ from vllm.v1.attention.backends.triton_attn_selection import (
 )
 from vllm.v1.kv_cache_interface import (
     AttentionSpec,
-    CrossAttentionSpec,
-    EncoderOnlyAttentionSpec,
     KVCacheSpec,
 )
 
@@ -235,26 +211,18 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
 
         self.num_kv_heads = kv_cache_spec.num_kv_heads
         self.head_size = kv_cache_spec.head_size
-        self.num_q_heads = self._num_q_heads(vllm_config, layer_names)
         self.num_sms = num_sms(self.device)  # an H200's count off the GPU
-        impls = self._impls(vllm_config)
-        kinds = {impl.attn_type for impl in impls} | self._spec_kinds(kv_cache_spec)
-        # Cross-attention (its cache holds the encoder's output) and encoder
-        # self-attention run non-causal batches; decoder self-attention causal
-        # ones, or non-causal ones where vLLM says so (bidirectional drafting).
-        self.causal = not kinds & NON_CAUSAL_ATTN_TYPES
-        # Encoder self-attention has no paged cache: every request runs in the
-        # prefill kernel over the step's own K/V rows, seen as pages of one key
-        # (``StepKVPages``, made below).
-        self.kv_from_step = bool(kinds & STEP_KV_ATTN_TYPES)
-        # The most keys a request has: a cross-attention request's are the
-        # encoder's, which the scheduler's encoder budget bounds.
-        self.max_kv_len = vllm_config.model_config.max_model_len
-        if AttentionType.ENCODER_DECODER in kinds:
-            scheduler = vllm_config.scheduler_config
-            self.max_kv_len = max(
-                self.max_kv_len, getattr(scheduler, "max_num_encoder_input_tokens", 0)
-            )
+        group = selection.LayerGroup.of(
+            vllm_config, layer_names, kv_cache_spec, TritonAttentionImpl
+        )
+        self.num_q_heads = group.num_q_heads
+        # Causal batches, or non-causal ones (cross-attention, encoders; decoder
+        # layers where vLLM says so); encoder self-attention has no paged cache:
+        # every request runs in the prefill kernel over the step's own K/V rows,
+        # seen as pages of one key (``StepKVPages``, made below).
+        self.causal, self.kv_from_step = group.causal, group.kv_from_step
+        self.max_kv_len = group.max_kv_len
+        q_dtype, kv_dtype = group.q_dtype, group.kv_dtype
 
         # VLLM_BATCH_INVARIANT=1: a request's result must not depend on the batch
         # around it. The kernels reduce each query row's keys in one program, in
@@ -265,7 +233,6 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         self.batch_invariant = bool(envs.VLLM_BATCH_INVARIANT)
         # The decode launch of every batch size up to the largest one vLLM can
         # form (max_num_seqs; CUDA-graph capture sizes never exceed it for decodes).
-        q_dtype, kv_dtype = self._cache_dtypes(vllm_config)
         self.decode_planner = DecodePlanner(
             device=self.device,
             num_q_heads=self.num_q_heads,
@@ -295,7 +262,9 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             pages = {"kv_dtype": q_dtype, "block_size": 1, "pages_are_rows": True}
         self.prefill_planner = PrefillPlanner(
             device=self.device,
-            layers={impl.prefill_layer(q_dtype=q_dtype, **pages) for impl in impls},
+            layers={
+                impl.prefill_layer(q_dtype=q_dtype, **pages) for impl in group.impls
+            },
             head_size=self.head_size,
             max_kv_len=self.max_kv_len,
             batch_invariant=self.batch_invariant,
@@ -319,59 +288,6 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         if self._warm_up_enabled:
             stride = warmup.guess_block_table_stride(vllm_config, kv_cache_spec)
             warmup.register_jit_warm_up(self, self._block_table_stride(stride))
-
-    @staticmethod
-    def _num_q_heads(vllm_config: "VllmConfig", layer_names: list[str]) -> int:
-        from vllm.v1.attention.backends.utils import (
-            get_num_attention_heads_from_layers,
-        )
-
-        heads = get_num_attention_heads_from_layers(vllm_config, layer_names)
-        if heads is None:
-            heads = vllm_config.model_config.get_num_attention_heads(
-                vllm_config.parallel_config
-            )
-        return heads
-
-    def _cache_dtypes(self, vllm_config: "VllmConfig") -> tuple:
-        """``(query dtype, cache dtype as the kernels see it)``: vLLM allocates an
-        fp8 cache as bytes, which the impl views as ``fp8_cache_dtype``."""
-        q_dtype = vllm_config.model_config.dtype
-        kv_dtype = self.kv_cache_spec.dtype
-        if vllm_config.cache_config.cache_dtype in FP8_CACHE_DTYPES:
-            kv_dtype = selection.fp8_cache_dtype(vllm_config.cache_config.cache_dtype)
-        elif kv_dtype == torch.uint8:  # not a cache these kernels take
-            kv_dtype = q_dtype
-        return q_dtype, kv_dtype
-
-    @staticmethod
-    def _spec_kinds(kv_cache_spec: AttentionSpec) -> set[str]:
-        """The attention type a group's KV-cache spec implies (vLLM gives
-        encoder-only layers and cross-attention layers their own specs), for a
-        group built without its layers in the forward context."""
-        if isinstance(kv_cache_spec, EncoderOnlyAttentionSpec):
-            return {AttentionType.ENCODER_ONLY}
-        if isinstance(kv_cache_spec, CrossAttentionSpec):
-            return {AttentionType.ENCODER_DECODER}
-        return set()
-
-    def _impls(self, vllm_config: "VllmConfig") -> list["TritonAttentionImpl"]:
-        """The impls of the group's layers (their features, attention type)."""
-        from vllm.config import get_layers_from_vllm_config
-        from vllm.model_executor.layers.attention_layer_base import (
-            AttentionLayerBase,
-        )
-
-        layers = get_layers_from_vllm_config(
-            vllm_config,
-            AttentionLayerBase,  # type: ignore[type-abstract]
-            self.layer_names,
-        )
-        return [
-            layer.impl
-            for layer in layers.values()
-            if isinstance(getattr(layer, "impl", None), TritonAttentionImpl)
-        ]
 
     def build(
         self,
@@ -580,26 +496,20 @@ class TritonAttentionBackend(AttentionBackend):
     def get_supported_head_sizes(cls) -> list[int]:
         return list(SUPPORTED_HEAD_SIZES)
 
-    # Model features the selector asks about, answered from the kernels' feature
-    # flags (USE_SINKS, USE_WINDOW); KV connectors (NIXL, ...) are refused: they
-    # assume stock's [num_blocks, num_kv_heads, block_size, 2 * head_size] layout.
-    _FEATURES: ClassVar[dict[str, bool]] = {
-        "sinks": True,
-        "sliding_window": True,
-        "kv_connector": False,
-    }
-
+    # Model features the selector asks about: the kernels' USE_SINKS and
+    # USE_WINDOW flags; KV connectors (NIXL, ...) are refused: they assume stock's
+    # [num_blocks, num_kv_heads, block_size, 2 * head_size] layout.
     @classmethod
     def supports_sink(cls) -> bool:
-        return cls._FEATURES["sinks"]
+        return True
 
     @classmethod
     def supports_sliding_window(cls) -> bool:
-        return cls._FEATURES["sliding_window"]
+        return True
 
     @classmethod
     def supports_kv_connector(cls) -> bool:
-        return cls._FEATURES["kv_connector"]
+        return False
 
     @classmethod
     def supports_alibi_sqrt(cls) -> bool:
@@ -647,24 +557,9 @@ class TritonAttentionBackend(AttentionBackend):
 
     @classmethod
     def validate_configuration(cls, **config) -> list[str]:
-        """What vLLM's platforms ask of every candidate backend: TRITON_ATTN takes
-        a layer that our kernels take (``kernel_refusals``) or that stock's Triton
-        backend takes (``backend_for_layer`` then hands it over), so it serves every
-        layer stock's TRITON_ATTN served. A layer neither takes is refused with both
-        backends' reasons."""
-        reasons = cls.kernel_refusals(**config)
-        if not reasons:
-            return []
-        stock = TritonUnifiedAttentionBackend.validate_configuration(**config)
-        if not stock:
-            return []
-        return [
-            *reasons,
-            (
-                "stock vLLM's Triton backend (TRITON_UNIFIED_ATTN) does not take it "
-                f"either: {'; '.join(stock)}"
-            ),
-        ]
+        """Ours and stock's Triton backend together
+        (``selection.validate_configuration``)."""
+        return selection.validate_configuration(cls.kernel_refusals(**config), **config)
 
     @classmethod
     def kernel_refusals(cls, **config) -> list[str]:
@@ -678,38 +573,16 @@ class TritonAttentionBackend(AttentionBackend):
     def backend_for_layer(
         cls, attn_selector_config, device_capability: "DeviceCapability | None"
     ) -> type[AttentionBackend]:
-        """The hook vLLM's selector calls once per kind of layer, on every platform
-        and selection path (named or automatic): this backend where our kernels
-        take the layer, else stock's Triton backend, TRITON_UNIFIED_ATTN, logged
-        once with our reasons. vLLM validated the layer against this backend
-        first (``validate_configuration``), so stock's backend takes what ours
-        does not; XPU, whose selector validates nothing, keeps stock's backend for
-        every layer (our kernels are built and tested for CUDA and ROCm)."""
-        from vllm.platforms import current_platform
-
-        if current_platform.is_xpu():
-            reasons = ["on XPU (our kernels are built and tested on CUDA and ROCm)"]
-        else:
-            reasons = cls.kernel_refusals(
-                device_capability=device_capability,
-                **attn_selector_config._asdict(),
-            )
-        return selection.handed_over(reasons) if reasons else cls
+        """vLLM's selector hook: this backend, or TRITON_UNIFIED_ATTN for a layer
+        our kernels do not take (``selection.backend_for_layer``)."""
+        return selection.backend_for_layer(cls, attn_selector_config, device_capability)
 
     @classmethod
     def backend_for_layer_options(cls, **layer_options) -> type[AttentionBackend]:
-        """The hook vLLM's attention layer calls with the options the selector does
-        not see: a layer with chunked attention with lookback (RNJ-1) runs on
-        stock's Triton backend, logged once (ALiBi-sqrt runs on ours). Subclasses
-        that other vLLM modules build around this backend (encoder-only,
-        cross-attention and Whisper wrappers) are kept as they are: they pass
-        their own class."""
-        reasons = []
-        if layer_options.get("chunk_lookback", -1) > -1:
-            reasons.append("chunked attention with lookback not supported")
-        if not reasons or cls not in (TritonAttentionBackend, RocmAttentionBackend):
-            return cls
-        return selection.handed_over(reasons)
+        """vLLM's attention-layer hook, for the options the selector does not see
+        (``selection.backend_for_layer_options``)."""
+        wrapped = cls not in (TritonAttentionBackend, RocmAttentionBackend)
+        return selection.backend_for_layer_options(cls, wrapped, **layer_options)
 
 
 # ----------------------------------------------------------------------------------

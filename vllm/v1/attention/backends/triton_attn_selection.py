@@ -13,6 +13,7 @@ take it, stock's Triton backend (TRITON_UNIFIED_ATTN) for the rest.
   ``log_served_layers``: the startup line of each metadata builder.
 """
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -258,6 +259,60 @@ def batch_causality(causal, layers) -> bool:
     return False
 
 
+def validate_configuration(reasons: list[str], **config) -> list[str]:
+    """TRITON_ATTN's answer to vLLM's ``validate_configuration``, given our
+    kernels' ``reasons`` (``kernel_refusals``): it takes a layer that our kernels
+    take or that stock's Triton backend takes (``backend_for_layer`` then hands it
+    over), so it serves every layer stock's TRITON_ATTN served. A layer neither
+    takes is refused with both backends' reasons."""
+    if not reasons:
+        return []
+    stock = TritonUnifiedAttentionBackend.validate_configuration(**config)
+    if not stock:
+        return []
+    return [
+        *reasons,
+        (
+            "stock vLLM's Triton backend (TRITON_UNIFIED_ATTN) does not take it "
+            f"either: {'; '.join(stock)}"
+        ),
+    ]
+
+
+def backend_for_layer(
+    ours: type[AttentionBackend], attn_selector_config, device_capability
+) -> type[AttentionBackend]:
+    """The backend of a layer vLLM's selector chose ``ours`` for (the hook it
+    calls once per kind of layer, on every platform and selection path, named or
+    automatic): ``ours`` where our kernels take the layer, else stock's Triton
+    backend, logged once with our reasons. vLLM validated the layer against
+    ``ours`` first (``validate_configuration``), so stock's backend takes what
+    ours does not; XPU, whose selector validates nothing, keeps stock's backend
+    for every layer (our kernels are built and tested for CUDA and ROCm)."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_xpu():
+        reasons = ["on XPU (our kernels are built and tested on CUDA and ROCm)"]
+    else:
+        reasons = ours.kernel_refusals(
+            device_capability=device_capability, **attn_selector_config._asdict()
+        )
+    return handed_over(reasons) if reasons else ours
+
+
+def backend_for_layer_options(
+    ours: type[AttentionBackend], wrapped: bool, **layer_options
+) -> type[AttentionBackend]:
+    """The backend of a layer for the options vLLM's selector does not see (the
+    attention layer asks right after choosing ``ours``): a layer with chunked
+    attention with lookback (RNJ-1) runs on stock's Triton backend, logged once
+    (ALiBi-sqrt runs on ours). A ``wrapped`` backend (a subclass another vLLM
+    module builds around ours: encoder-only, cross-attention, Whisper) is kept."""
+    if wrapped or layer_options.get("chunk_lookback", -1) == -1:
+        return ours
+    return handed_over(["chunked attention with lookback not supported"])
+
+
 def handed_over(reasons: list[str]) -> type[AttentionBackend]:
     """Stock's Triton backend, for a layer our kernels do not take; logged once
     per kind of layer."""
@@ -267,6 +322,87 @@ def handed_over(reasons: list[str]) -> type[AttentionBackend]:
         "; ".join(reasons),
     )
     return TritonUnifiedAttentionBackend
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """The layers of one KV-cache group, as the metadata builder plans for them."""
+
+    impls: tuple  # the layers' impls of ``impl_cls`` (their features)
+    kinds: frozenset  # attention types: the impls', or the one the spec implies
+    num_q_heads: int
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype  # the cache's as the kernels read it (fp8 views)
+    max_kv_len: int  # the most keys a request has
+
+    @property
+    def causal(self) -> bool:
+        """Causal batches: decoder self-attention (non-causal ones only where
+        vLLM says so: bidirectional drafting). Cross-attention (over the
+        encoder's output) and encoder self-attention are non-causal."""
+        return not self.kinds & NON_CAUSAL_ATTN_TYPES
+
+    @property
+    def kv_from_step(self) -> bool:
+        """Encoder self-attention: no paged cache, the step's own K/V rows."""
+        return bool(self.kinds & STEP_KV_ATTN_TYPES)
+
+    @classmethod
+    def of(cls, vllm_config, layer_names, kv_cache_spec, impl_cls) -> "LayerGroup":
+        from vllm.config import get_layers_from_vllm_config
+        from vllm.model_executor.layers.attention_layer_base import (
+            AttentionLayerBase,
+        )
+        from vllm.v1.attention.backends.utils import (
+            get_num_attention_heads_from_layers,
+        )
+        from vllm.v1.kv_cache_interface import (
+            CrossAttentionSpec,
+            EncoderOnlyAttentionSpec,
+        )
+
+        layers = get_layers_from_vllm_config(
+            vllm_config,
+            AttentionLayerBase,  # type: ignore[type-abstract]
+            layer_names,
+        )
+        impls = tuple(
+            layer.impl
+            for layer in layers.values()
+            if isinstance(getattr(layer, "impl", None), impl_cls)
+        )
+        # A group built without its layers in the forward context (vLLM's
+        # backend tests) still has its kind in its spec.
+        kinds = {impl.attn_type for impl in impls}
+        if isinstance(kv_cache_spec, EncoderOnlyAttentionSpec):
+            kinds.add(AttentionType.ENCODER_ONLY)
+        if isinstance(kv_cache_spec, CrossAttentionSpec):
+            kinds.add(AttentionType.ENCODER_DECODER)
+        model, cache = vllm_config.model_config, vllm_config.cache_config
+        num_q_heads = get_num_attention_heads_from_layers(vllm_config, layer_names)
+        if num_q_heads is None:
+            num_q_heads = model.get_num_attention_heads(vllm_config.parallel_config)
+        # vLLM allocates an fp8 cache as bytes, which the impl views in its format.
+        kv_dtype = kv_cache_spec.dtype
+        if cache.cache_dtype in FP8_CACHE_DTYPES:
+            kv_dtype = fp8_cache_dtype(cache.cache_dtype)
+        elif kv_dtype == torch.uint8:  # not a cache these kernels take
+            kv_dtype = model.dtype
+        # A cross-attention request's keys are the encoder's, which the
+        # scheduler's encoder budget bounds.
+        max_kv_len = model.max_model_len
+        if AttentionType.ENCODER_DECODER in kinds:
+            scheduler = vllm_config.scheduler_config
+            encoder = getattr(scheduler, "max_num_encoder_input_tokens", 0)
+            max_kv_len = max(max_kv_len, encoder)
+        return cls(
+            impls=impls,
+            kinds=frozenset(kinds),
+            num_q_heads=num_q_heads,
+            q_dtype=model.dtype,
+            kv_dtype=kv_dtype,
+            max_kv_len=max_kv_len,
+        )
 
 
 def kernels_support_capability(capability: "DeviceCapability | None") -> bool:
