@@ -459,6 +459,8 @@ def _prefix_prefill_cases():
     yield launch(64, 1, 1, torch.bfloat16, 512, causal=False)
     yield launch(128, 4, 64, torch.bfloat16, 4096, use_tma=True, causal=False,
                  sinks=heads[:8])  # fmt: skip
+    # A two-sided window on one-key pages (EmbeddingGemma: 3 heads of 256).
+    yield launch(256, 3, 1, torch.bfloat16, 512, causal=False, sliding_window=257)
     # Head sizes at the ends of the declared range and padded ones past 128.
     yield launch(16, 4, 64, torch.bfloat16, 1024)
     yield launch(48, 1, 16, torch.bfloat16, 4096)
