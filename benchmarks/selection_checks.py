@@ -3,6 +3,7 @@
     python benchmarks/selection_checks.py embed --site stock=DIR --site fork=DIR ...
     python benchmarks/selection_checks.py auto --site stock=DIR --site fork=DIR ...
     python benchmarks/selection_checks.py invariance --site fork=DIR ...
+    python benchmarks/selection_checks.py whisper --site stock=DIR --site fork=DIR ...
 
 Each check writes one JSON record (``--out``) with provenance and a ``verdict``.
 
@@ -18,6 +19,10 @@ Each check writes one JSON record (``--out``) with provenance and a ``verdict``.
   given) with FLASH_ATTN disabled (``--disable``), as where FlashAttention is not
   installed; stock and the fork, greedy outputs compared, each attention layer's
   backend recorded (``layer.backend`` and its class).
+- ``whisper``: an encoder-decoder model (``whisper-small`` dimensions, dummy weights,
+  a Whisper tokenizer and feature extractor made here): transcription prompts over
+  synthesised audio clips on stock's FLASH_ATTN, stock's TRITON_ATTN and the fork's
+  TRITON_ATTN (cross-attention on our kernels), greedy outputs compared.
 - ``invariance``: ``VLLM_BATCH_INVARIANT=1`` on the fork: one prompt alone and
   inside batches of 7 and 64 prompts of mixed lengths, greedy; every prompt that
   occurs in more than one batch must get the same tokens and bit-identical log
@@ -54,7 +59,7 @@ from benchmarks.harness import (  # noqa: E402
     tail,
     write_json,
 )
-from benchmarks.models import make_model_dir  # noqa: E402
+from benchmarks.models import make_model_dir, make_whisper_dir  # noqa: E402
 from benchmarks.models.configs import BENCH_TOKENIZER_VOCAB  # noqa: E402
 from benchmarks.models.tokenizer import pseudo_words  # noqa: E402
 from benchmarks.offline_worker import FIRST_ID  # noqa: E402
@@ -313,6 +318,28 @@ def _engine(args, **extra) -> dict:
     return engine
 
 
+def _agreement(ref: list | None, new: list | None) -> dict | None:
+    """Greedy outputs of two sides, prompt by prompt: identical prompts and
+    equal tokens (None unless both sides produced them)."""
+    if not (ref and new):
+        return None
+    pairs = list(zip(ref, new))
+    return {
+        "prompts": len(pairs),
+        "prompts_identical": sum(r["token_ids"] == n["token_ids"] for r, n in pairs),
+        "tokens_compared": sum(len(r["token_ids"]) for r in ref),
+        "tokens_equal": sum(
+            x == y for r, n in pairs for x, y in zip(r["token_ids"], n["token_ids"])
+        ),
+    }
+
+
+def _agrees(agreement: dict | None) -> bool:
+    return bool(agreement) and (
+        agreement["tokens_equal"] >= MIN_TOKEN_AGREEMENT * agreement["tokens_compared"]
+    )
+
+
 def check_auto(args, installs, work: Path) -> dict:
     model_dir = make_model_dir(args.model, work / "models" / args.model)
     rng = random.Random(args.seed)
@@ -330,21 +357,7 @@ def check_auto(args, installs, work: Path) -> dict:
         for install in ("stock", "fork")
     }
     ref, new = (sides[i].get("jobs", {}).get("greedy") for i in ("stock", "fork"))
-    agreement = None
-    if ref and new:
-        same = [r["token_ids"] == n["token_ids"] for r, n in zip(ref, new)]
-        tokens = sum(len(r["token_ids"]) for r in ref)
-        equal = sum(
-            x == y
-            for r, n in zip(ref, new)
-            for x, y in zip(r["token_ids"], n["token_ids"])
-        )
-        agreement = {
-            "prompts": len(same),
-            "prompts_identical": sum(same),
-            "tokens_compared": tokens,
-            "tokens_equal": equal,
-        }
+    agreement = _agreement(ref, new)
     for side in sides.values():
         side.pop("jobs", None)
     served = {i: sorted(s.get("layer_backends", {})) for i, s in sides.items()}
@@ -353,9 +366,7 @@ def check_auto(args, installs, work: Path) -> dict:
     fork_ok = bool(served["fork"]) and all(
         name.split()[0] in TRITON_NAMES for name in served["fork"]
     )
-    agree = bool(agreement) and (
-        agreement["tokens_equal"] >= MIN_TOKEN_AGREEMENT * agreement["tokens_compared"]
-    )
+    agree = _agrees(agreement)
     return {
         "check": "auto",
         "model": args.model,
@@ -424,7 +435,77 @@ def check_invariance(args, installs, work: Path) -> dict:
     }
 
 
-CHECKS = {"embed": check_embed, "auto": check_auto, "invariance": check_invariance}
+def check_whisper(args, installs, work: Path) -> dict:
+    """Whisper (whisper-small dimensions, dummy weights): transcription prompts
+    over synthesised clips of 1-30 s, greedy, on stock's FLASH_ATTN (the
+    reference), stock's TRITON_ATTN and the fork's TRITON_ATTN, whose decoder
+    self-attention and cross-attention over the cached encoder output run on our
+    kernels. Each side's outputs against the reference's; every attention layer's
+    backend recorded."""
+    model_dir = make_whisper_dir(work / "models" / "whisper-small")
+    tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    controls = ("<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>")
+    rng = random.Random(args.seed)
+    clips = [
+        {"seconds": round(rng.uniform(1.0, 30.0), 2), "seed": k}
+        for k in range(args.num_prompts)
+    ]
+    spec = {
+        "engine": _engine(args, enforce_eager=True, max_model_len=448),
+        "jobs": [
+            {
+                "name": "greedy",
+                "audio": clips,
+                "decoder_prompt": [vocab[t] for t in controls],
+                "max_tokens": args.tokens,
+            }
+        ],
+    }
+    sides = {}
+    for label, install, backend in (
+        ("stock-FLASH_ATTN", "stock", "FLASH_ATTN"),
+        ("stock-TRITON_ATTN", "stock", "TRITON_ATTN"),
+        ("fork-TRITON_ATTN", "fork", "TRITON_ATTN"),
+    ):
+        side_spec = {**spec, "model": str(model_dir)}
+        side_spec["engine"] = {**spec["engine"], "attention_backend": backend}
+        sides[label] = _run_worker(
+            installs[install], side_spec, work, f"whisper-{label}", {}, args.timeout_s
+        )
+    ref = sides["stock-FLASH_ATTN"].get("jobs", {}).get("greedy")
+    agreement = {
+        f"{label} vs stock-FLASH_ATTN": _agreement(
+            ref, side.get("jobs", {}).get("greedy")
+        )
+        for label, side in sides.items()
+        if label != "stock-FLASH_ATTN"
+    }
+    for side in sides.values():
+        side.pop("jobs", None)
+    served = {label: sorted(s.get("layer_backends", {})) for label, s in sides.items()}
+    fork_ok = bool(served["fork-TRITON_ATTN"]) and any(
+        name.split()[0] == "TRITON_ATTN" for name in served["fork-TRITON_ATTN"]
+    )
+    agree = _agrees(agreement["fork-TRITON_ATTN vs stock-FLASH_ATTN"])
+    return {
+        "check": "whisper",
+        "model": "whisper-small",
+        "clips_s": [c["seconds"] for c in clips],
+        "tokens_per_prompt": args.tokens,
+        "sides": sides,
+        "served_by": served,
+        "agreement": agreement,
+        "verdict": "pass" if fork_ok and agree else "fail",
+    }
+
+
+CHECKS = {
+    "embed": check_embed,
+    "auto": check_auto,
+    "invariance": check_invariance,
+    "whisper": check_whisper,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

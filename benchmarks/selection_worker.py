@@ -8,7 +8,9 @@ for vLLM's own selection.
 SPEC (JSON): ``model``, ``engine`` (keyword arguments of ``vllm.LLM``), ``disable``
 (backend names whose ``validate_configuration`` refuses every layer: vLLM's
 automatic choice then skips them, as where they are not installed), ``jobs``: a list
-of ``{name, prompts: [[token ids]], max_tokens}``, each one ``generate`` call.
+of ``{name, prompts: [[token ids]], max_tokens}``, each one ``generate`` call; an
+encoder-decoder model's job gives ``audio: [{seconds, seed}]`` (a clip synthesised
+here per entry, 16 kHz) and one ``decoder_prompt`` of token ids instead.
 OUT (JSON): ``startup_s``, ``layer_backends`` (attention layers per backend name and
 class), and per job the greedy ``token_ids`` and their ``logprobs`` of every prompt.
 (vLLM's log lines on the backends are read from this process's output by the
@@ -49,10 +51,39 @@ def _layer_backends(worker) -> dict[str, int]:
     return counts
 
 
+def _audio(seconds: float, seed: int, rate: int = 16000):
+    """A reproducible clip: a few tones over noise, amplitude below 1."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * rate)) / rate
+    tones = sum(
+        0.2 * np.sin(2 * np.pi * f * t + phase)
+        for f, phase in zip(rng.uniform(100, 3000, 3), rng.uniform(0, 6.28, 3))
+    )
+    return (tones + 0.05 * rng.standard_normal(t.size)).astype(np.float32), rate
+
+
+def _job_prompts(job: dict) -> list:
+    from vllm.inputs import TokensPrompt
+
+    if "audio" not in job:
+        return [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
+    return [
+        {
+            "encoder_prompt": {
+                "prompt": "",
+                "multi_modal_data": {"audio": _audio(a["seconds"], a["seed"])},
+            },
+            "decoder_prompt": {"prompt_token_ids": job["decoder_prompt"]},
+        }
+        for a in job["audio"]
+    ]
+
+
 def main(spec_path: str, out_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
     _disable(spec.get("disable", []))
     start = time.perf_counter()
@@ -67,8 +98,7 @@ def main(spec_path: str, out_path: str) -> int:
         params = SamplingParams(
             temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True, logprobs=1
         )
-        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
-        outputs = llm.generate(prompts, params, use_tqdm=False)
+        outputs = llm.generate(_job_prompts(job), params, use_tqdm=False)
         jobs[job["name"]] = [
             {
                 "token_ids": list(o.outputs[0].token_ids),

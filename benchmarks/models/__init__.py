@@ -10,15 +10,23 @@ from pathlib import Path
 from .configs import (
     BENCH_TOKENIZER_VOCAB,
     MODEL_CONFIGS,
+    WHISPER_FEATURE_EXTRACTOR,
+    WHISPER_MODEL,
     build_config,
     generation_config,
     model_entry,
     model_names,
     write_json,
 )
-from .tokenizer import make_bench_tokenizer, special_ids
+from .tokenizer import make_bench_tokenizer, make_whisper_tokenizer, special_ids
 
-__all__ = ["MODEL_CONFIGS", "make_model_dir", "model_entry", "model_names"]
+__all__ = [
+    "MODEL_CONFIGS",
+    "make_model_dir",
+    "make_whisper_dir",
+    "model_entry",
+    "model_names",
+]
 
 
 def make_model_dir(name: str, out_dir: str | Path) -> Path:
@@ -38,4 +46,25 @@ def make_model_dir(name: str, out_dir: str | Path) -> Path:
     make_bench_tokenizer(out, vocab, cfg["max_position_embeddings"])
     write_json(out / "config.json", cfg)
     write_json(out / "generation_config.json", generation_config(ids))
+    return out
+
+
+def make_whisper_dir(out_dir: str | Path) -> Path:
+    """A Whisper model directory (``WHISPER_MODEL``'s dimensions) that vLLM serves
+    with ``--load-format dummy`` and transformers' ``WhisperProcessor`` loads
+    offline: config.json, preprocessor_config.json and a Whisper tokenizer."""
+    out = Path(out_dir)
+    ids = make_whisper_tokenizer(
+        out, BENCH_TOKENIZER_VOCAB, WHISPER_MODEL["max_target_positions"]
+    )
+    end = ids["<|endoftext|>"]
+    cfg = {
+        **WHISPER_MODEL,
+        "decoder_start_token_id": ids["<|startoftranscript|>"],
+        "bos_token_id": end,
+        "eos_token_id": end,
+        "pad_token_id": end,
+    }
+    write_json(out / "config.json", cfg)
+    write_json(out / "preprocessor_config.json", WHISPER_FEATURE_EXTRACTOR)
     return out

@@ -316,6 +316,46 @@ ACCURACY_MODEL: dict[str, Any] = {
 }
 
 
+# openai/whisper-small's dimensions (an encoder-decoder: a 12-layer audio encoder over
+# 1500 frames, a 12-layer decoder with cross-attention; 12 heads of 64), for the
+# cross-attention check. Token ids are filled in from the Whisper tokenizer made here
+# (``tokenizer.make_whisper_tokenizer``); the feature extractor is Whisper's
+# (80 mel bins of 16 kHz audio in 30-second windows).
+WHISPER_MODEL: dict[str, Any] = {
+    "architectures": ["WhisperForConditionalGeneration"],
+    "model_type": "whisper",
+    "d_model": 768,
+    "encoder_layers": 12,
+    "decoder_layers": 12,
+    "encoder_attention_heads": 12,
+    "decoder_attention_heads": 12,
+    "encoder_ffn_dim": 3072,
+    "decoder_ffn_dim": 3072,
+    "num_mel_bins": 80,
+    "max_source_positions": 1500,
+    "max_target_positions": 448,
+    "vocab_size": 51865,
+    "activation_function": "gelu",
+    "scale_embedding": False,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+WHISPER_FEATURE_EXTRACTOR: dict[str, Any] = {
+    "feature_extractor_type": "WhisperFeatureExtractor",
+    "processor_class": "WhisperProcessor",
+    "feature_size": 80,
+    "sampling_rate": 16000,
+    "hop_length": 160,
+    "chunk_length": 30,
+    "n_fft": 400,
+    "n_samples": 480000,
+    "nb_max_frames": 3000,
+    "padding_side": "right",
+    "padding_value": 0.0,
+    "return_attention_mask": False,
+}
+
+
 def model_names() -> list[str]:
     return sorted(MODEL_CONFIGS)
 

@@ -10,6 +10,8 @@ loads offline:
   exactly the prompt lengths it asks for.
 - ``char``: one token per character of a small alphabet, decoded by plain concatenation,
   for the tiny accuracy model (digits, operators, recall keys).
+- ``whisper``: the word-level vocabulary behind Whisper's control tokens, loaded as
+  ``WhisperTokenizer`` (vLLM's Whisper prompts are built from those tokens).
 
 Both add a BOS token in front of every encoded text, like Llama's tokenizer.
 """
@@ -135,3 +137,40 @@ def make_char_tokenizer(out_dir: Path, alphabet: str, model_max_length: int) -> 
 
 def char_vocab_size(alphabet: str) -> int:
     return len(SPECIAL_TOKENS) + len(alphabet) + len(ROLE_TOKENS)
+
+
+# Whisper's control tokens (vLLM's prompts: <|startoftranscript|><|en|><|transcribe|>
+# <|notimestamps|>; <|endoftext|> ends, pads and begins).
+WHISPER_SPECIAL_TOKENS = [
+    "<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|de|>", "<|fr|>",
+    "<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>",
+    "<|nospeech|>", "<|notimestamps|>", "<unk>",
+]  # fmt: skip
+
+
+def make_whisper_tokenizer(out_dir: Path, words: int, model_max_length: int) -> dict:
+    """Whisper's control tokens, then ``words`` pseudo-words; returns the ids of
+    the control tokens by name."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(WHISPER_SPECIAL_TOKENS)}
+    for w in pseudo_words(words):
+        vocab[w] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="\x00##", cleanup=False)
+    tok.add_special_tokens(WHISPER_SPECIAL_TOKENS)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    cfg = {
+        "tokenizer_class": "WhisperTokenizer",
+        "processor_class": "WhisperProcessor",
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": "<unk>",
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": model_max_length,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return {t: vocab[t] for t in WHISPER_SPECIAL_TOKENS}

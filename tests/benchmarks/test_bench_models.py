@@ -192,3 +192,27 @@ def test_qwen_has_no_active_window_and_70b_tp1_says_it_is_cut():
         "gemma-2-9b-softcap",
     ):
         assert name in MODEL_CONFIGS
+
+
+def test_whisper_dir_loads_offline_as_whisper(tmp_path):
+    """transformers reads the Whisper directory as vLLM will: WhisperProcessor
+    (feature extractor + Whisper tokenizer), the control tokens as single ids,
+    80 x 3000 features for a clip, the config's ids from the tokenizer."""
+    import numpy as np
+    from transformers import AutoConfig, AutoProcessor
+
+    from benchmarks.models import make_whisper_dir
+
+    out = make_whisper_dir(tmp_path / "whisper")
+    processor = AutoProcessor.from_pretrained(out)
+    assert type(processor).__name__ == "WhisperProcessor"
+    assert type(processor.tokenizer).__name__ == "WhisperTokenizer"
+    text = "<|startoftranscript|><|en|><|transcribe|><|notimestamps|>"
+    ids = processor.tokenizer(text, add_special_tokens=False).input_ids
+    assert len(ids) == 4 and len(set(ids)) == 4
+    clip = np.zeros(16000 * 3, dtype=np.float32)
+    features = processor.feature_extractor(clip, sampling_rate=16000).input_features
+    assert np.asarray(features).shape == (1, 80, 3000)
+    config = AutoConfig.from_pretrained(out)
+    assert config.decoder_start_token_id == ids[0]
+    assert config.vocab_size >= len(processor.tokenizer)

@@ -126,3 +126,31 @@ def test_invariance_fails_when_outputs_depend_on_the_batch(site_args, tmp_path):
     )
     assert res.returncode == 1 and rec["verdict"] == "fail"
     assert "target: batch1 vs batch7" in rec["outputs_differing"]
+
+
+def test_whisper_compares_transcriptions_with_flash_attn(site_args, tmp_path):
+    extra = ("--num-prompts", "5", "--tokens", "8")
+    res, rec = _run("whisper", site_args, tmp_path, extra=extra)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert set(rec["agreement"]) == {
+        "stock-TRITON_ATTN vs stock-FLASH_ATTN",
+        "fork-TRITON_ATTN vs stock-FLASH_ATTN",
+    }
+    assert rec["agreement"]["fork-TRITON_ATTN vs stock-FLASH_ATTN"]["prompts"] == 5
+    assert len(rec["clips_s"]) == 5 and all(1 <= s <= 30 for s in rec["clips_s"])
+    assert [n.split()[0] for n in rec["served_by"]["fork-TRITON_ATTN"]] == [
+        "TRITON_ATTN"
+    ]
+    # The decoder prompt is Whisper's control tokens, by the tokenizer's ids.
+    spec = json.loads((tmp_path / "work/whisper/whisper-fork-TRITON_ATTN.spec.json")
+                      .read_text())  # fmt: skip
+    assert spec["jobs"][0]["decoder_prompt"] == [1, 2, 6, 10]
+
+
+def test_whisper_fails_when_the_forks_engine_fails(site_args, tmp_path):
+    extra = ("--num-prompts", "3", "--tokens", "8")
+    env = {"FAKE_VLLM_FAIL": "TRITON_ATTN"}
+    res, rec = _run("whisper", site_args, tmp_path, env, extra=extra)
+    assert res.returncode == 1 and rec["verdict"] == "fail"
+    assert rec["agreement"]["fork-TRITON_ATTN vs stock-FLASH_ATTN"] is None
+    assert "simulated engine failure" in rec["sides"]["fork-TRITON_ATTN"]["log_tail"]

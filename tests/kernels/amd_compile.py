@@ -36,7 +36,8 @@ Selection, per case, as the launchers make it:
   keys (16 splits), then the merge. Non-causal (``CAUSAL`` off): cross-attention,
   Whisper's first decoder step (64 sequences of 4 query tokens over 1500 keys,
   pages of 16); encoder self-attention over the step's K/V as one-key pages (4
-  requests of 512 tokens; 16-bit only, the K/V being the model's).
+  requests of 512 tokens; 16-bit only, the K/V being the model's), also with a
+  two-sided window of 257 (EmbeddingGemma's layers as vLLM runs them).
 * decode: ``DECODE_TABLE.lookup`` with the arguments ``paged_decode_attention``
   passes, the split count from ``choose_decode_splits`` over the device's CUs as the
   backend's builder computes it (256 sequences: 1 split; 1 sequence: 64 splits,
@@ -49,9 +50,9 @@ that its one-page-per-tile addressing (``TILE_IN_PAGE``) is built too.
 
 Sweep: the full cross product of head sizes 64/100/128/256, GQA groups 1/4/8,
 queries bf16 and fp16, and KV caches of the query's dtype or fp8 e4m3fnuz (MI300's
-format): 48 cases for each of the five paged attention kinds, 24 for encoder
-self-attention, the merges (24 distinct builds each: the merge does not depend on
-the cache dtype) and 16 cache writes, 328 builds in about 100 s on 2 CPU cores
+format): 48 cases for each of the five paged attention kinds, 24 for each of the
+two encoder kinds, the merges (24 distinct builds each: the merge does not depend
+on the cache dtype) and 16 cache writes, 352 builds in 100-200 s on 2 CPU cores
 with a cold Triton cache (seconds with a warm one), so the check runs the whole
 cross product, no covering design.
 
@@ -131,16 +132,21 @@ FP8 = torch.float8_e4m3fnuz
 # (query dtype, cache dtype) pairs.
 DTYPE_PAIRS = tuple((q, kv) for q in Q_DTYPES for kv in (q, FP8))
 ATTENTION_KINDS = ("prefill", "prefill-split", "decode", "decode-split",
-                   "prefill-cross", "prefill-encoder")  # fmt: skip
+                   "prefill-cross", "prefill-encoder",
+                   "prefill-encoder-window")  # fmt: skip
 # Non-causal kinds: cross-attention over cached pages, encoder self-attention over
 # the step's own K/V (one-key pages, in the model's dtype: no fp8 pair).
-NON_CAUSAL_KINDS = ("prefill-cross", "prefill-encoder")
+NON_CAUSAL_KINDS = ("prefill-cross", "prefill-encoder", "prefill-encoder-window")
+ENCODER_KINDS = ("prefill-encoder", "prefill-encoder-window")
+# A two-sided window (EmbeddingGemma's 512, as vLLM runs bidirectional layers).
+WINDOWS = {"prefill-encoder-window": 257}
 KINDS = ATTENTION_KINDS + ("prefill-merge", "decode-merge", "cache-write")
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", FP8: "fp8e4m3fnuz"}
 
 NUM_KV_HEADS = 8
 PAGE_SIZES = {"prefill": 16, "prefill-split": 64, "decode": 16, "decode-split": 16,
-              "prefill-cross": 16, "prefill-encoder": 1}  # fmt: skip
+              "prefill-cross": 16, "prefill-encoder": 1,
+              "prefill-encoder-window": 1}  # fmt: skip
 MAX_MODEL_LEN = 32768
 # Launch shapes; the selection must split exactly the "-split" ones (checked).
 PREFILL_SHAPES = {
@@ -149,6 +155,7 @@ PREFILL_SHAPES = {
     # Whisper's first decoder step over its 1500 encoder keys; BERT-style requests.
     "prefill-cross": dict(max_query_len=4, num_seqs=64, max_seq_len=1500),
     "prefill-encoder": dict(max_query_len=512, num_seqs=4, max_seq_len=512),
+    "prefill-encoder-window": dict(max_query_len=512, num_seqs=4, max_seq_len=512),
 }
 DECODE_NUM_SEQS = {"decode": 256, "decode-split": 1}
 
@@ -248,7 +255,7 @@ def cases() -> list[Case]:
         for head_size in HEAD_SIZES
         for group in GROUPS
         for q_dtype, kv_dtype in DTYPE_PAIRS
-        if kind != "prefill-encoder" or kv_dtype == q_dtype
+        if kind not in ENCODER_KINDS or kv_dtype == q_dtype
     ]
 
 
@@ -281,8 +288,11 @@ def prefill_launches(case: Case) -> tuple[object, int, list]:
     # As the backend's builder plans it (config, kernel, split count), on the
     # simulated device.
     causal = case.kind not in NON_CAUSAL_KINDS
+    window = WINDOWS.get(case.kind)
     plan = pp.plan_prefill(
-        layer=pp.PrefillLayer.of(query=query, key_cache=key_cache, causal=causal),
+        layer=pp.PrefillLayer.of(
+            query=query, key_cache=key_cache, causal=causal, sliding_window=window
+        ),
         device=DEVICE, seq_start=0, num_seqs=num_seqs, num_tokens=num_tokens,
         max_query_len=shape["max_query_len"], max_seq_len=shape["max_seq_len"],
         workspace=torch.empty(
@@ -299,7 +309,7 @@ def prefill_launches(case: Case) -> tuple[object, int, list]:
         ),
         query_start_loc=torch.zeros(num_seqs + 1, dtype=torch.int32),
         seq_lens=torch.zeros(num_seqs, dtype=torch.int32), softmax_scale=0.1,
-        k_scale=k_scale, v_scale=v_scale, causal=causal,
+        k_scale=k_scale, v_scale=v_scale, causal=causal, sliding_window=window,
     ))  # fmt: skip
     config, num_splits = plan.config, plan.num_splits
     return config, num_splits, launches

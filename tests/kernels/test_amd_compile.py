@@ -39,7 +39,12 @@ def test_compiles_every_kernel_for_mi300():
     }
     expected = set(itertools.product(ATTENTION_KINDS, HEAD_SIZES, GROUPS, DTYPE_PAIRS))
     expected |= set(
-        itertools.product(("prefill-encoder",), HEAD_SIZES, GROUPS, ENCODER_DTYPE_PAIRS)
+        itertools.product(
+            ("prefill-encoder", "prefill-encoder-window"),
+            HEAD_SIZES,
+            GROUPS,
+            ENCODER_DTYPE_PAIRS,
+        )
     )
     expected |= {
         (kind, head, group, f"{q}/-")

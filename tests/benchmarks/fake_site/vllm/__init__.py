@@ -146,7 +146,11 @@ class LLM:
         wrong = _named("FAKE_VLLM_WRONG") == self.attention_backend
         outs = []
         for i, (p, sp) in enumerate(zip(prompts, params)):
-            ids = p["prompt_token_ids"]
+            if "decoder_prompt" in p:  # an encoder-decoder prompt (audio, Whisper)
+                audio, rate = p["encoder_prompt"]["multi_modal_data"]["audio"]
+                ids = p["decoder_prompt"]["prompt_token_ids"] + [len(audio) // rate]
+            else:
+                ids = p["prompt_token_ids"]
             answer = _solve(ids)
             if answer is not None:
                 from benchmarks.accuracy import tasks
