@@ -312,6 +312,7 @@ def _engine(args, **extra) -> dict:
         "load_format": "dummy",
         "dtype": "bfloat16",
         "max_model_len": args.max_model_len,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "seed": 0,
     }
     engine.update(extra)
@@ -370,6 +371,7 @@ def check_auto(args, installs, work: Path) -> dict:
     return {
         "check": "auto",
         "model": args.model,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "disabled": args.disable,
         "prompt_len_range": [8, args.max_model_len // 2],
         "tokens_per_prompt": args.tokens,
@@ -517,6 +519,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=("bert-base", "embeddinggemma-300m"),
         default="bert-base",
         help="embed: the encoder-only model (EmbeddingGemma's layers have windows)",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="auto/invariance/whisper engines' KV cache (e.g. fp8_e5m2)",
     )
     p.add_argument("--disable", nargs="*", default=["FLASH_ATTN"])
     p.add_argument("--num-prompts", type=int, default=48)

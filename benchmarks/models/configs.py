@@ -289,6 +289,23 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
     },
 }
 
+# Not a published model either: the same decoder with heads of 288, above the 256
+# our kernels take, so TRITON_ATTN hands its layers to stock's Triton backend
+# (TRITON_UNIFIED_ATTN): the fallback path end to end.
+MODEL_CONFIGS["decoder-head288"] = {
+    "config": {
+        **MODEL_CONFIGS["decoder-head160"]["config"],
+        "hidden_size": 2304,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 288,
+    },
+    "tokenizer": "bench",
+    "serving_tp": 1,
+    "note": "synthetic small decoder with head size 288 (GQA 4:1, 8 layers): "
+    "served through the stock-kernel fallback",
+}
+
 # The tiny model trained for the accuracy harness. Head size 128 and 4 query heads per
 # KV head, like Llama-3.1-8B; RoPE with max_position_embeddings 16384 so the
 # long-context recall problems (5-8k tokens; training streams of 9216) fit.

@@ -143,6 +143,7 @@ ATTENTION = {
     "llama-3.1-70b": (64, 8, 128, None, None),
     "llama-3.1-70b-tp1-40l": (64, 8, 128, None, None),
     "decoder-head160": (16, 4, 160, None, None),
+    "decoder-head288": (8, 2, 288, None, None),
 }
 # (hidden, layers, intermediate, vocab, max positions) of the added models.
 DIMENSIONS = {

@@ -154,3 +154,15 @@ def test_whisper_fails_when_the_forks_engine_fails(site_args, tmp_path):
     assert res.returncode == 1 and rec["verdict"] == "fail"
     assert rec["agreement"]["fork-TRITON_ATTN vs stock-FLASH_ATTN"] is None
     assert "simulated engine failure" in rec["sides"]["fork-TRITON_ATTN"]["log_tail"]
+
+
+def test_auto_takes_the_model_and_cache_asked_for(site_args, tmp_path):
+    extra = ["--num-prompts", "2", "--model", "decoder-head288"]
+    extra += ["--kv-cache-dtype", "fp8_e5m2"]
+    res, rec = _run("auto", site_args, tmp_path, extra=extra)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (rec["model"], rec["kv_cache_dtype"]) == ("decoder-head288", "fp8_e5m2")
+    spec = json.loads((tmp_path / "work/auto/auto-fork.spec.json").read_text())
+    assert spec["engine"]["kv_cache_dtype"] == "fp8_e5m2"
+    config = json.loads((Path(spec["model"]) / "config.json").read_text())
+    assert config["head_dim"] == 288
