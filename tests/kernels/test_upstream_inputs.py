@@ -37,7 +37,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from fork_build import BuildError, pins, upstream
 from tests.kernels.conftest import (
     FULL_MATRIX_REASON,
     GPU_FULL,
@@ -127,9 +126,18 @@ def _parse(source: str, test: str) -> dict:
 
 @cache
 def _sources() -> dict:
-    """{release: {path: source}} of the two test files of every supported release:
-    from its sdist, or from ``$UPSTREAM_TEST_SOURCES/<version>/<path>`` where that
-    is set (a host without network: the files copied from the sdists)."""
+    """{release: {path: source}} of the two test files: inside vLLM's own source
+    tree (this module beside upstream's attention tests), the tree's; else every
+    supported release's, from ``$UPSTREAM_TEST_SOURCES/<version>/<path>`` where
+    that is set (a host without network: the files copied from the sdists), or
+    from its sdist."""
+    beside = Path(__file__).resolve().parent.parent  # tests/kernels/attention there
+    if all((beside / Path(p).name).is_file() for p in (PREFIX, UNIFIED)):
+        return {
+            "tree": {p: (beside / Path(p).name).read_text() for p in (PREFIX, UNIFIED)}
+        }
+    from fork_build import BuildError, pins, upstream
+
     out = {}
     given = os.environ.get("UPSTREAM_TEST_SOURCES")
     for version, release in pins.SUPPORTED.items():
