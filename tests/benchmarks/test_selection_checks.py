@@ -166,3 +166,47 @@ def test_auto_takes_the_model_and_cache_asked_for(site_args, tmp_path):
     assert spec["engine"]["kv_cache_dtype"] == "fp8_e5m2"
     config = json.loads((Path(spec["model"]) / "config.json").read_text())
     assert config["head_dim"] == 288
+
+
+WHISPER_RENDER = """
+import json, sys
+from benchmarks.models import make_whisper_dir
+from benchmarks.selection_worker import _job_prompts
+from vllm.config import DeviceConfig, ModelConfig, VllmConfig
+from vllm.renderers.registry import renderer_from_config
+
+model = make_whisper_dir(sys.argv[1])
+config = VllmConfig(
+    model_config=ModelConfig(model=str(model), max_model_len=448, dtype="bfloat16"),
+    device_config=DeviceConfig(device="cpu"),
+)
+job = {"audio": [{"seconds": 3.5, "seed": 1}, {"seconds": 29.0, "seed": 2}],
+       "decoder_prompt": [1, 2, 6, 10]}
+rendered = renderer_from_config(config).render_cmpl(_job_prompts(job))
+print(json.dumps([
+    [len(e["encoder_prompt"]["prompt_token_ids"]),
+     e["decoder_prompt"]["prompt_token_ids"]]
+    for e in rendered
+]))
+"""
+
+
+def test_whisper_prompts_render_in_vllm(stock_vllm_site, tmp_path):
+    """The whisper check's prompts, as the worker builds them, through the
+    release's own renderer (Whisper's processor on the model directory made
+    here): each clip becomes the encoder's 1500 positions, the decoder prompt
+    stays Whisper's four control tokens."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(stock_vllm_site), str(repo)])
+    res = subprocess.run(
+        [sys.executable, "-c", WHISPER_RENDER, str(tmp_path / "whisper")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    rendered = json.loads(res.stdout.strip().splitlines()[-1])
+    assert rendered == [[1500, [1, 2, 6, 10]], [1500, [1, 2, 6, 10]]]
