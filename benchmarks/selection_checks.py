@@ -454,6 +454,7 @@ def check_whisper(args, installs, work: Path) -> dict:
         for k in range(args.num_prompts)
     ]
     spec = {
+        "model": str(model_dir),
         "engine": _engine(args, enforce_eager=True, max_model_len=448),
         "jobs": [
             {
@@ -470,8 +471,8 @@ def check_whisper(args, installs, work: Path) -> dict:
         ("stock-TRITON_ATTN", "stock", "TRITON_ATTN"),
         ("fork-TRITON_ATTN", "fork", "TRITON_ATTN"),
     ):
-        side_spec = {**spec, "model": str(model_dir)}
-        side_spec["engine"] = {**spec["engine"], "attention_backend": backend}
+        engine = {**spec["engine"], "attention_backend": backend}
+        side_spec = {**spec, "engine": engine}
         sides[label] = _run_worker(
             installs[install], side_spec, work, f"whisper-{label}", {}, args.timeout_s
         )

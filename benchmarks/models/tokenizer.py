@@ -99,21 +99,27 @@ def _save(tok, out_dir: Path, model_max_length: int) -> None:
 
 def make_bench_tokenizer(out_dir: Path, vocab_size: int, model_max_length: int) -> None:
     """Word-level tokenizer with exactly ``vocab_size`` entries (specials included)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
     n_fixed = len(SPECIAL_TOKENS) + len(ROLE_TOKENS)
     if vocab_size <= n_fixed + 16:
         raise ValueError(f"vocab_size {vocab_size} too small for a bench tokenizer")
-    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + ROLE_TOKENS)}
-    for w in pseudo_words(vocab_size - n_fixed):
+    tok, _ = _word_level(SPECIAL_TOKENS + ROLE_TOKENS, vocab_size - n_fixed)
+    _save(tok, out_dir, model_max_length)
+
+
+def _word_level(specials: list[str], words: int):
+    """``(tokenizer, vocab)``: ``specials`` (ids 0, 1, ...), then ``words``
+    pseudo-words, one token per whitespace-separated word."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(specials)}
+    for w in pseudo_words(words):
         vocab[w] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     # WordPiece's decoder with an unused prefix joins tokens with single spaces.
     tok.decoder = decoders.WordPiece(prefix="\x00##", cleanup=False)
-    tok.add_special_tokens(SPECIAL_TOKENS)
-    tok.add_special_tokens(ROLE_TOKENS)
-    _save(tok, out_dir, model_max_length)
+    tok.add_special_tokens(specials)
+    return tok, vocab
 
 
 def make_char_tokenizer(out_dir: Path, alphabet: str, model_max_length: int) -> None:
@@ -151,15 +157,7 @@ WHISPER_SPECIAL_TOKENS = [
 def make_whisper_tokenizer(out_dir: Path, words: int, model_max_length: int) -> dict:
     """Whisper's control tokens, then ``words`` pseudo-words; returns the ids of
     the control tokens by name."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {t: i for i, t in enumerate(WHISPER_SPECIAL_TOKENS)}
-    for w in pseudo_words(words):
-        vocab[w] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="\x00##", cleanup=False)
-    tok.add_special_tokens(WHISPER_SPECIAL_TOKENS)
+    tok, vocab = _word_level(WHISPER_SPECIAL_TOKENS, words)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     cfg = {
