@@ -192,7 +192,7 @@ def check_capabilities():
     from vllm.platforms.interface import DeviceCapability
     from vllm.v1.attention.backend import AttentionBackend
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend as B
-    from vllm.v1.attention.backends.triton_attn import (
+    from vllm.v1.attention.backends.triton_attn_selection import (
         TritonUnifiedAttentionBackend as Stock,
     )
 
@@ -416,11 +416,11 @@ def check_layers_ours_do_not_take_run_on_stock_backend():
                 assert issubclass(choose(named, good), ours.TritonAttentionBackend)
                 for config in stock_only:
                     cls = choose(named, config)
-                    assert cls is ours.TritonUnifiedAttentionBackend, (config, cls)
+                    assert cls is selection.TritonUnifiedAttentionBackend, (config, cls)
                     assert E[cls.get_name()] is E.TRITON_UNIFIED_ATTN
             # A backend named for itself is never handed over.
             unified = choose(E.TRITON_UNIFIED_ATTN, good)
-            assert unified is ours.TritonUnifiedAttentionBackend
+            assert unified is selection.TritonUnifiedAttentionBackend
     finally:
         selection.logger.removeHandler(records)
     logged = [m for m in records.messages if "TRITON_UNIFIED_ATTN." in m]
@@ -442,6 +442,9 @@ def check_vision_encoder_and_whisper_choices():
     from vllm.v1.attention.backends import triton_unified_attn as stock
     from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
     from vllm.v1.attention.backends.registry import register_backend
+    from vllm.v1.attention.backends.triton_attn_selection import (
+        TritonUnifiedAttentionBackend,
+    )
 
     def vit_choices(cuda):
         shapes = ((72, torch.float32), (100, torch.bfloat16), (160, torch.float16))
@@ -458,7 +461,7 @@ def check_vision_encoder_and_whisper_choices():
     assert fork == stock_answer, (fork, stock_answer)
     assert "TRITON_ATTN" in fork.values(), fork  # the question reached TRITON_ATTN
     pooled = whisper_causal.create_whisper_attention_backend_with_block_pooling
-    for underlying in (ours.TritonAttentionBackend, ours.TritonUnifiedAttentionBackend):
+    for underlying in (ours.TritonAttentionBackend, TritonUnifiedAttentionBackend):
         wrapped = pooled(underlying, 4)
         assert issubclass(wrapped, underlying), wrapped
     return f"vision encoder: {fork}; Whisper block pooling wraps both backends"
@@ -476,12 +479,15 @@ def check_layer_options_the_selector_does_not_see():
 
     from vllm.model_executor.layers.attention import attention as layer
     from vllm.v1.attention.backends import triton_attn as ours
+    from vllm.v1.attention.backends.triton_attn_selection import (
+        TritonUnifiedAttentionBackend,
+    )
 
     source = inspect.getsource(layer.Attention.__init__)
     asked = source.index(".backend_for_layer_options(")
     assert source.index("get_attn_backend(") < asked, "asked before the choice"
     assert asked < source.index(".supports_alibi_sqrt()"), "asked after the check"
-    stock = ours.TritonUnifiedAttentionBackend
+    stock = TritonUnifiedAttentionBackend
     wrapped = type("WrappedTritonAttentionBackend", (ours.TritonAttentionBackend,), {})
     lookback = {"chunk_lookback": 2}
     for cls in (ours.TritonAttentionBackend, ours.RocmAttentionBackend):

@@ -22,7 +22,8 @@ decode batches. Every kernel specialisation is compiled at startup
 """
 
 import functools
-from dataclasses import dataclass, replace
+import inspect
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -57,13 +58,11 @@ from vllm.v1.attention.backends import triton_attn_warmup as warmup
 from vllm.v1.attention.backends.triton_attn_selection import (
     ATTN_TYPES,
     FP8_CACHE_DTYPES,
-    KERNEL_DTYPES,
     KV_CACHE_DTYPES,
     PREFERRED_BLOCK_SIZE,
     STEP_KV_ATTN_TYPES,
     SUPPORTED_BLOCK_SIZES,
     SUPPORTED_HEAD_SIZES,
-    TritonUnifiedAttentionBackend,
 )
 from vllm.v1.kv_cache_interface import (
     AttentionSpec,
@@ -73,7 +72,6 @@ from vllm.v1.kv_cache_interface import (
 if TYPE_CHECKING:  # names used only in annotations
     from vllm.config import VllmConfig
     from vllm.config.cache import CacheDType
-    from vllm.platforms.interface import DeviceCapability
     from vllm.v1.attention.backend import (
         AttentionLayer,
         CommonAttentionMetadata,
@@ -144,26 +142,18 @@ class TritonAttentionMetadata:
 
     @functools.cached_property
     def dispatch_args(self) -> dict:
-        """The batch's arguments of ``paged_attention`` (its fields of the same
-        names), made once per batch for every layer's launch."""
-        return {name: getattr(self, name) for name in _DISPATCH_FIELDS}
+        """The batch's arguments of ``paged_attention`` (the fields it takes under
+        the same names), made once per batch for every layer's launch."""
+        return {name: getattr(self, name) for name in _dispatch_fields()}
 
 
-# Metadata fields that paged_attention takes under the same name.
-_DISPATCH_FIELDS = (
-    "block_table",
-    "query_start_loc",
-    "seq_lens",
-    "max_query_len",
-    "num_decodes",
-    "num_decode_tokens",
-    "decode_num_splits",
-    "decode_workspace",
-    "decode_config",
-    "prefill_plans",
-    "prefill_max_seq_len",
-    "causal",
-)
+@functools.cache
+def _dispatch_fields() -> tuple[str, ...]:
+    """The metadata fields that ``paged_attention`` takes under the same name."""
+    taken = inspect.signature(paged_attention).parameters
+    return tuple(f.name for f in fields(TritonAttentionMetadata) if f.name in taken)
+
+
 # The metadata fields a batch's CommonAttentionMetadata gives: {ours: vLLM's}.
 _FROM_COMMON = {
     "num_actual_tokens": "num_actual_tokens",
@@ -376,9 +366,9 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
 # ----------------------------------------------------------------------------------
 
 
-class TritonAttentionBackend(AttentionBackend):
-    """Capabilities and KV-cache layout of TRITON_ATTN. Model dtypes: the base
-    class's fp16 and bf16, which are the query dtypes the kernels take."""
+class TritonAttentionBackend(selection.HandOverHooks, AttentionBackend):
+    """Capabilities and KV-cache layout of TRITON_ATTN; which backend serves a
+    layer (ours or TRITON_UNIFIED_ATTN) is answered by ``selection.HandOverHooks``."""
 
     supported_kv_cache_dtypes: ClassVar[list["CacheDType"]] = list(KV_CACHE_DTYPES)
     # vLLM writes the cache through do_kv_cache_update before forward().
@@ -534,56 +524,6 @@ class TritonAttentionBackend(AttentionBackend):
         # self-attention the step's own K/V rows; both non-causally.
         return attn_type in ATTN_TYPES
 
-    # vLLM asks these three for a vision encoder's attention (which runs stock's
-    # ViT kernel, not this backend) and inside validate_configuration: they answer
-    # for everything TRITON_ATTN serves, our kernels or stock's backend.
-    @classmethod
-    def supports_head_size(cls, head_size: int) -> bool:
-        return head_size in SUPPORTED_HEAD_SIZES or (
-            TritonUnifiedAttentionBackend.supports_head_size(head_size)
-        )
-
-    @classmethod
-    def supports_dtype(cls, dtype: torch.dtype) -> bool:
-        return dtype in KERNEL_DTYPES or TritonUnifiedAttentionBackend.supports_dtype(
-            dtype
-        )
-
-    @classmethod
-    def supports_compute_capability(cls, capability: "DeviceCapability") -> bool:
-        return selection.kernels_support_capability(
-            capability
-        ) or TritonUnifiedAttentionBackend.supports_compute_capability(capability)
-
-    @classmethod
-    def validate_configuration(cls, **config) -> list[str]:
-        """Ours and stock's Triton backend together
-        (``selection.validate_configuration``)."""
-        return selection.validate_configuration(cls.kernel_refusals(**config), **config)
-
-    @classmethod
-    def kernel_refusals(cls, **config) -> list[str]:
-        """Why our kernels do not take a layer (empty: they do), vLLM's own checks
-        (answered by this class's capabilities) included."""
-        return selection.kernel_refusals(
-            super().validate_configuration(**config), **config
-        )
-
-    @classmethod
-    def backend_for_layer(
-        cls, attn_selector_config, device_capability: "DeviceCapability | None"
-    ) -> type[AttentionBackend]:
-        """vLLM's selector hook: this backend, or TRITON_UNIFIED_ATTN for a layer
-        our kernels do not take (``selection.backend_for_layer``)."""
-        return selection.backend_for_layer(cls, attn_selector_config, device_capability)
-
-    @classmethod
-    def backend_for_layer_options(cls, **layer_options) -> type[AttentionBackend]:
-        """vLLM's attention-layer hook, for the options the selector does not see
-        (``selection.backend_for_layer_options``)."""
-        wrapped = cls not in (TritonAttentionBackend, RocmAttentionBackend)
-        return selection.backend_for_layer_options(cls, wrapped, **layer_options)
-
 
 # ----------------------------------------------------------------------------------
 # Implementation (per layer)
@@ -682,19 +622,6 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
             soft_cap=self.logits_soft_cap is not None,
             alibi=self.alibi_slopes is not None,
             sinks=self.sinks is not None,
-        )
-
-    def kernel_variant(self) -> tuple:
-        """What selects compiled kernels (constexpr flags and specialised ints);
-        layers with equal variants share them."""
-        window = self.sliding_window
-        return (
-            self.kv_cache_dtype,
-            window if window is None else warmup.stride_class(window),
-            self.logits_soft_cap is not None,
-            self.alibi_slopes is not None,
-            self.use_alibi_sqrt,
-            self.sinks is not None,
         )
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:

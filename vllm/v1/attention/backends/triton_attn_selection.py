@@ -4,10 +4,11 @@ take it, stock's Triton backend (TRITON_UNIFIED_ATTN) for the rest.
 
 * What the kernels take, as data (the backend declares it; docs/backend.md).
 * ``kernel_refusals``: why our kernels do not take a layer, in words that say what
-  they take. ``TritonAttentionBackend`` answers vLLM's ``validate_configuration``
-  for ours and stock's together, and its ``backend_for_layer`` (a hook every
-  platform's selection calls) hands a layer ours do not take to
-  ``handed_over``'s backend, logged once per kind of layer.
+  they take. ``HandOverHooks``: what ``TritonAttentionBackend`` answers vLLM's
+  selector: ``validate_configuration`` for ours and stock's together, and
+  ``backend_for_layer`` (a hook every platform's selection calls), which hands a
+  layer ours do not take to ``handed_over``'s backend, logged once per kind of
+  layer.
 * ``TritonUnifiedAttentionBackend``: stock's backend (``triton_unified_attn.py``,
   kept unchanged by the build) under its own name, so a layer it serves says so;
   ``log_served_layers``: the startup line of each metadata builder.
@@ -73,6 +74,8 @@ MIN_CUDA_FP8_CAPABILITY = (8, 9)
 # What to use for a configuration these kernels do not take: stock vLLM's Triton
 # backend, which the build keeps under this name (triton_unified_attn.py).
 STOCK_BACKEND_HINT = "use --attention-backend TRITON_UNIFIED_ATTN, stock vLLM's Triton"
+# The module of TRITON_ATTN's own classes (a subclass elsewhere wraps ours).
+BACKEND_MODULE = "vllm.v1.attention.backends.triton_attn"
 
 
 def fp8_cache_dtype(kv_cache_dtype: str) -> torch.dtype:
@@ -259,58 +262,91 @@ def batch_causality(causal, layers) -> bool:
     return False
 
 
-def validate_configuration(reasons: list[str], **config) -> list[str]:
-    """TRITON_ATTN's answer to vLLM's ``validate_configuration``, given our
-    kernels' ``reasons`` (``kernel_refusals``): it takes a layer that our kernels
-    take or that stock's Triton backend takes (``backend_for_layer`` then hands it
-    over), so it serves every layer stock's TRITON_ATTN served. A layer neither
-    takes is refused with both backends' reasons."""
-    if not reasons:
-        return []
-    stock = TritonUnifiedAttentionBackend.validate_configuration(**config)
-    if not stock:
-        return []
-    return [
-        *reasons,
-        (
-            "stock vLLM's Triton backend (TRITON_UNIFIED_ATTN) does not take it "
-            f"either: {'; '.join(stock)}"
-        ),
-    ]
+class HandOverHooks:
+    """What ``TritonAttentionBackend`` (a subclass of this and ``AttentionBackend``,
+    in that order) answers vLLM's selector: it takes every layer that our kernels
+    or stock's Triton backend take, and hands each layer ours do not take to
+    stock's (``handed_over``)."""
 
-
-def backend_for_layer(
-    ours: type[AttentionBackend], attn_selector_config, device_capability
-) -> type[AttentionBackend]:
-    """The backend of a layer vLLM's selector chose ``ours`` for (the hook it
-    calls once per kind of layer, on every platform and selection path, named or
-    automatic): ``ours`` where our kernels take the layer, else stock's Triton
-    backend, logged once with our reasons. vLLM validated the layer against
-    ``ours`` first (``validate_configuration``), so stock's backend takes what
-    ours does not; XPU, whose selector validates nothing, keeps stock's backend
-    for every layer (our kernels are built and tested for CUDA and ROCm)."""
-    from vllm.platforms import current_platform
-
-    if current_platform.is_xpu():
-        reasons = ["on XPU (our kernels are built and tested on CUDA and ROCm)"]
-    else:
-        reasons = ours.kernel_refusals(
-            device_capability=device_capability, **attn_selector_config._asdict()
+    # vLLM asks these three for a vision encoder's attention (which runs stock's
+    # ViT kernel, not this backend) and inside validate_configuration: they answer
+    # for everything TRITON_ATTN serves, our kernels or stock's backend.
+    @classmethod
+    def supports_head_size(cls, head_size: int) -> bool:
+        return head_size in SUPPORTED_HEAD_SIZES or (
+            TritonUnifiedAttentionBackend.supports_head_size(head_size)
         )
-    return handed_over(reasons) if reasons else ours
 
+    @classmethod
+    def supports_dtype(cls, dtype: torch.dtype) -> bool:
+        return dtype in KERNEL_DTYPES or TritonUnifiedAttentionBackend.supports_dtype(
+            dtype
+        )
 
-def backend_for_layer_options(
-    ours: type[AttentionBackend], wrapped: bool, **layer_options
-) -> type[AttentionBackend]:
-    """The backend of a layer for the options vLLM's selector does not see (the
-    attention layer asks right after choosing ``ours``): a layer with chunked
-    attention with lookback (RNJ-1) runs on stock's Triton backend, logged once
-    (ALiBi-sqrt runs on ours). A ``wrapped`` backend (a subclass another vLLM
-    module builds around ours: encoder-only, cross-attention, Whisper) is kept."""
-    if wrapped or layer_options.get("chunk_lookback", -1) == -1:
-        return ours
-    return handed_over(["chunked attention with lookback not supported"])
+    @classmethod
+    def supports_compute_capability(cls, capability: "DeviceCapability") -> bool:
+        return kernels_support_capability(
+            capability
+        ) or TritonUnifiedAttentionBackend.supports_compute_capability(capability)
+
+    @classmethod
+    def kernel_refusals(cls, **config) -> list[str]:
+        """Why our kernels do not take a layer (empty: they do), vLLM's own checks
+        (answered by the backend's capabilities) included."""
+        return kernel_refusals(super().validate_configuration(**config), **config)
+
+    @classmethod
+    def validate_configuration(cls, **config) -> list[str]:
+        """The check vLLM makes of a layer: empty when our kernels take it or
+        stock's Triton backend does (``backend_for_layer`` then hands it over), so
+        TRITON_ATTN serves every layer stock's TRITON_ATTN served. A layer neither
+        takes is refused with both backends' reasons."""
+        reasons = cls.kernel_refusals(**config)
+        if not reasons:
+            return []
+        stock = TritonUnifiedAttentionBackend.validate_configuration(**config)
+        if not stock:
+            return []
+        return [
+            *reasons,
+            (
+                "stock vLLM's Triton backend (TRITON_UNIFIED_ATTN) does not take it "
+                f"either: {'; '.join(stock)}"
+            ),
+        ]
+
+    @classmethod
+    def backend_for_layer(
+        cls, attn_selector_config, device_capability: "DeviceCapability | None"
+    ) -> type[AttentionBackend]:
+        """The hook vLLM's selector calls once per kind of layer on every platform
+        and selection path, named or automatic: this backend where our kernels
+        take the layer, else stock's Triton backend, logged once with our
+        reasons. vLLM validated the layer against this backend first
+        (``validate_configuration``), so stock's backend takes what ours does not;
+        XPU, whose selector validates nothing, keeps stock's backend for every
+        layer (our kernels are built and tested for CUDA and ROCm)."""
+        from vllm.platforms import current_platform
+
+        if current_platform.is_xpu():
+            reasons = ["on XPU (our kernels are built and tested on CUDA and ROCm)"]
+        else:
+            reasons = cls.kernel_refusals(
+                device_capability=device_capability, **attn_selector_config._asdict()
+            )
+        return handed_over(reasons) if reasons else cls
+
+    @classmethod
+    def backend_for_layer_options(cls, **layer_options) -> type[AttentionBackend]:
+        """The hook vLLM's attention layer calls, right after choosing this
+        backend, for the options the selector does not see: a layer with chunked
+        attention with lookback (RNJ-1) runs on stock's Triton backend, logged
+        once (ALiBi-sqrt runs on ours). A subclass another vLLM module builds
+        around ours (encoder-only, cross-attention, Whisper) is kept."""
+        wrapped = cls.__module__ != BACKEND_MODULE
+        if wrapped or layer_options.get("chunk_lookback", -1) == -1:
+            return cls
+        return handed_over(["chunked attention with lookback not supported"])
 
 
 def handed_over(reasons: list[str]) -> type[AttentionBackend]:

@@ -149,6 +149,20 @@ def warm_up(builder, block_table_stride: int, causal: bool | None = None) -> Non
         )
 
 
+def kernel_variant(impl) -> tuple:
+    """What selects a layer's compiled kernels (constexpr flags and specialised
+    ints); layers with equal variants share them."""
+    window = impl.sliding_window
+    return (
+        impl.kv_cache_dtype,
+        window if window is None else stride_class(window),
+        impl.logits_soft_cap is not None,
+        impl.alibi_slopes is not None,
+        impl.use_alibi_sqrt,
+        impl.sinks is not None,
+    )
+
+
 def _warm_up(builder, block_table_stride: int, causal: bool) -> None:
     from vllm.config import get_layers_from_vllm_config
     from vllm.model_executor.layers.attention_layer_base import (
@@ -167,7 +181,7 @@ def _warm_up(builder, block_table_stride: int, causal: bool) -> None:
     for layer in layers.values():
         impl = layer.impl
         if isinstance(impl, TritonAttentionImpl):
-            variants.setdefault(impl.kernel_variant(), layer)
+            variants.setdefault(kernel_variant(impl), layer)
     key_base = (
         str(builder.device),
         builder.kv_cache_spec.block_size,
