@@ -344,9 +344,10 @@ class HandOverHooks:
         once (ALiBi-sqrt runs on ours). A subclass another vLLM module builds
         around ours (encoder-only, cross-attention, Whisper) is kept."""
         wrapped = cls.__module__ != BACKEND_MODULE
-        if wrapped or layer_options.get("chunk_lookback", -1) == -1:
-            return cls
-        return handed_over(["chunked attention with lookback not supported"])
+        # Lookback is on where vLLM's layer turns it on: chunk_lookback > -1.
+        if not wrapped and layer_options.get("chunk_lookback", -1) > -1:
+            return handed_over(["chunked attention with lookback not supported"])
+        return cls
 
 
 def handed_over(reasons: list[str]) -> type[AttentionBackend]:
