@@ -22,8 +22,10 @@ never overlap. Gluon states the schedule explicitly:
   every head and sequence's last row tile (the most keys) first, then the one
   before it, so long programs start first.
 * K and V tiles of ``BLOCK_N`` keys are page slices loaded by TMA (one box per
-  page the tile spans) into a ring of ``STAGES`` shared-memory slots; K and V of a
-  slot each complete their own mbarrier, so q.k can start before V has landed.
+  page the tile spans) into rings of ``STAGES`` shared-memory slots; K and V of a
+  slot each complete their own mbarrier, so q.k can start before V has landed, and
+  each is released on its own: a K slot once q.k of its tile is done, a V slot
+  once p.v is, so the next K tile loads while the last p.v still runs.
 * A program forks (``gl.warp_specialize``) into a load warp (``_producer``: TMA
   into the ring, each slot refilled once both consumers have released it) and
   two consumer warpgroups of 64 rows (``_consumer``). A consumer loads its query
@@ -32,8 +34,8 @@ never overlap. Gluon states the schedule explicitly:
       wait for its turn
       issue S(t) = Q K(t)^T, then O += P(t-1) V(t-1)   (async wgmma)
       let the other warpgroup issue
-      wait S(t); softmax of S(t) -> P(t), alpha        (overlaps P(t-1) V(t-1))
-      wait O; release the slot of t-1; O = alpha * O
+      wait S(t); release K(t); softmax of S(t) -> P(t), alpha  (overlaps P(t-1) V(t-1))
+      wait O; release V(t-1); O = alpha * O
 
   The turns (two mbarriers) make one warpgroup's softmax run while the other's
   products occupy the tensor cores (FlashAttention-3's ping-pong).
@@ -76,26 +78,23 @@ _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 @gluon.jit
-def _load_kv_tile(
-    k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, table_row_ptr, kv_head, tile,
-    step, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-    ROWS_PER_BLOCK: gl.constexpr, ROWS_PER_HEAD: gl.constexpr, STAGES: gl.constexpr,
+def _load_tile(
+    desc, dst, bar, table_row_ptr, kv_head, tile, BLOCK_N: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
+    ROWS_PER_HEAD: gl.constexpr,
 ):  # fmt: skip
-    """Start the TMA loads of key tile ``tile``, the loop's step ``step``, into
-    that step's ring slot: one box of ``BOX_N`` rows per page the tile spans; each
-    of K and V completes its own barrier when all its bytes have landed."""
-    slot = step % STAGES
-    BOX_N: gl.constexpr = k_desc.block_type.shape[0]
-    mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes * (BLOCK_N // BOX_N))
-    mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes * (BLOCK_N // BOX_N))
+    """Start the TMA loads of key tile ``tile`` of one cache (K or V) into the
+    ring slot ``dst``: one box of ``BOX_N`` rows per page the tile spans; ``bar``
+    completes when all its bytes have landed."""
+    BOX_N: gl.constexpr = desc.block_type.shape[0]
+    mbarrier.expect(bar, desc.block_type.nbytes * (BLOCK_N // BOX_N))
     for box in gl.static_range(BLOCK_N // BOX_N):
         key = tile * BLOCK_N + box * BOX_N
         page = gl.load(table_row_ptr + key // BLOCK_SIZE)
         row = page * ROWS_PER_BLOCK + kv_head * ROWS_PER_HEAD + key % BLOCK_SIZE
-        k_dst = k_smem.index(slot).slice(box * BOX_N, BOX_N)
-        v_dst = v_smem.index(slot).slice(box * BOX_N, BOX_N)
-        tma.async_copy_global_to_shared(k_desc, [row, 0], k_bars.index(slot), k_dst)
-        tma.async_copy_global_to_shared(v_desc, [row, 0], v_bars.index(slot), v_dst)
+        tma.async_copy_global_to_shared(
+            desc, [row, 0], bar, dst.slice(box * BOX_N, BOX_N)
+        )
 
 
 @gluon.jit
@@ -180,20 +179,28 @@ def _key_tiles(
 
 @gluon.jit
 def _producer(
-    k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, empty_bars, table_row_ptr,
-    kv_head, first_tile, steps, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-    ROWS_PER_BLOCK: gl.constexpr, ROWS_PER_HEAD: gl.constexpr,
-    STAGES: gl.constexpr,
+    k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty,
+    table_row_ptr, kv_head, first_tile, steps, BLOCK_N: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
+    ROWS_PER_HEAD: gl.constexpr, STAGES: gl.constexpr,
 ):  # fmt: skip
-    """The load warp: key tile ``first_tile + t`` into ring slot ``t % STAGES``
-    once both consumer warpgroups have released the slot's previous tile."""
+    """The load warp: K and V of key tile ``first_tile + t`` into ring slot
+    ``t % STAGES``, each once both consumer warpgroups have released that ring's
+    slot from its previous tile (K after q.k, V after p.v)."""
     for t in range(steps):
+        slot = t % STAGES
+        tile = first_tile + t
         if t >= STAGES:
-            mbarrier.wait(empty_bars.index(t % STAGES), (t // STAGES - 1) & 1)
-        _load_kv_tile(
-            k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, table_row_ptr, kv_head,
-            first_tile + t, t, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD,
-            STAGES,
+            mbarrier.wait(k_empty.index(slot), (t // STAGES - 1) & 1)
+        _load_tile(
+            k_desc, k_smem.index(slot), k_bars.index(slot), table_row_ptr, kv_head,
+            tile, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD,
+        )  # fmt: skip
+        if t >= STAGES:
+            mbarrier.wait(v_empty.index(slot), (t // STAGES - 1) & 1)
+        _load_tile(
+            v_desc, v_smem.index(slot), v_bars.index(slot), table_row_ptr, kv_head,
+            tile, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD,
         )  # fmt: skip
 
 
@@ -208,9 +215,9 @@ def _consumer(
     softmax runs while the other's products occupy the tensor cores. ``args``: the
     values both warpgroups share (``hopper_prefill_kernel``)."""
     (
-        query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars,
-        turn_bars, tail_bar, q_start, q_len, seq_len, row0, kv_head, first_tile,
-        steps, scale_log2, sliding_window,
+        query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty,
+        v_empty, turn_bars, tail_bar, q_start, q_len, seq_len, row0, kv_head,
+        first_tile, steps, scale_log2, sliding_window,
     ) = args  # fmt: skip
     M: gl.constexpr = _WG_ROWS
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -270,6 +277,7 @@ def _consumer(
     )
     mbarrier.arrive(turn_bars.index(other))
     s = warpgroup_mma_wait(0, deps=[s])
+    mbarrier.arrive(k_empty.index(0))
     p, alpha, m_i, l_i = _softmax_step(
         s, m_i, l_i, first_tile, first_masked, window_full, pos, seq_len,
         sliding_window, scale_log2, S_LAYOUT, P_LAYOUT, O_LAYOUT, P_DTYPE, BLOCK_N,
@@ -290,13 +298,14 @@ def _consumer(
         mbarrier.arrive(turn_bars.index(other))
         # The softmax of tile t runs while p.v of tile t - 1 is in flight.
         s = warpgroup_mma_wait(1, deps=[s_tok])
+        mbarrier.arrive(k_empty.index(cur))
         p_next, alpha, m_i, l_i = _softmax_step(
             s, m_i, l_i, first_tile + t, first_masked, window_full, pos, seq_len,
             sliding_window, scale_log2, S_LAYOUT, P_LAYOUT, O_LAYOUT, P_DTYPE,
             BLOCK_N, USE_WINDOW,
         )  # fmt: skip
         o, p = warpgroup_mma_wait(0, deps=[o_tok, p])
-        mbarrier.arrive(empty_bars.index(prev))
+        mbarrier.arrive(v_empty.index(prev))
         o = o * gl.expand_dims(alpha, 1)
         p = p_next
 
@@ -368,13 +377,15 @@ def hopper_prefill_kernel(
         bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
         k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-        empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
         tail_bar = gl.allocate_shared_memory(gl.int64, [1, 1], bar_layout)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_bars.index(i), count=1)
             mbarrier.init(v_bars.index(i), count=1)
-            mbarrier.init(empty_bars.index(i), count=2)
+            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=2)
         for i in gl.static_range(2):
             mbarrier.init(turn_bars.index(i), count=1)
         mbarrier.init(tail_bar.index(0), count=1)
@@ -384,8 +395,8 @@ def hopper_prefill_kernel(
         # What both consumer warpgroups take: the values (one tuple), then the
         # compile-time constants and the warpgroup (its rows from ``64 * WG``).
         consumer = (
-            query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars,
-            empty_bars, turn_bars, tail_bar.index(0), q_start, q_len, seq_len, row0,
+            query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty,
+            v_empty, turn_bars, tail_bar.index(0), q_start, q_len, seq_len, row0,
             kv_head, first_tile, steps, scale_log2, sliding_window,
         )  # fmt: skip
         # fmt: off
@@ -396,9 +407,9 @@ def hopper_prefill_kernel(
                 (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
                              STRIDE_O_HEAD, GROUP_SIZE, USE_WINDOW, 1)),
                 (_producer, (k_desc, v_desc, k_smem, v_smem, k_bars, v_bars,
-                             empty_bars, table_row_ptr, kv_head, first_tile, steps,
-                             BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD,
-                             STAGES)),
+                             k_empty, v_empty, table_row_ptr, kv_head, first_tile,
+                             steps, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
+                             ROWS_PER_HEAD, STAGES)),
             ],
             [4, 1],  # warps of the second consumer and of the load warp
             [240, 24],  # their registers (setmaxnreg)
