@@ -4,8 +4,8 @@
 The same contract as ``prefix_prefill.py`` (query rows over the paged KV cache,
 causal, the new tokens' K/V already in the cache) for the common case: a 16-bit
 cache of the query's dtype, head size 64, 128 or 256, a sliding window or none,
-no soft-cap, ALiBi or sinks, K/V tiles that are whole slices of pages, no KV
-split. Everything else runs in the portable Triton kernel; the launch plan
+a soft-cap or none, no ALiBi or sinks, K/V tiles that are whole slices of pages,
+no KV split. Everything else runs in the portable Triton kernel; the launch plan
 (``prefix_prefill.plan_prefill``) is the one place that chooses, from the launch
 config's ``gluon`` flag and ``prefix_prefill.hopper_kernel_refusal``, before it
 chooses the split count. This module holds the kernel and its launch only; the
@@ -41,7 +41,9 @@ never overlap. Gluon states the schedule explicitly:
   products occupy the tensor cores (FlashAttention-3's ping-pong).
 
   Row maxima are fp32 in log2 units (the softmax scale times log2(e)); each
-  probability is the exponential of one fused multiply-add of its raw score;
+  probability is the exponential of one fused multiply-add of its raw score
+  (with a soft-cap c, of ``c * tanh(score / c)`` in log2 units, as the portable
+  kernel's ``scale_scores_log2`` computes it);
   tiles from the first one that reaches the causal diagonal are masked (keys past
   the row's position or the sequence end), earlier ones are not.
 * Value rows past the sequence end in the last tile are zeroed in shared memory
@@ -66,6 +68,7 @@ from vllm.attention.ops.triton_attention_common import (
     LOG2E,
     AttentionInputs,
     cache_descriptor,
+    softcap_enabled,
 )
 from vllm.attention.ops.tuning.prefill_configs import GLUON_BLOCK_M
 
@@ -100,15 +103,20 @@ def _load_tile(
 @gluon.jit
 def _softmax_step(
     s, m_i, l_i, tile, first_masked, window_full, pos, seq_len, sliding_window,
-    scale_log2, S_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
+    scale_log2, softcap, S_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
     O_LAYOUT: gl.constexpr, P_DTYPE: gl.constexpr, BLOCK_N: gl.constexpr,
-    USE_WINDOW: gl.constexpr,
+    USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr,
 ):  # fmt: skip
     """Online softmax over one tile of raw scores: the probabilities as the P.V
     operand (the cache's dtype), the accumulator rows' rescale factor, the new row
     max (log2 units) and row sum. Tiles from ``first_masked`` on hide keys past
     each row's position and past the sequence end; with a window, tiles before
-    ``window_full`` hide keys at or beyond ``sliding_window`` behind the row."""
+    ``window_full`` hide keys at or beyond ``sliding_window`` behind the row.
+    With a soft-cap c, ``softcap`` is ``(scale / c, c * log2(e))`` and
+    ``scale_log2`` is 1: the capped scores are in log2 units already."""
+    if USE_SOFTCAP:
+        cap_in, cap_out = softcap
+        s = (1.0 - 2.0 / (gl.exp2(s * (cap_in * 2.0 * LOG2E)) + 1.0)) * cap_out
     if (tile >= first_masked) | (tile < window_full):
         keys = tile * BLOCK_N + gl.arange(
             0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT)
@@ -208,7 +216,8 @@ def _producer(
 def _consumer(
     args, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
     STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
-    GROUP_SIZE: gl.constexpr, USE_WINDOW: gl.constexpr, WG: gl.constexpr,
+    GROUP_SIZE: gl.constexpr, USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr,
+    WG: gl.constexpr,
 ):  # fmt: skip
     """One consumer warpgroup: 64 query rows from ``row0 + 64 * WG``. Its q.k and
     p.v are issued in turns with the other warpgroup's (``turn_bars``), so one's
@@ -217,7 +226,7 @@ def _consumer(
     (
         query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty,
         v_empty, turn_bars, tail_bar, q_start, q_len, seq_len, row0, kv_head,
-        first_tile, steps, scale_log2, sliding_window,
+        first_tile, steps, scale_log2, softcap, sliding_window,
     ) = args  # fmt: skip
     M: gl.constexpr = _WG_ROWS
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -280,8 +289,8 @@ def _consumer(
     mbarrier.arrive(k_empty.index(0))
     p, alpha, m_i, l_i = _softmax_step(
         s, m_i, l_i, first_tile, first_masked, window_full, pos, seq_len,
-        sliding_window, scale_log2, S_LAYOUT, P_LAYOUT, O_LAYOUT, P_DTYPE, BLOCK_N,
-        USE_WINDOW,
+        sliding_window, scale_log2, softcap, S_LAYOUT, P_LAYOUT, O_LAYOUT, P_DTYPE,
+        BLOCK_N, USE_WINDOW, USE_SOFTCAP,
     )  # fmt: skip
     for t in range(1, steps):
         # Issue q.k of tile t and p.v of tile t - 1 in this warpgroup's turn.
@@ -301,8 +310,8 @@ def _consumer(
         mbarrier.arrive(k_empty.index(cur))
         p_next, alpha, m_i, l_i = _softmax_step(
             s, m_i, l_i, first_tile + t, first_masked, window_full, pos, seq_len,
-            sliding_window, scale_log2, S_LAYOUT, P_LAYOUT, O_LAYOUT, P_DTYPE,
-            BLOCK_N, USE_WINDOW,
+            sliding_window, scale_log2, softcap, S_LAYOUT, P_LAYOUT, O_LAYOUT,
+            P_DTYPE, BLOCK_N, USE_WINDOW, USE_SOFTCAP,
         )  # fmt: skip
         o, p = warpgroup_mma_wait(0, deps=[o_tok, p])
         mbarrier.arrive(v_empty.index(prev))
@@ -342,13 +351,14 @@ def _consumer(
 @gluon.jit(do_not_specialize=["seq_start", "num_seqs"])
 def hopper_prefill_kernel(
     query_ptr, output_ptr, k_desc, v_desc, block_table_ptr, query_start_loc_ptr,
-    seq_lens_ptr, softmax_scale, sliding_window, block_table_stride, seq_start,
-    num_seqs, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
+    seq_lens_ptr, softmax_scale, softcap, sliding_window, block_table_stride,
+    seq_start, num_seqs, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
     STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
     NUM_KV_HEADS: gl.constexpr, GROUP_SIZE: gl.constexpr, HEAD_SIZE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
     ROWS_PER_HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, USE_WINDOW: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr,
+    num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(STAGES >= 2)
     gl.static_assert(num_warps == 4)
@@ -391,28 +401,35 @@ def hopper_prefill_kernel(
         mbarrier.init(tail_bar.index(0), count=1)
         fence_async_shared()
 
-        scale_log2 = softmax_scale * LOG2E
+        if USE_SOFTCAP:  # capped scores are in log2 units (``_softmax_step``)
+            scale_log2 = softcap * 0.0 + 1.0
+            capping = (softmax_scale / softcap, softcap * LOG2E)
+        else:
+            scale_log2 = softmax_scale * LOG2E
+            capping = ()
         # What both consumer warpgroups take: the values (one tuple), then the
         # compile-time constants and the warpgroup (its rows from ``64 * WG``).
         consumer = (
             query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty,
             v_empty, turn_bars, tail_bar.index(0), q_start, q_len, seq_len, row0,
-            kv_head, first_tile, steps, scale_log2, sliding_window,
+            kv_head, first_tile, steps, scale_log2, capping, sliding_window,
         )  # fmt: skip
         # fmt: off
         gl.warp_specialize(
             [
                 (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
-                             STRIDE_O_HEAD, GROUP_SIZE, USE_WINDOW, 0)),
+                             STRIDE_O_HEAD, GROUP_SIZE, USE_WINDOW, USE_SOFTCAP,
+                             0)),
                 (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
-                             STRIDE_O_HEAD, GROUP_SIZE, USE_WINDOW, 1)),
+                             STRIDE_O_HEAD, GROUP_SIZE, USE_WINDOW, USE_SOFTCAP,
+                             1)),
                 (_producer, (k_desc, v_desc, k_smem, v_smem, k_bars, v_bars,
                              k_empty, v_empty, table_row_ptr, kv_head, first_tile,
                              steps, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
                              ROWS_PER_HEAD, STAGES)),
             ],
             [4, 1],  # warps of the second consumer and of the load warp
-            [240, 24],  # their registers (setmaxnreg)
+            [240, 32],  # their registers (setmaxnreg)
         )
         # fmt: on
 
@@ -434,9 +451,10 @@ def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
             inputs.value_cache, box, TensorDescriptor, layout=layout
         ),
         block_table_ptr=inputs.block_table,
+        softmax_scale=float(inputs.softmax_scale),
+        softcap=float(inputs.logits_soft_cap or 0.0),
         query_start_loc_ptr=inputs.query_start_loc,
         seq_lens_ptr=inputs.seq_lens,
-        softmax_scale=float(inputs.softmax_scale),
         sliding_window=int(inputs.sliding_window or 0),
         block_table_stride=inputs.block_table.stride(0),
         seq_start=plan.seq_start,
@@ -455,6 +473,7 @@ def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
         BLOCK_N=config.block_n,
         STAGES=config.num_stages,
         USE_WINDOW=bool(inputs.sliding_window),
+        USE_SOFTCAP=softcap_enabled(inputs.logits_soft_cap),
         num_warps=config.num_warps,
     )
     return hopper_prefill_kernel, (plan.programs,), kwargs
