@@ -236,8 +236,8 @@ MAX_GLUON_STACK_BYTES = 8
 # Marks the cases that are H200 table entries a GPU sweep chose by timing.
 TIMED = "[timed H200 table entry]"
 # Marks the portable builds of table entries that run the Gluon kernel on Hopper:
-# the portable kernel runs them only for what the Gluon kernel refuses (soft-cap,
-# ALiBi, sinks, a KV split). They may spill as much as the timed tiles.
+# the portable kernel runs them only for what the Gluon kernel refuses (ALiBi,
+# sinks, a KV split). They may spill as much as the timed tiles.
 GLUON_FALLBACK = "[Gluon entry, portable fallback]"
 # Head sizes whose rows are not 16-byte multiples: no TMA, no cp.async alignment.
 ODD_HEAD = "[odd head size]"
@@ -573,6 +573,13 @@ def hopper_kernel_cases():
                 yield name, kernel, kwargs
                 # A sliding window: masks at its edge, the loop from its first tile.
                 yield f"{name} window", kernel, {**kwargs, "USE_WINDOW": True}
+                # Soft-cap (Gemma-2: with and without a window).
+                yield f"{name} soft-cap", kernel, {**kwargs, "USE_SOFTCAP": True}
+                yield (
+                    f"{name} window soft-cap",
+                    kernel,
+                    {**kwargs, "USE_WINDOW": True, "USE_SOFTCAP": True},
+                )
 
 
 def _cache_write_cases(*cache_dtypes):

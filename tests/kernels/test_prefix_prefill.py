@@ -1332,8 +1332,8 @@ def test_a_gluon_program_counts_as_a_whole_sm(on_hopper):
 
 @pytest.mark.parametrize(
     "feature",
-    [{"soft_cap": True}, {"alibi": True}, {"sinks": True}, {"causal": False}],
-    ids=["soft_cap", "alibi", "sinks", "non_causal"],
+    [{"alibi": True}, {"sinks": True}, {"causal": False}],
+    ids=["alibi", "sinks", "non_causal"],
 )
 def test_the_kernel_is_chosen_before_its_split_count(monkeypatch, feature):
     """A layer the Gluon kernel does not take runs in the portable kernel under

@@ -84,7 +84,7 @@ def _tile(**fields):
         ({"dtype": torch.float8_e4m3fn}, {}, "16-bit"),
         ({}, {"alibi_slopes": torch.ones(8)}, "ALiBi"),
         ({}, {"sinks": torch.ones(8)}, "sinks"),
-        ({}, {"logits_soft_cap": 30.0}, "soft-cap"),
+        ({}, {"logits_soft_cap": 30.0}, None),
         ({}, _tile(num_stages=1), "2 stages"),
         ({"block_size": 16}, {}, None),  # a 128-key tile in eight TMA boxes
         ({}, _tile(block_n=32), "32-key tiles"),
@@ -134,7 +134,9 @@ def _launch_kernels(config, **features):
 def test_launch_takes_the_gluon_kernel_only_where_it_applies(pretend_hopper):
     assert _launch_kernels(GLUON_TILE) == [hopper.hopper_prefill_kernel]
     portable = [prefix_prefill._prefix_prefill_kernel]
-    assert _launch_kernels(GLUON_TILE, logits_soft_cap=5.0) == portable
+    assert _launch_kernels(GLUON_TILE, logits_soft_cap=5.0) == [
+        hopper.hopper_prefill_kernel
+    ]
     assert _launch_kernels(GLUON_TILE, sliding_window=64) == [
         hopper.hopper_prefill_kernel
     ]
@@ -217,7 +219,7 @@ def test_valid_gluon_configs_are_two_warpgroups_of_64_rows():
 
 def test_shipped_gluon_entries_run_the_gluon_kernel(pretend_hopper):
     """Every table entry that sets ``gluon`` is one the Gluon kernel takes for
-    its key's shape (on Hopper, without soft-cap, ALiBi, sinks or a split): no
+    its key's shape (on Hopper, without ALiBi, sinks or a split): no
     shipped entry falls back to the portable kernel unnoticed."""
     import json
 
@@ -246,7 +248,9 @@ def test_shipped_gluon_entries_run_the_gluon_kernel(pretend_hopper):
     assert entries > 0
 
 
-# (head size, group, page size, config, (query_len, kv_len) rows, sliding window)
+TILE_64 = dataclasses.replace(GLUON_TILE, block_n=64)
+# (head size, group, page size, config, (query_len, kv_len) rows, sliding window,
+# soft-cap)
 GPU_CASES = [
     # A second warpgroup with no row of the query (1 token x 4 heads), tails
     # shorter than a page slice, pages of 16 and 128, windows.
@@ -265,6 +269,10 @@ GPU_CASES = [
     (128, 4, 64, GLUON_TILE, [(64, 1000), (513, 2000), (300, 300)], 200),
     (128, 7, 64, GLUON_TILE, [(129, 640), (1, 70), (400, 400)], 50),
     (64, 1, 64, dataclasses.replace(GLUON_TILE, num_stages=3), [(130, 1000)], 1),
+    # Soft-cap (Gemma-2: head 256, group 2, cap 50, with and without a window).
+    (256, 2, 64, TILE_64, [(300, 300), (70, 1000)], None, 50.0),
+    (256, 2, 64, TILE_64, [(300, 700), (129, 640)], 200, 50.0),
+    (128, 4, 64, GLUON_TILE, [(513, 2000), (37, 100)], None, 5.0),
 ]
 
 
@@ -272,8 +280,8 @@ GPU_CASES = [
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("case", GPU_CASES, ids=str)
 def test_matches_reference_on_hopper(case, q_dtype):
-    head_size, group, block_size, config, seqs, *window = case
-    window = window[0] if window else None
+    head_size, group, block_size, config, seqs, *features = case
+    window, soft_cap = (*features, None, None)[:2]
     batch = make_paged_batch(
         seqs=seqs,
         num_q_heads=2 * group,
@@ -297,11 +305,15 @@ def test_matches_reference_on_hopper(case, q_dtype):
         max_query_len=batch.max_query_len,
         softmax_scale=head_size**-0.5,
         sliding_window=window,
+        logits_soft_cap=soft_cap,
         config=config,
         num_splits=1,
     )
     expected = ref_paged_attention(
-        **batch.ref_kwargs(), softmax_scale=head_size**-0.5, sliding_window=window
+        **batch.ref_kwargs(),
+        softmax_scale=head_size**-0.5,
+        sliding_window=window,
+        logits_soft_cap=soft_cap,
     )
     _, atol, rtol = TOLERANCES[q_dtype]
     assert_close(output, expected, dtype=q_dtype, atol=atol, rtol=rtol)

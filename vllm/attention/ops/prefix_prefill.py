@@ -770,8 +770,6 @@ def hopper_kernel_refusal(
         return f"head size {layer.head_size} is not one of {GLUON_HEAD_SIZES}"
     if layer.alibi or layer.sinks:
         return "ALiBi and sinks run in the portable kernel"
-    if layer.soft_cap:
-        return "soft-cap runs in the portable kernel"
     if not layer.causal:
         return "non-causal attention runs in the portable kernel"
     refusal = gluon_config_refusal(config)

@@ -4,8 +4,8 @@
 The same contract as ``prefix_prefill.py`` (query rows over the paged KV cache,
 causal, the new tokens' K/V already in the cache) for the common case: a 16-bit
 cache of the query's dtype, head size 64, 128 or 256, a sliding window or none,
-no soft-cap, ALiBi or sinks, K/V tiles that are whole slices of pages, no KV
-split. Everything else runs in the portable Triton kernel; the launch plan
+a soft-cap or none, no ALiBi or sinks, K/V tiles that are whole slices of pages,
+no KV split. Everything else runs in the portable Triton kernel; the launch plan
 (``prefix_prefill.plan_prefill``) is the one place that chooses, from the launch
 config's ``gluon`` flag and ``prefix_prefill.hopper_kernel_refusal``, before it
 chooses the split count. This module holds the kernel and its launch only; the
@@ -22,8 +22,10 @@ never overlap. Gluon states the schedule explicitly:
   every head and sequence's last row tile (the most keys) first, then the one
   before it, so long programs start first.
 * K and V tiles of ``BLOCK_N`` keys are page slices loaded by TMA (one box per
-  page the tile spans) into a ring of ``STAGES`` shared-memory slots; K and V of a
-  slot each complete their own mbarrier, so q.k can start before V has landed.
+  page the tile spans) into rings of ``STAGES`` shared-memory slots; K and V of a
+  slot each complete their own mbarrier, so q.k can start before V has landed, and
+  each is released on its own: a K slot once q.k of its tile is done, a V slot
+  once p.v is, so the next K tile loads while the last p.v still runs.
 * A program forks (``gl.warp_specialize``) into a load warp (``_producer``: TMA
   into the ring, each slot refilled once both consumers have released it) and
   two consumer warpgroups of 64 rows (``_consumer``). A consumer loads its query
@@ -32,14 +34,16 @@ never overlap. Gluon states the schedule explicitly:
       wait for its turn
       issue S(t) = Q K(t)^T, then O += P(t-1) V(t-1)   (async wgmma)
       let the other warpgroup issue
-      wait S(t); softmax of S(t) -> P(t), alpha        (overlaps P(t-1) V(t-1))
-      wait O; release the slot of t-1; O = alpha * O
+      wait S(t); release K(t); softmax of S(t) -> P(t), alpha  (overlaps P(t-1) V(t-1))
+      wait O; release V(t-1); O = alpha * O
 
   The turns (two mbarriers) make one warpgroup's softmax run while the other's
   products occupy the tensor cores (FlashAttention-3's ping-pong).
 
   Row maxima are fp32 in log2 units (the softmax scale times log2(e)); each
-  probability is the exponential of one fused multiply-add of its raw score;
+  probability is the exponential of one fused multiply-add of its raw score
+  (with a soft-cap c, of ``c * tanh(score / c)`` in log2 units, as the portable
+  kernel's ``scale_scores_log2`` computes it);
   tiles from the first one that reaches the causal diagonal are masked (keys past
   the row's position or the sequence end), earlier ones are not.
 * Value rows past the sequence end in the last tile are zeroed in shared memory
@@ -64,6 +68,7 @@ from vllm.attention.ops.triton_attention_common import (
     LOG2E,
     AttentionInputs,
     cache_descriptor,
+    softcap_enabled,
 )
 from vllm.attention.ops.tuning.prefill_configs import GLUON_BLOCK_M
 
@@ -76,40 +81,42 @@ _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 @gluon.jit
-def _load_kv_tile(
-    k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, table_row_ptr, kv_head, tile,
-    step, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-    ROWS_PER_BLOCK: gl.constexpr, ROWS_PER_HEAD: gl.constexpr, STAGES: gl.constexpr,
+def _load_tile(
+    desc, dst, bar, table_row_ptr, kv_head, tile, BLOCK_N: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
+    ROWS_PER_HEAD: gl.constexpr,
 ):  # fmt: skip
-    """Start the TMA loads of key tile ``tile``, the loop's step ``step``, into
-    that step's ring slot: one box of ``BOX_N`` rows per page the tile spans; each
-    of K and V completes its own barrier when all its bytes have landed."""
-    slot = step % STAGES
-    BOX_N: gl.constexpr = k_desc.block_type.shape[0]
-    mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes * (BLOCK_N // BOX_N))
-    mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes * (BLOCK_N // BOX_N))
+    """Start the TMA loads of key tile ``tile`` of one cache (K or V) into the
+    ring slot ``dst``: one box of ``BOX_N`` rows per page the tile spans; ``bar``
+    completes when all its bytes have landed."""
+    BOX_N: gl.constexpr = desc.block_type.shape[0]
+    mbarrier.expect(bar, desc.block_type.nbytes * (BLOCK_N // BOX_N))
     for box in gl.static_range(BLOCK_N // BOX_N):
         key = tile * BLOCK_N + box * BOX_N
         page = gl.load(table_row_ptr + key // BLOCK_SIZE)
         row = page * ROWS_PER_BLOCK + kv_head * ROWS_PER_HEAD + key % BLOCK_SIZE
-        k_dst = k_smem.index(slot).slice(box * BOX_N, BOX_N)
-        v_dst = v_smem.index(slot).slice(box * BOX_N, BOX_N)
-        tma.async_copy_global_to_shared(k_desc, [row, 0], k_bars.index(slot), k_dst)
-        tma.async_copy_global_to_shared(v_desc, [row, 0], v_bars.index(slot), v_dst)
+        tma.async_copy_global_to_shared(
+            desc, [row, 0], bar, dst.slice(box * BOX_N, BOX_N)
+        )
 
 
 @gluon.jit
 def _softmax_step(
     s, m_i, l_i, tile, first_masked, window_full, pos, seq_len, sliding_window,
-    scale_log2, S_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
+    scale_log2, softcap, S_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
     O_LAYOUT: gl.constexpr, P_DTYPE: gl.constexpr, BLOCK_N: gl.constexpr,
-    USE_WINDOW: gl.constexpr,
+    USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr,
 ):  # fmt: skip
     """Online softmax over one tile of raw scores: the probabilities as the P.V
     operand (the cache's dtype), the accumulator rows' rescale factor, the new row
     max (log2 units) and row sum. Tiles from ``first_masked`` on hide keys past
     each row's position and past the sequence end; with a window, tiles before
-    ``window_full`` hide keys at or beyond ``sliding_window`` behind the row."""
+    ``window_full`` hide keys at or beyond ``sliding_window`` behind the row.
+    With a soft-cap c, ``softcap`` is ``(scale / c, c * log2(e))`` and
+    ``scale_log2`` is 1: the capped scores are in log2 units already."""
+    if USE_SOFTCAP:
+        cap_in, cap_out = softcap
+        s = (1.0 - 2.0 / (gl.exp2(s * (cap_in * 2.0 * LOG2E)) + 1.0)) * cap_out
     if (tile >= first_masked) | (tile < window_full):
         keys = tile * BLOCK_N + gl.arange(
             0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT)
@@ -180,20 +187,28 @@ def _key_tiles(
 
 @gluon.jit
 def _producer(
-    k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, empty_bars, table_row_ptr,
-    kv_head, first_tile, steps, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-    ROWS_PER_BLOCK: gl.constexpr, ROWS_PER_HEAD: gl.constexpr,
-    STAGES: gl.constexpr,
+    k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty,
+    table_row_ptr, kv_head, first_tile, steps, BLOCK_N: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
+    ROWS_PER_HEAD: gl.constexpr, STAGES: gl.constexpr,
 ):  # fmt: skip
-    """The load warp: key tile ``first_tile + t`` into ring slot ``t % STAGES``
-    once both consumer warpgroups have released the slot's previous tile."""
+    """The load warp: K and V of key tile ``first_tile + t`` into ring slot
+    ``t % STAGES``, each once both consumer warpgroups have released that ring's
+    slot from its previous tile (K after q.k, V after p.v)."""
     for t in range(steps):
+        slot = t % STAGES
+        tile = first_tile + t
         if t >= STAGES:
-            mbarrier.wait(empty_bars.index(t % STAGES), (t // STAGES - 1) & 1)
-        _load_kv_tile(
-            k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, table_row_ptr, kv_head,
-            first_tile + t, t, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD,
-            STAGES,
+            mbarrier.wait(k_empty.index(slot), (t // STAGES - 1) & 1)
+        _load_tile(
+            k_desc, k_smem.index(slot), k_bars.index(slot), table_row_ptr, kv_head,
+            tile, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD,
+        )  # fmt: skip
+        if t >= STAGES:
+            mbarrier.wait(v_empty.index(slot), (t // STAGES - 1) & 1)
+        _load_tile(
+            v_desc, v_smem.index(slot), v_bars.index(slot), table_row_ptr, kv_head,
+            tile, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD,
         )  # fmt: skip
 
 
@@ -201,16 +216,17 @@ def _producer(
 def _consumer(
     args, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
     STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
-    GROUP_SIZE: gl.constexpr, USE_WINDOW: gl.constexpr, WG: gl.constexpr,
+    GROUP_SIZE: gl.constexpr, USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr,
+    WG: gl.constexpr,
 ):  # fmt: skip
     """One consumer warpgroup: 64 query rows from ``row0 + 64 * WG``. Its q.k and
     p.v are issued in turns with the other warpgroup's (``turn_bars``), so one's
     softmax runs while the other's products occupy the tensor cores. ``args``: the
     values both warpgroups share (``hopper_prefill_kernel``)."""
     (
-        query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars,
-        turn_bars, tail_bar, q_start, q_len, seq_len, row0, kv_head, first_tile,
-        steps, scale_log2, sliding_window,
+        query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty,
+        v_empty, turn_bars, tail_bar, q_start, q_len, seq_len, row0, kv_head,
+        first_tile, steps, scale_log2, softcap, sliding_window,
     ) = args  # fmt: skip
     M: gl.constexpr = _WG_ROWS
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -270,10 +286,11 @@ def _consumer(
     )
     mbarrier.arrive(turn_bars.index(other))
     s = warpgroup_mma_wait(0, deps=[s])
+    mbarrier.arrive(k_empty.index(0))
     p, alpha, m_i, l_i = _softmax_step(
         s, m_i, l_i, first_tile, first_masked, window_full, pos, seq_len,
-        sliding_window, scale_log2, S_LAYOUT, P_LAYOUT, O_LAYOUT, P_DTYPE, BLOCK_N,
-        USE_WINDOW,
+        sliding_window, scale_log2, softcap, S_LAYOUT, P_LAYOUT, O_LAYOUT, P_DTYPE,
+        BLOCK_N, USE_WINDOW, USE_SOFTCAP,
     )  # fmt: skip
     for t in range(1, steps):
         # Issue q.k of tile t and p.v of tile t - 1 in this warpgroup's turn.
@@ -290,13 +307,14 @@ def _consumer(
         mbarrier.arrive(turn_bars.index(other))
         # The softmax of tile t runs while p.v of tile t - 1 is in flight.
         s = warpgroup_mma_wait(1, deps=[s_tok])
+        mbarrier.arrive(k_empty.index(cur))
         p_next, alpha, m_i, l_i = _softmax_step(
             s, m_i, l_i, first_tile + t, first_masked, window_full, pos, seq_len,
-            sliding_window, scale_log2, S_LAYOUT, P_LAYOUT, O_LAYOUT, P_DTYPE,
-            BLOCK_N, USE_WINDOW,
+            sliding_window, scale_log2, softcap, S_LAYOUT, P_LAYOUT, O_LAYOUT,
+            P_DTYPE, BLOCK_N, USE_WINDOW, USE_SOFTCAP,
         )  # fmt: skip
         o, p = warpgroup_mma_wait(0, deps=[o_tok, p])
-        mbarrier.arrive(empty_bars.index(prev))
+        mbarrier.arrive(v_empty.index(prev))
         o = o * gl.expand_dims(alpha, 1)
         p = p_next
 
@@ -333,13 +351,14 @@ def _consumer(
 @gluon.jit(do_not_specialize=["seq_start", "num_seqs"])
 def hopper_prefill_kernel(
     query_ptr, output_ptr, k_desc, v_desc, block_table_ptr, query_start_loc_ptr,
-    seq_lens_ptr, softmax_scale, sliding_window, block_table_stride, seq_start,
-    num_seqs, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
+    seq_lens_ptr, softmax_scale, softcap, sliding_window, block_table_stride,
+    seq_start, num_seqs, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
     STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
     NUM_KV_HEADS: gl.constexpr, GROUP_SIZE: gl.constexpr, HEAD_SIZE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
     ROWS_PER_HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, USE_WINDOW: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr,
+    num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(STAGES >= 2)
     gl.static_assert(num_warps == 4)
@@ -368,40 +387,49 @@ def hopper_prefill_kernel(
         bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
         k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-        empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
         tail_bar = gl.allocate_shared_memory(gl.int64, [1, 1], bar_layout)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_bars.index(i), count=1)
             mbarrier.init(v_bars.index(i), count=1)
-            mbarrier.init(empty_bars.index(i), count=2)
+            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=2)
         for i in gl.static_range(2):
             mbarrier.init(turn_bars.index(i), count=1)
         mbarrier.init(tail_bar.index(0), count=1)
         fence_async_shared()
 
-        scale_log2 = softmax_scale * LOG2E
+        if USE_SOFTCAP:  # capped scores are in log2 units (``_softmax_step``)
+            scale_log2 = softcap * 0.0 + 1.0
+            capping = (softmax_scale / softcap, softcap * LOG2E)
+        else:
+            scale_log2 = softmax_scale * LOG2E
+            capping = ()
         # What both consumer warpgroups take: the values (one tuple), then the
         # compile-time constants and the warpgroup (its rows from ``64 * WG``).
         consumer = (
-            query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars,
-            empty_bars, turn_bars, tail_bar.index(0), q_start, q_len, seq_len, row0,
-            kv_head, first_tile, steps, scale_log2, sliding_window,
+            query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty,
+            v_empty, turn_bars, tail_bar.index(0), q_start, q_len, seq_len, row0,
+            kv_head, first_tile, steps, scale_log2, capping, sliding_window,
         )  # fmt: skip
         # fmt: off
         gl.warp_specialize(
             [
                 (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
-                             STRIDE_O_HEAD, GROUP_SIZE, USE_WINDOW, 0)),
+                             STRIDE_O_HEAD, GROUP_SIZE, USE_WINDOW, USE_SOFTCAP,
+                             0)),
                 (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
-                             STRIDE_O_HEAD, GROUP_SIZE, USE_WINDOW, 1)),
+                             STRIDE_O_HEAD, GROUP_SIZE, USE_WINDOW, USE_SOFTCAP,
+                             1)),
                 (_producer, (k_desc, v_desc, k_smem, v_smem, k_bars, v_bars,
-                             empty_bars, table_row_ptr, kv_head, first_tile, steps,
-                             BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD,
-                             STAGES)),
+                             k_empty, v_empty, table_row_ptr, kv_head, first_tile,
+                             steps, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
+                             ROWS_PER_HEAD, STAGES)),
             ],
             [4, 1],  # warps of the second consumer and of the load warp
-            [240, 24],  # their registers (setmaxnreg)
+            [240, 32],  # their registers (setmaxnreg)
         )
         # fmt: on
 
@@ -423,9 +451,10 @@ def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
             inputs.value_cache, box, TensorDescriptor, layout=layout
         ),
         block_table_ptr=inputs.block_table,
+        softmax_scale=float(inputs.softmax_scale),
+        softcap=float(inputs.logits_soft_cap or 0.0),
         query_start_loc_ptr=inputs.query_start_loc,
         seq_lens_ptr=inputs.seq_lens,
-        softmax_scale=float(inputs.softmax_scale),
         sliding_window=int(inputs.sliding_window or 0),
         block_table_stride=inputs.block_table.stride(0),
         seq_start=plan.seq_start,
@@ -444,6 +473,7 @@ def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
         BLOCK_N=config.block_n,
         STAGES=config.num_stages,
         USE_WINDOW=bool(inputs.sliding_window),
+        USE_SOFTCAP=softcap_enabled(inputs.logits_soft_cap),
         num_warps=config.num_warps,
     )
     return hopper_prefill_kernel, (plan.programs,), kwargs
