@@ -1755,7 +1755,8 @@ def check_forward_encoder_only():
     from the step's K/V (views of the fused QKV output, as vLLM passes them)
     through the builder's single-key page table, which two batches reuse in
     place. Against softmax attention over each request's K/V. Then a layer with
-    a sliding window (EmbeddingGemma's), which is two-sided here."""
+    a sliding window (EmbeddingGemma's), which is two-sided here, and whose K is
+    not a view of the fused output (Gemma-3 normalises K)."""
     import torch
 
     from vllm.model_executor.layers.attention.encoder_only_attention import (
@@ -1803,6 +1804,10 @@ def check_forward_encoder_only():
         query = qkv[:, :q_end].view(-1, NUM_Q_HEADS, head_size)
         key = qkv[:, q_end:k_end].view(-1, NUM_KV_HEADS, head_size)
         value = qkv[:, k_end:].view(-1, NUM_KV_HEADS, head_size)
+        if window is not None:
+            # EmbeddingGemma (Gemma-3) normalises K and not V: K is a tensor of
+            # its own, with other strides than V's view of the fused output.
+            key = key * 1.5
         cm = _common_metadata(
             q_lens, q_lens, torch.zeros((len(q_lens), 1), dtype=torch.int32),
             torch.zeros(num_tokens + pad).long(), num_tokens + pad,

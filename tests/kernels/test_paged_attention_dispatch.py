@@ -526,12 +526,18 @@ def test_every_declared_head_size_against_reference(head_size, block_size, cache
     assert_close(output, ref, dtype=torch.bfloat16, atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize("sinks", [False, True], ids=["plain", "sinks"])
-def test_attention_without_a_cache_reads_the_steps_rows(sinks):
+@pytest.mark.parametrize(
+    "sinks, normed_key",
+    [(False, False), (True, False), (False, True)],
+    ids=["plain", "sinks", "normed-key"],
+)
+def test_attention_without_a_cache_reads_the_steps_rows(sinks, normed_key):
     """Encoder self-attention: the step's K/V (views of a fused QKV output) as
     one-key pages (``StepKVPages``), every request in the prefill kernel,
     non-causal; each request's queries see all of its own keys and none of the
-    others'. The page table is written in place, twice."""
+    others'. The page table is written in place, twice. ``normed_key``: K is a
+    tensor of its own (Gemma-3 normalises K, not V), so K and V differ in
+    strides."""
     num_q_heads, num_kv_heads, head_size = 4, 2, 64
     pages = dispatch.StepKVPages(max_num_seqs=2, max_query_len=40, device=DEVICE)
     assert pages.stride == 48  # 40 rounded up to 16
@@ -549,6 +555,9 @@ def test_attention_without_a_cache_reads_the_steps_rows(sinks):
         query = qkv[:, :q_end].view(tokens, num_q_heads, head_size)
         key = qkv[:, q_end:k_end].view(tokens, num_kv_heads, head_size)
         value = qkv[:, k_end:].view(tokens, num_kv_heads, head_size)
+        if normed_key:
+            key = key * 1.5
+            assert key.stride() != value.stride()
         query_start_loc = torch.tensor(starts, dtype=torch.int32, device=DEVICE)
         block_table, seq_lens = pages.table(query_start_loc, len(q_lens))
         assert block_table.data_ptr() == pages.block_table.data_ptr()

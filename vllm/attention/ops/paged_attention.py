@@ -74,6 +74,11 @@ class StepKVPages:
 
     @staticmethod
     def views(key: torch.Tensor, value: torch.Tensor) -> tuple:
+        """The kernels read K and V with one set of strides. Views of one fused
+        QKV output share them; where a model transformed one of the two (Gemma-3
+        normalises K, not V), both are copied into one tensor."""
+        if key.stride() != value.stride():
+            key, value = torch.stack((key, value)).unbind()
         return key.unsqueeze(2), value.unsqueeze(2)
 
     def table(
