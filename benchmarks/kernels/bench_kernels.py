@@ -1003,6 +1003,18 @@ def import_modules(stock_site: str | None) -> dict:
     import vllm
 
     files["vllm"] = getattr(vllm, "__file__", None)
+    site = os.path.realpath(stock_site) if stock_site is not None else None
+    if site is not None and not os.path.realpath(torch.__file__).startswith(site):
+        # torch (imported above) is not the stock install's: its Triton is what
+        # runs every kernel here, and stock's compiled extensions built for its
+        # own torch may not load (torchvision's ops, which stock's Triton
+        # backend imports).
+        print(
+            f"note: torch {torch.__version__} and Triton {triton.__version__} come "
+            f"from {os.path.dirname(os.path.dirname(torch.__file__))}, not from "
+            f"--stock-site {stock_site}: the kernels run on them. To time the "
+            f"stock install's stack, run with PYTHONPATH={stock_site}."
+        )
     if stock_site is not None and files["vllm"]:  # stock vLLM (a regular package)
         _import_stock(files)
         vllm.__path__.insert(0, str(REPO / "vllm"))

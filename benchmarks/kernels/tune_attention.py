@@ -199,8 +199,8 @@ def _is_correct(config, small, head_size) -> bool:
 
 def _gluon_candidate(config):
     """The one candidate per tile that a ``gluon`` sweep times: the Gluon kernel
-    loads by TMA and has none of the portable kernel's other knobs (``use_tma`` stays
-    set for launches it leaves to the portable kernel)."""
+    loads by TMA, starts longest first and has none of the portable kernel's other
+    knobs (``prefill_configs.gluon_entry_refusal``)."""
     return dataclasses.replace(
         config, use_tma=True, fp8_qk=False, longest_first=True, split_head=False
     )

@@ -308,6 +308,28 @@ def test_bench_kernels_requires_a_stock_site_for_stock_callers():
     assert "--stock-site DIR" in result.stderr and "--callers ours" in result.stderr
 
 
+def test_a_stock_site_without_its_torch_is_named(tmp_path):
+    """torch is imported before --stock-site joins sys.path: when it is not the
+    stock install's, the kernels run on another torch and Triton than that
+    install's, and the bench says so with the command that fixes it."""
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")  # a regular package, no FA3
+    code = (
+        "import sys; sys.argv = ['bench']; "
+        "import benchmarks.kernels.bench_kernels as b; "
+        f"files = b.import_modules({str(site)!r}); print(files['vllm'])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+        check=False, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"not from --stock-site {site}" in result.stdout, result.stdout
+    assert f"PYTHONPATH={site}" in result.stdout
+    assert str(site / "vllm" / "__init__.py") in result.stdout
+
+
 # ----------------------------------------------------------------------------------
 # The kernel matrix (--matrix full), its resume and summary; the held-out check
 # ----------------------------------------------------------------------------------

@@ -235,9 +235,10 @@ def _amd_prefix_prefill_kwargs():
 MAX_GLUON_STACK_BYTES = 8
 # Marks the cases that are H200 table entries a GPU sweep chose by timing.
 TIMED = "[timed H200 table entry]"
-# Marks the portable builds of table entries that run the Gluon kernel on Hopper:
-# the portable kernel runs them only for what the Gluon kernel refuses (ALiBi,
-# sinks, a KV split). They may spill as much as the timed tiles.
+# Marks the portable builds behind table entries that run the Gluon kernel on
+# Hopper: the key's heuristic config, which the portable kernel runs only for what
+# the Gluon kernel refuses (ALiBi, sinks, non-causal, a KV split). They may spill
+# as much as the timed tiles.
 GLUON_FALLBACK = "[Gluon entry, portable fallback]"
 # Head sizes whose rows are not 16-byte multiples: no TMA, no cp.async alignment.
 ODD_HEAD = "[odd head size]"
@@ -429,6 +430,7 @@ def _prefix_prefill_cases():
     from vllm.attention.ops.tuning.prefill_configs import (
         PREFILL_TABLE,
         PrefillConfig,
+        heuristic_prefill_config,
     )
 
     def launch(*args, **kwargs):
@@ -528,18 +530,29 @@ def _prefix_prefill_cases():
         cache_dtype = {"bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn}[
             fields["kv_dtype"]
         ]
-        was_timed = timed is None or (key, entry) in timed
+        gluon_entry = entry.gluon
+        if gluon_entry:
+            # The portable kernel runs the key's heuristic config for the launches
+            # the Gluon kernel does not take (prefix_prefill.portable_config).
+            entry = heuristic_prefill_config(
+                head_size=fields["head_size"], group=fields["group"],
+                block_size=fields["block_size"],
+                max_query_len=fields["max_query_len"], kv_dtype=fields["kv_dtype"],
+            )  # fmt: skip
+        was_timed = not gluon_entry and (timed is None or (key, entry) in timed)
+        label = TIMED if was_timed else GLUON_FALLBACK if gluon_entry else ""
         group = fields["group"]
         for member in range(group // 2 + 1, group + 1):  # the group's class
             case = (fields["head_size"], member, fields["block_size"], cache_dtype)
             case = (*case, entry)
-            shipped[case] = shipped.get(case, False) or was_timed
-    for case, was_timed in sorted(shipped.items(), key=str):
+            labels = shipped.setdefault(case, set())
+            labels.add(label)
+    for case, labels in sorted(shipped.items(), key=str):
         head_size, group, block_size, cache_dtype, entry = case
         name, kwargs = launch(
             head_size, group, block_size, cache_dtype, 4096, entry.use_tma, entry
         )
-        label = TIMED if was_timed else GLUON_FALLBACK if entry.gluon else ""
+        label = next(x for x in (TIMED, GLUON_FALLBACK, "") if x in labels)
         yield f"{label} {name}".strip(), kwargs
 
 

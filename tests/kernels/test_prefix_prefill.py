@@ -1097,14 +1097,19 @@ def test_a_table_with_two_entries_of_one_class_is_refused(tmp_path, monkeypatch)
     "key, config, match",
     [
         ({}, {"block_m": 64, "num_warps": 4, "gluon": True}, "128 rows on 4 warps"),
-        ({"head_size": 96}, {"gluon": True}, "never takes"),
-        ({"kv_dtype": "fp8"}, {"gluon": True}, "never takes"),
+        ({"head_size": 96}, {"gluon": True, "use_tma": True}, "never takes"),
+        ({"kv_dtype": "fp8"}, {"gluon": True, "use_tma": True}, "never takes"),
+        ({}, {"gluon": True}, "loads K/V by TMA"),
+        ({}, {"gluon": True, "use_tma": True, "longest_first": False}, "longest"),
         ({}, {"fp8_qk": True}, "16-bit cache"),
         ({}, {"split_head": True}, "does not split"),
         ({"block_size": 32}, {"use_tma": True}, "not slices of 32-key pages"),
+        ({}, {"use_tma": True, "block_n": 128}, "not slices of 64-key pages"),
         ({}, {"block_n": 48}, "powers of two"),
         ({}, {}, None),  # the controls: what the H200 table ships
-        ({}, {"gluon": True, "longest_first": False}, None),
+        ({}, {"gluon": True, "use_tma": True}, None),
+        # The Gluon kernel loads a tile of more keys than a page as page boxes.
+        ({}, {"gluon": True, "use_tma": True, "block_n": 128, "num_stages": 2}, None),
         ({"head_size": 96}, {"split_head": True, "use_tma": True}, None),
     ],
 )
@@ -1112,8 +1117,9 @@ def test_a_table_entry_a_kernel_would_ignore_is_refused(
     tmp_path, monkeypatch, key, config, match
 ):
     """A field the kernel that runs a key's launches would ignore is refused when
-    the table loads, naming the file and the entry; a ``gluon`` entry's other
-    fields are the portable kernel's for its key's other launches and stay."""
+    the table loads, naming the file and the entry. A ``gluon`` entry names the
+    Hopper kernel's launch: TMA loads and longest first, as that kernel runs
+    (its key's other launches run the portable kernel's heuristic config)."""
     import json
 
     from vllm.attention.ops.tuning import tables
@@ -1321,13 +1327,16 @@ def test_a_gluon_program_counts_as_a_whole_sm(on_hopper):
     kernel's 4-warp tile fills the SMs once with Gluon programs (one per SM): no
     split, so the Gluon kernel runs it. Half as many programs still split, and a
     split launch runs in the portable kernel (the Gluon kernel takes none)."""
-    ws = PrefillConfig(128, 64, 4, 3, use_tma=True, gluon=True)
+    ws = PrefillConfig(128, 128, 4, 2, use_tma=True, gluon=True)
     plan = _plan(ws)
-    assert (plan.kernel, plan.num_splits) == ("gluon", 1)
-    plan = _plan(dataclasses.replace(ws, gluon=False))
+    assert (plan.kernel, plan.num_splits, plan.config) == ("gluon", 1, ws)
+    plan = _plan(dataclasses.replace(ws, block_n=64, gluon=False))
     assert (plan.kernel, plan.num_splits) == ("triton", 2)
     plan = _plan(ws, num_kv_heads=4)
     assert (plan.kernel, plan.num_splits) == ("triton", 2)
+    # Not the Gluon tiles on 4 warps with pointer loads: the key's heuristic.
+    assert plan.config == PrefillConfig(128, 64, 4, 2, use_tma=True)
+    assert plan.programs == 16 * 4
 
 
 @pytest.mark.parametrize(
@@ -1344,6 +1353,7 @@ def test_the_kernel_is_chosen_before_its_split_count(monkeypatch, feature):
     assert _plan(ws).kernel == "gluon"
     plan = _plan(ws, **feature)
     assert (plan.kernel, plan.num_splits) == ("triton", 2)
+    assert plan.config == PrefillConfig(128, 64, 4, 2, use_tma=True)
     monkeypatch.setattr(prefix_prefill, "is_hopper", lambda device: False)
     off_hopper = _plan(ws)
     assert (off_hopper.kernel, off_hopper.num_splits) == ("triton", 2)

@@ -44,7 +44,7 @@ ON_HOPPER = (
     and torch.cuda.get_device_capability()[0] == 9
     and (torch.version.hip is None)
 )
-GLUON_TILE = PrefillConfig(128, 128, 4, 2, gluon=True)
+GLUON_TILE = PrefillConfig(128, 128, 4, 2, use_tma=True, gluon=True)
 
 
 def _tensors(head_size=128, group=4, block_size=64, dtype=torch.bfloat16):
@@ -215,6 +215,11 @@ def test_valid_gluon_configs_are_two_warpgroups_of_64_rows():
     assert not is_valid_config(dataclasses.replace(GLUON_TILE, block_m=64), **ok)
     assert not is_valid_config(dataclasses.replace(GLUON_TILE, num_stages=1), **ok)
     assert not is_valid_config(dataclasses.replace(GLUON_TILE, block_n=32), **ok)
+    # Fields the Gluon kernel does not have (it loads by TMA, longest first).
+    assert not is_valid_config(dataclasses.replace(GLUON_TILE, use_tma=False), **ok)
+    assert not is_valid_config(
+        dataclasses.replace(GLUON_TILE, longest_first=False), **ok
+    )
 
 
 def test_shipped_gluon_entries_run_the_gluon_kernel(pretend_hopper):

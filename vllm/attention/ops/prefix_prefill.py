@@ -126,6 +126,7 @@ from vllm.attention.ops.tuning.prefill_configs import (
     PrefillConfig,
     fit_shared_memory,
     gluon_config_refusal,
+    heuristic_prefill_config,
     tile_refusal,
 )
 from vllm.attention.ops.tuning.tables import device_gpu_name
@@ -802,6 +803,31 @@ def picked_config(device: torch.device, **key) -> PrefillConfig:
     )
 
 
+def portable_config(
+    layer: PrefillLayer, device: torch.device, max_query_len: int
+) -> PrefillConfig:
+    """What the portable kernel runs for a launch of a ``gluon`` config that the
+    Hopper kernel does not take: the heuristic's config for ``layer``'s key,
+    fitted to the device. A Gluon config's tiles are that kernel's (two consumer
+    warpgroups and a load warp behind its nominal 4 warps; 128-key tiles loaded
+    as page boxes), which the portable kernel would run on 4 warps with pointer
+    loads."""
+    config = heuristic_prefill_config(
+        head_size=layer.head_size,
+        group=layer.group,
+        block_size=layer.block_size,
+        max_query_len=max_query_len,
+        kv_dtype=layer.kv_dtype,
+        is_hip=torch.version.hip is not None,
+    )
+    return fit_shared_memory(
+        config,
+        head_size=layer.head_size,
+        kv_dtype=layer.kv_dtype,
+        limit=shared_memory_per_program(device),
+    )
+
+
 def layer_config(
     layer: PrefillLayer, device: torch.device, max_query_len: int
 ) -> PrefillConfig:
@@ -872,6 +898,16 @@ def split_workspace_bound(*, head_size: int, num_sms: int) -> int:
     return SPLIT_WARPS_PER_SM * max(1, num_sms) * MAX_ROWS_PER_WARP * (head_size + 1)
 
 
+def _check_grid(who, programs, num_splits, max_query_len, layer, config, num_seqs):
+    if programs * num_splits > _MAX_GRID_X:
+        raise ValueError(
+            f"{who}: {programs * num_splits} programs (max_query_len {max_query_len}"
+            f" x {layer.num_q_heads} query heads in tiles of {config.block_m} rows, "
+            f"{num_seqs} sequences, {num_splits} KV splits) exceed the grid limit "
+            f"{_MAX_GRID_X}; split the batch."
+        )
+
+
 def plan_prefill(
     *,
     layer: PrefillLayer,
@@ -890,13 +926,15 @@ def plan_prefill(
     1. the config: ``config``, else the device's table entry or heuristic for the
        layer's key (``picked_config``);
     2. the kernel it can run on: the Hopper kernel in Gluon where the config
-       asks for it and ``hopper_kernel_refusal`` allows, else the portable one;
+       asks for it and ``hopper_kernel_refusal`` allows, else the portable one
+       (with ``portable_config`` in place of a ``gluon`` config);
     3. the split count for that kernel: ``num_splits``, else 1 without
        ``max_seq_len``, else ``choose_prefill_splits`` over the launch's
        programs (a Gluon program counts as a whole SM's warps) and the keys one
        program can see (at most ``sliding_window + block_m`` with a window, twice
        the window when it is bidirectional). The
-       Gluon kernel takes no split: a split launch runs in the portable kernel;
+       Gluon kernel takes no split: a split launch runs in the portable kernel
+       (with ``portable_config``);
     4. the split workspace: a view of ``workspace`` (a flat fp32 buffer of
        ``split_workspace_bound`` elements, allocated once by the caller; an
        automatic count is lowered until its view fits), else a new tensor.
@@ -911,6 +949,8 @@ def plan_prefill(
     if refusal is not None:
         raise ValueError(f"{who}: config {refusal}.")
     gluon = config.gluon and hopper_kernel_refusal(layer, config, device) is None
+    if config.gluon and not gluon:
+        config = portable_config(layer, device, max_query_len)
     programs = unsplit_programs(
         max_query_len=max_query_len,
         group=layer.group,
@@ -941,13 +981,7 @@ def plan_prefill(
         raise ValueError(
             f"{who}: num_splits must be in [1, {MAX_PREFILL_SPLITS}], got {num_splits}."
         )
-    if programs * num_splits > _MAX_GRID_X:
-        raise ValueError(
-            f"{who}: {programs * num_splits} programs (max_query_len {max_query_len}"
-            f" x {layer.num_q_heads} query heads in tiles of {config.block_m} rows, "
-            f"{num_seqs} sequences, {num_splits} KV splits) exceed the grid limit "
-            f"{_MAX_GRID_X}; split the batch."
-        )
+    _check_grid(who, programs, num_splits, max_query_len, layer, config, num_seqs)
     view = None
     while num_splits > 1:
         shape = split_workspace_shape(
@@ -979,8 +1013,18 @@ def plan_prefill(
             )
         num_splits -= 1
     # The Gluon kernel takes no split: a launch of so few of its programs that it
-    # splits runs split in the portable kernel.
-    gluon = gluon and num_splits == 1
+    # splits runs split in the portable kernel, whose tiles may hold other rows.
+    if gluon and num_splits > 1:
+        gluon = False
+        config = portable_config(layer, device, max_query_len)
+        programs = unsplit_programs(
+            max_query_len=max_query_len,
+            group=layer.group,
+            block_m=config.block_m,
+            num_seqs=num_seqs,
+            num_kv_heads=layer.num_kv_heads,
+        )
+        _check_grid(who, programs, num_splits, max_query_len, layer, config, num_seqs)
     return PrefillPlan(
         kernel="gluon" if gluon else "triton",
         config=config,

@@ -168,7 +168,7 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         and not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 64)
         and not (config.fp8_qk and dtype_name(kv_dtype) != "fp8")
         and not (config.split_head and head_split(head_size) is None)
-        and not (config.gluon and gluon_config_refusal(config) is not None)
+        and not (config.gluon and gluon_entry_refusal(config) is not None)
     )
 
 
@@ -186,6 +186,24 @@ def gluon_config_refusal(config: PrefillConfig) -> str | None:
         return (
             f"{config.block_n}-key tiles: the Hopper kernel takes tiles of "
             f"{' or '.join(map(str, GLUON_BLOCK_NS))} keys"
+        )
+    return None
+
+
+def gluon_entry_refusal(config: PrefillConfig) -> str | None:
+    """Why ``config`` cannot name a launch of the Hopper kernel (None: it can):
+    its tiles (``gluon_config_refusal``), or fields that kernel does not have. It
+    always loads K/V by TMA (a tile of more keys than a page as several boxes)
+    and starts the longest programs first, with the head in one column tile; a
+    launch it does not take runs the portable kernel with the key's heuristic
+    config (``prefix_prefill.portable_config``), not with these fields."""
+    refusal = gluon_config_refusal(config)
+    if refusal is not None:
+        return refusal
+    if not (config.use_tma and config.longest_first) or config.split_head:
+        return (
+            "the Hopper kernel loads K/V by TMA and starts longest first, with "
+            "the head in one tile: set use_tma and longest_first, not split_head"
         )
     return None
 
@@ -288,16 +306,15 @@ def tile_refusal(config: PrefillConfig) -> str | None:
 def entry_refusal(fields: dict, config: PrefillConfig) -> str | None:
     """Why a table entry cannot be what its key's launches run (None: it can): a
     field the kernel that runs them would ignore, or tiles no kernel takes. A
-    ``gluon`` entry's other fields (``use_tma``, ``longest_first``,
-    ``split_head``) are what the portable kernel runs for the key's launches the
-    Gluon kernel does not take (soft-cap, ALiBi, sinks, a split, another GPU of
-    the same table), so they are not ignored."""
+    ``gluon`` entry names the Hopper kernel's launch only (``gluon_entry_refusal``);
+    the key's launches that kernel does not take (ALiBi, sinks, non-causal, a KV
+    split) run the portable kernel with the key's heuristic config."""
     head_size, kv_dtype = fields["head_size"], fields["kv_dtype"]
     refusal = tile_refusal(config)
     if refusal is not None:
         return refusal
     if config.gluon:
-        refusal = gluon_config_refusal(config)
+        refusal = gluon_entry_refusal(config)
         if refusal is not None:
             return f"gluon is set but {refusal}"
         if head_size not in GLUON_HEAD_SIZES or kv_dtype != fields["q_dtype"]:
@@ -309,7 +326,7 @@ def entry_refusal(fields: dict, config: PrefillConfig) -> str | None:
         return "fp8_qk is set for a 16-bit cache, where it does nothing"
     if config.split_head and head_split(head_size) is None:
         return f"split_head is set for head size {head_size}, which does not split"
-    if config.use_tma and fields["block_size"] % config.block_n:
+    if config.use_tma and not config.gluon and fields["block_size"] % config.block_n:
         return (
             f"use_tma is set but {config.block_n}-key tiles are not slices of "
             f"{fields['block_size']}-key pages, where TMA does not apply"
