@@ -951,13 +951,17 @@ def plan_prefill(
     gluon = config.gluon and hopper_kernel_refusal(layer, config, device) is None
     if config.gluon and not gluon:
         config = portable_config(layer, device, max_query_len)
-    programs = unsplit_programs(
-        max_query_len=max_query_len,
-        group=layer.group,
-        block_m=config.block_m,
-        num_seqs=num_seqs,
-        num_kv_heads=layer.num_kv_heads,
-    )
+
+    def programs_of(config: PrefillConfig) -> int:
+        return unsplit_programs(
+            max_query_len=max_query_len,
+            group=layer.group,
+            block_m=config.block_m,
+            num_seqs=num_seqs,
+            num_kv_heads=layer.num_kv_heads,
+        )
+
+    programs = programs_of(config)
     automatic = num_splits is None
     if num_splits is None:
         num_splits = 1
@@ -1017,13 +1021,7 @@ def plan_prefill(
     if gluon and num_splits > 1:
         gluon = False
         config = portable_config(layer, device, max_query_len)
-        programs = unsplit_programs(
-            max_query_len=max_query_len,
-            group=layer.group,
-            block_m=config.block_m,
-            num_seqs=num_seqs,
-            num_kv_heads=layer.num_kv_heads,
-        )
+        programs = programs_of(config)
         _check_grid(who, programs, num_splits, max_query_len, layer, config, num_seqs)
     return PrefillPlan(
         kernel="gluon" if gluon else "triton",
