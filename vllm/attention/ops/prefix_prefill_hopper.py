@@ -81,14 +81,18 @@ _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 @gluon.jit
-def _load_tile(
-    desc, dst, bar, table_row_ptr, kv_head, tile, BLOCK_N: gl.constexpr,
+def _refill_slot(
+    desc, dst, bar, empty, t, table_row_ptr, kv_head, tile, BLOCK_N: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
-    ROWS_PER_HEAD: gl.constexpr,
+    ROWS_PER_HEAD: gl.constexpr, STAGES: gl.constexpr,
 ):  # fmt: skip
-    """Start the TMA loads of key tile ``tile`` of one cache (K or V) into the
-    ring slot ``dst``: one box of ``BOX_N`` rows per page the tile spans; ``bar``
-    completes when all its bytes have landed."""
+    """Step ``t`` of the load warp for one cache (K or V): wait until both consumer
+    warpgroups have released the ring slot ``dst`` (``empty``, from the ring's
+    second round on), then start the TMA loads of key tile ``tile`` into it: one
+    box of ``BOX_N`` rows per page the tile spans; ``bar`` completes when all its
+    bytes have landed."""
+    if t >= STAGES:
+        mbarrier.wait(empty, (t // STAGES - 1) & 1)
     BOX_N: gl.constexpr = desc.block_type.shape[0]
     mbarrier.expect(bar, desc.block_type.nbytes * (BLOCK_N // BOX_N))
     for box in gl.static_range(BLOCK_N // BOX_N):
@@ -198,17 +202,15 @@ def _producer(
     for t in range(steps):
         slot = t % STAGES
         tile = first_tile + t
-        if t >= STAGES:
-            mbarrier.wait(k_empty.index(slot), (t // STAGES - 1) & 1)
-        _load_tile(
-            k_desc, k_smem.index(slot), k_bars.index(slot), table_row_ptr, kv_head,
-            tile, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD,
+        _refill_slot(
+            k_desc, k_smem.index(slot), k_bars.index(slot), k_empty.index(slot), t,
+            table_row_ptr, kv_head, tile, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
+            ROWS_PER_HEAD, STAGES,
         )  # fmt: skip
-        if t >= STAGES:
-            mbarrier.wait(v_empty.index(slot), (t // STAGES - 1) & 1)
-        _load_tile(
-            v_desc, v_smem.index(slot), v_bars.index(slot), table_row_ptr, kv_head,
-            tile, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD,
+        _refill_slot(
+            v_desc, v_smem.index(slot), v_bars.index(slot), v_empty.index(slot), t,
+            table_row_ptr, kv_head, tile, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
+            ROWS_PER_HEAD, STAGES,
         )  # fmt: skip
 
 
