@@ -787,20 +787,45 @@ def hopper_kernel_refusal(
     return None
 
 
-def picked_config(device: torch.device, **key) -> PrefillConfig:
+def picked_config(
+    device: torch.device, *, use_table: bool = True, **key
+) -> PrefillConfig:
     """The launch config of a problem key on ``device`` (``config=None``): the
-    device's tuning-table entry, else the heuristic, fitted to its shared memory per
-    program. Both steps are memoised (the lookup on its arguments, the fit on the
-    config), so a call costs two cache hits."""
-    config = PREFILL_TABLE.lookup(
-        gpu_name=device_gpu_name(device), is_hip=torch.version.hip is not None, **key
-    )
+    device's tuning-table entry, else (or without ``use_table``) the heuristic,
+    fitted to its shared memory per program. Both steps are memoised (the lookup
+    on its arguments, the fit on the config), so a call costs two cache hits."""
+    is_hip = torch.version.hip is not None
+    if use_table:
+        config = PREFILL_TABLE.lookup(
+            gpu_name=device_gpu_name(device), is_hip=is_hip, **key
+        )
+    else:
+        fields = {k: v for k, v in key.items() if k != "q_dtype"}
+        config = heuristic_prefill_config(**fields, is_hip=is_hip)
     return fit_shared_memory(
         config,
         head_size=key["head_size"],
         kv_dtype=key["kv_dtype"],
         limit=shared_memory_per_program(device),
     )
+
+
+def _layer_key(layer: PrefillLayer, max_query_len: int) -> dict:
+    return dict(
+        head_size=layer.head_size,
+        q_dtype=layer.q_dtype,
+        kv_dtype=layer.kv_dtype,
+        group=layer.group,
+        block_size=layer.block_size,
+        max_query_len=max_query_len,
+    )
+
+
+def layer_config(
+    layer: PrefillLayer, device: torch.device, max_query_len: int
+) -> PrefillConfig:
+    """``picked_config`` for ``layer``'s problem key at ``max_query_len``."""
+    return picked_config(device, **_layer_key(layer, max_query_len))
 
 
 def portable_config(
@@ -812,35 +837,7 @@ def portable_config(
     warpgroups and a load warp behind its nominal 4 warps; 128-key tiles loaded
     as page boxes), which the portable kernel would run on 4 warps with pointer
     loads."""
-    config = heuristic_prefill_config(
-        head_size=layer.head_size,
-        group=layer.group,
-        block_size=layer.block_size,
-        max_query_len=max_query_len,
-        kv_dtype=layer.kv_dtype,
-        is_hip=torch.version.hip is not None,
-    )
-    return fit_shared_memory(
-        config,
-        head_size=layer.head_size,
-        kv_dtype=layer.kv_dtype,
-        limit=shared_memory_per_program(device),
-    )
-
-
-def layer_config(
-    layer: PrefillLayer, device: torch.device, max_query_len: int
-) -> PrefillConfig:
-    """``picked_config`` for ``layer``'s problem key at ``max_query_len``."""
-    return picked_config(
-        device,
-        head_size=layer.head_size,
-        q_dtype=layer.q_dtype,
-        kv_dtype=layer.kv_dtype,
-        group=layer.group,
-        block_size=layer.block_size,
-        max_query_len=max_query_len,
-    )
+    return picked_config(device, use_table=False, **_layer_key(layer, max_query_len))
 
 
 def unsplit_programs(
