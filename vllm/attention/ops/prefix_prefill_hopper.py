@@ -37,7 +37,7 @@ never overlap. Gluon states the schedule explicitly:
       wait S(t); release K(t); softmax of S(t) -> P(t), alpha  (overlaps P(t-1) V(t-1))
       wait O; release V(t-1); O = alpha * O
 
-  The turns (two mbarriers) make one warpgroup's softmax run while the other's
+  The turns (two named barriers) make one warpgroup's softmax run while the other's
   products occupy the tensor cores (FlashAttention-3's ping-pong).
 
   Row maxima are fp32 in log2 units (the softmax scale times log2(e)); each
@@ -78,6 +78,29 @@ _WG_ROWS = gl.constexpr(GLUON_BLOCK_M // 2)
 _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # The block-wide barrier: ``thread_barrier`` in Triton 3.6, ``barrier`` in 3.8.
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+# The consumer warpgroups' turns: two hardware named barriers of 256 threads (both
+# warpgroups), ids above those the compiler gives the partitions' own barriers. A
+# warpgroup waits for its turn with ``bar.sync`` on its barrier, which completes
+# once the other warpgroup has passed it on with ``bar.arrive`` (no wait, and no
+# warpgroup-wide sync before it, as an mbarrier arrive has).
+@gluon.jit
+def _wait_turn(t, WG: gl.constexpr):
+    if WG == 0:
+        asm: gl.constexpr = "bar.sync 14, 256; mov.u32 $0, $1;"
+    else:
+        asm: gl.constexpr = "bar.sync 15, 256; mov.u32 $0, $1;"
+    gl.inline_asm_elementwise(asm, "=r,r", [t], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pass_turn(t, WG: gl.constexpr):
+    if WG == 0:
+        asm: gl.constexpr = "bar.arrive 15, 256; mov.u32 $0, $1;"
+    else:
+        asm: gl.constexpr = "bar.arrive 14, 256; mov.u32 $0, $1;"
+    gl.inline_asm_elementwise(asm, "=r,r", [t], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -222,12 +245,12 @@ def _consumer(
     WG: gl.constexpr,
 ):  # fmt: skip
     """One consumer warpgroup: 64 query rows from ``row0 + 64 * WG``. Its q.k and
-    p.v are issued in turns with the other warpgroup's (``turn_bars``), so one's
+    p.v are issued in turns with the other warpgroup's (``_wait_turn``), so one's
     softmax runs while the other's products occupy the tensor cores. ``args``: the
     values both warpgroups share (``hopper_prefill_kernel``)."""
     (
         query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty,
-        v_empty, turn_bars, tail_bar, q_start, q_len, seq_len, row0, kv_head,
+        v_empty, tail_bar, q_start, q_len, seq_len, row0, kv_head,
         first_tile, steps, scale_log2, softcap, sliding_window,
     ) = args  # fmt: skip
     M: gl.constexpr = _WG_ROWS
@@ -249,7 +272,6 @@ def _consumer(
     ROW_IO: gl.constexpr = gl.SliceLayout(1, IO_LAYOUT)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
     P_DTYPE: gl.constexpr = k_smem.dtype
-    other: gl.constexpr = 1 - WG
 
     first_row = row0 + WG * M
     context = seq_len - q_len
@@ -280,13 +302,14 @@ def _consumer(
     o = gl.zeros([M, HEAD_SIZE], gl.float32, O_LAYOUT)
 
     if WG == 1:
-        mbarrier.arrive(turn_bars.index(0))  # warpgroup 0 issues first
-    mbarrier.wait(turn_bars.index(WG), 0)
+        _pass_turn(0, WG)  # warpgroup 0 issues first
+    _wait_turn(0, WG)
     mbarrier.wait(k_bars.index(0), 0)
     s = warpgroup_mma(
         q_tile, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True
     )
-    mbarrier.arrive(turn_bars.index(other))
+    if (WG == 0) | (steps > 1):
+        _pass_turn(0, WG)
     s = warpgroup_mma_wait(0, deps=[s])
     mbarrier.arrive(k_empty.index(0))
     p, alpha, m_i, l_i = _softmax_step(
@@ -298,7 +321,7 @@ def _consumer(
         # Issue q.k of tile t and p.v of tile t - 1 in this warpgroup's turn.
         cur = t % STAGES
         prev = (t - 1) % STAGES
-        mbarrier.wait(turn_bars.index(WG), t & 1)
+        _wait_turn(t, WG)
         mbarrier.wait(k_bars.index(cur), (t // STAGES) & 1)
         s_tok = warpgroup_mma(
             q_tile, k_smem.index(cur).permute((1, 0)), s_init, use_acc=False,
@@ -306,7 +329,9 @@ def _consumer(
         )  # fmt: skip
         mbarrier.wait(v_bars.index(prev), ((t - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
-        mbarrier.arrive(turn_bars.index(other))
+        if (WG == 0) | (t < steps - 1):
+            # Warpgroup 1 passed one turn ahead at the start; it keeps the last.
+            _pass_turn(t, WG)
         # The softmax of tile t runs while p.v of tile t - 1 is in flight.
         s = warpgroup_mma_wait(1, deps=[s_tok])
         mbarrier.arrive(k_empty.index(cur))
@@ -391,15 +416,12 @@ def hopper_prefill_kernel(
         v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-        turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
         tail_bar = gl.allocate_shared_memory(gl.int64, [1, 1], bar_layout)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_bars.index(i), count=1)
             mbarrier.init(v_bars.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)
             mbarrier.init(v_empty.index(i), count=2)
-        for i in gl.static_range(2):
-            mbarrier.init(turn_bars.index(i), count=1)
         mbarrier.init(tail_bar.index(0), count=1)
         fence_async_shared()
 
@@ -413,7 +435,7 @@ def hopper_prefill_kernel(
         # compile-time constants and the warpgroup (its rows from ``64 * WG``).
         consumer = (
             query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty,
-            v_empty, turn_bars, tail_bar.index(0), q_start, q_len, seq_len, row0,
+            v_empty, tail_bar.index(0), q_start, q_len, seq_len, row0,
             kv_head, first_tile, steps, scale_log2, capping, sliding_window,
         )  # fmt: skip
         # fmt: off
