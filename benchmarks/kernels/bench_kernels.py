@@ -521,7 +521,11 @@ def caller_ours(
             num_kv_heads=s.num_kv_heads,
             num_sms=ops.hardware.num_sms(inp.query.device),
             max_splits=decode_max_splits or ops.MAX_DECODE_SPLITS,
-            programs_per_sm=decode_programs_per_sm,
+            programs_per_sm=ops.decode_programs_per_sm(
+                kv_dtype=key_cache.dtype, device=inp.query.device
+            )
+            if decode_programs_per_sm is None
+            else decode_programs_per_sm or None,
         )
         workspace = torch.empty(
             ops.decode_workspace_shape(
@@ -1028,7 +1032,8 @@ def import_modules(stock_site: str | None) -> dict:
     from vllm.attention.ops.reference import ref_paged_attention
 
     for name in ("choose_decode_splits", "decode_workspace_shape", "WORKSPACE_DTYPE",
-                 "paged_decode_attention", "MAX_DECODE_SPLITS"):  # fmt: skip
+                 "paged_decode_attention", "MAX_DECODE_SPLITS",
+                 "decode_programs_per_sm"):  # fmt: skip
         setattr(ops, name, getattr(dec, name))
     ops.hardware = hardware
     ops.prefix_prefill_attention = prefix_prefill_attention
@@ -1386,10 +1391,11 @@ def main() -> None:
         "--decode-programs-per-sm",
         type=int,
         default=None,
-        help="our decode's split rule made wave-aware for grids past its target, "
-        "with this many resident programs per SM (choose_decode_splits' "
-        "programs_per_sm; e.g. 4 for the bf16 sm_90 build, 3 for fp8), to measure "
-        "it against the default rule and FA3",
+        help="resident programs per SM for our decode's wave-aware split rule "
+        "(choose_decode_splits' programs_per_sm; e.g. 4 for the bf16 sm_90 build, 3 "
+        "for fp8), 0 for the rule without it; default: what the backend uses "
+        "(decode_programs_per_sm: the tuning data's count where the wave-aware rule "
+        "was measured faster, fp8 on sm_90)",
     )
     p.add_argument(
         "--kernels",

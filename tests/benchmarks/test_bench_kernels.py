@@ -33,6 +33,9 @@ def _fake_gpu(monkeypatch, request, *, runner, wrong, time_us):
     ``time_us`` times a runner."""
     monkeypatch.setattr(bk.ops, "choose_decode_splits", lambda **kw: 1, raising=False)
     monkeypatch.setattr(
+        bk.ops, "decode_programs_per_sm", lambda **kw: None, raising=False
+    )
+    monkeypatch.setattr(
         torch.cuda,
         "get_device_properties",
         # An sm_80 part: no stand-in tables (tables.SAME_ARCHITECTURE).

@@ -198,6 +198,20 @@ def resources(compiled) -> dict:
     return {"registers": int(match[1]), "stack_bytes": int(match[2])} if match else {}
 
 
+def sm90_resident_programs(*, registers: int, num_warps: int, shared_bytes: int) -> int:
+    """Programs of one build an sm_90 SM holds at once: registers are given out per
+    warp in units of 256 (a thread's count rounded up to 8) from 65,536, warps
+    up to 64, programs up to 32, shared memory 233,472 bytes with 1 KiB reserved
+    per program (the CUDA occupancy rules)."""
+    per_warp = -(-registers // 8) * 8 * 32
+    return min(
+        65536 // (per_warp * num_warps),
+        64 // num_warps,
+        32,
+        233472 // (shared_bytes + 1024),
+    )
+
+
 def ptx_summary(compiled) -> dict:
     ptx = compiled.asm["ptx"]
     return {

@@ -343,6 +343,45 @@ def test_choose_decode_splits():
     assert choose_decode_splits(num_seqs=0, num_kv_heads=8, num_sms=132) == 64
 
 
+def test_decode_planner_is_wave_aware_where_the_data_says():
+    """fp8 caches on sm_90 (and the CPU interpreter, which plans as an H200) take
+    the wave-aware split rule with the tuning data's resident programs per SM;
+    16-bit caches keep the default rule. Llama-3.1-8B heads, 132 SMs: batch 64 is
+    512 programs, 1.3 waves of 396 fp8 programs, so it splits in 2."""
+
+    def planner(kv_dtype):
+        return DecodePlanner(
+            device=torch.device("cpu"), num_q_heads=32, num_kv_heads=8,
+            head_size=128, q_dtype=torch.bfloat16, kv_dtype=kv_dtype, block_size=16,
+            max_num_seqs=256, num_sms=132,
+        )  # fmt: skip
+
+    fp8 = planner(torch.float8_e4m3fn)
+    assert (
+        dc.wave_aware_programs_per_sm(kv_dtype=torch.float8_e4m3fn, hopper=True)
+        == dc.WAVE_AWARE_PROGRAMS_PER_SM["fp8"]
+        == 3
+    )
+    assert fp8.plan(64)[0] == 2 and fp8.plan(96)[0] == 1
+    assert fp8.workspaces[2].shape[0] >= 64
+    bf16 = planner(torch.bfloat16)
+    assert bf16.plan(64)[0] == 1
+    for n in range(1, 257):
+        want = choose_decode_splits(
+            num_seqs=n, num_kv_heads=8, num_sms=132, programs_per_sm=3
+        )
+        assert fp8.plan(n)[0] == want, n
+        assert bf16.plan(n)[0] == choose_decode_splits(
+            num_seqs=n, num_kv_heads=8, num_sms=132
+        ), n
+    # Not on other GPUs, nor for a dtype the data does not list.
+    assert (
+        dc.wave_aware_programs_per_sm(kv_dtype=torch.float8_e4m3fn, hopper=False)
+        is None
+    )
+    assert dc.wave_aware_programs_per_sm(kv_dtype=torch.float16, hopper=True) is None
+
+
 @pytest.mark.parametrize("batch_invariant", [False, True])
 def test_decode_planner_plans_every_batch_once(batch_invariant):
     """Every batch size up to max_num_seqs gets its split count, a workspace view
@@ -600,6 +639,8 @@ def compile_decode_main() -> None:
         HOPPER,
         MI300,
         compile_for_target,
+        resources,
+        sm90_resident_programs,
     )
 
     for target in (HOPPER, MI300):
@@ -614,6 +655,20 @@ def compile_decode_main() -> None:
                 print(
                     target.backend, name, kernel.__name__, pipelined, twice, flush=True
                 )
+    # The heuristic 2D builds of Llama-3.1-8B decode, bf16 and fp8: programs per SM
+    # (what WAVE_AWARE_PROGRAMS_PER_SM states).
+    for fp8 in (False, True):
+        ((kernel, _, kwargs),) = _decode_launches(
+            fp8=fp8, num_splits=1, features=False, head_size=128, group=4,
+            block_size=16, hip=False,
+        )  # fmt: skip
+        compiled = compile_for_target(kernel, kwargs)
+        resident = sm90_resident_programs(
+            registers=resources(compiled)["registers"],
+            num_warps=compiled.metadata.num_warps,
+            shared_bytes=compiled.metadata.shared,
+        )
+        print("resident", "fp8" if fp8 else "bf16", resident)
     for early in (False, True):
         ((kernel, _, kwargs),) = _decode_launches(**EARLY_CONVERT_VARIANT, hip=False)
         ptx = compile_for_target(kernel, {**kwargs, "EARLY_CONVERT": early}).asm["ptx"]
@@ -638,7 +693,12 @@ def test_compiles_for_hopper_and_mi300():
     early = {
         ln[1]: (int(ln[2]), int(ln[3])) for ln in lines if ln[0] == "early_convert"
     }
-    lines = [ln for ln in lines if ln[0] != "early_convert"]
+    # The wave-aware split rule's data: the resident programs of the builds.
+    resident = {ln[1]: int(ln[2]) for ln in lines if ln[0] == "resident"}
+    assert resident["bf16"] == 4, resident
+    for kv, programs in dc.WAVE_AWARE_PROGRAMS_PER_SM.items():
+        assert resident[kv] == programs, (kv, resident)
+    lines = [ln for ln in lines if ln[0] not in ("early_convert", "resident")]
     # early_convert: as many ldmatrix as a 16-bit cache (K and V tiles), and far
     # fewer shared loads than the byte-wide gathers without it.
     (ldm_plain, lds_plain), (ldm_early, lds_early) = early["False"], early["True"]

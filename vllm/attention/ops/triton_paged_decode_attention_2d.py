@@ -65,7 +65,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm.attention.ops.hardware import nvidia_gpu
+from vllm.attention.ops.hardware import is_hopper, nvidia_gpu
 from vllm.attention.ops.triton_attention_common import (
     AttentionInputs,
     check_attention_inputs,
@@ -82,7 +82,11 @@ from vllm.attention.ops.triton_attention_common import (
     split_log_sum_exp,
     to_dot_dtype,
 )
-from vllm.attention.ops.tuning.decode_configs import DECODE_TABLE, DecodeConfig
+from vllm.attention.ops.tuning.decode_configs import (
+    DECODE_TABLE,
+    DecodeConfig,
+    wave_aware_programs_per_sm,
+)
 from vllm.attention.ops.tuning.tables import device_gpu_name
 
 # Cap on splits per sequence. Batch 1 needs it: with 8 KV heads, 64 splits make the
@@ -393,6 +397,17 @@ def choose_decode_splits(
     return min(max_splits, 1 << (want - 1).bit_length())
 
 
+def decode_programs_per_sm(
+    *, kv_dtype: torch.dtype, device: torch.device
+) -> int | None:
+    """The ``programs_per_sm`` that decode launches on ``device`` pass to
+    ``choose_decode_splits``: the tuning data's resident programs per SM where
+    the wave-aware rule was measured faster (``wave_aware_programs_per_sm``),
+    else None (the default rule)."""
+    hopper = device.type == "cpu" or is_hopper(device)
+    return wave_aware_programs_per_sm(kv_dtype=kv_dtype, hopper=hopper)
+
+
 def fewest_waves(*, work: int, resident: int, max_splits: int) -> int:
     """The power-of-two split count, at most ``max_splits``, whose grid of ``work *
     s`` equal programs, ``resident`` at a time, finishes first: ``ceil(work * s /
@@ -581,11 +596,12 @@ def decode_config(
 
 class DecodePlanner:
     """The decode launch of every batch size a backend can see, decided once:
-    split counts (``choose_decode_splits``, 1 throughout when
-    ``batch_invariant``), the configs (``decode_config``, unsplit and split) and
-    one fp32 workspace buffer with a view per split count, sized for the largest
-    batch that gets it (views share the buffer: one decode launch runs at a time
-    and layers run in order). ``plan(num_decodes)`` only looks up."""
+    split counts (``choose_decode_splits``, wave-aware where
+    ``decode_programs_per_sm`` says; 1 throughout when ``batch_invariant``), the
+    configs (``decode_config``, unsplit and split) and one fp32 workspace buffer
+    with a view per split count, sized for the largest batch that gets it (views
+    share the buffer: one decode launch runs at a time and layers run in order).
+    ``plan(num_decodes)`` only looks up."""
 
     def __init__(
         self,
@@ -602,12 +618,16 @@ class DecodePlanner:
         batch_invariant: bool = False,
     ):
         self.max_num_seqs = max_num_seqs
+        programs_per_sm = decode_programs_per_sm(kv_dtype=kv_dtype, device=device)
         # splits_for_batch[n]: the split count of a batch of n decodes.
         self.splits_for_batch = [1] + [
             1
             if batch_invariant
             else choose_decode_splits(
-                num_seqs=n, num_kv_heads=num_kv_heads, num_sms=num_sms
+                num_seqs=n,
+                num_kv_heads=num_kv_heads,
+                num_sms=num_sms,
+                programs_per_sm=programs_per_sm,
             )
             for n in range(1, max_num_seqs + 1)
         ]
@@ -737,6 +757,7 @@ __all__ = [
     "choose_decode_splits",
     "config_for",
     "decode_config",
+    "decode_programs_per_sm",
     "decode_workspace_shape",
     "launch_paged_decode",
     "paged_decode_attention",

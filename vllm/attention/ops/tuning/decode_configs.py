@@ -81,6 +81,24 @@ def heuristic_decode_config(
     return DecodeConfig(block_n=block_n, num_warps=4, num_stages=2)
 
 
+# Resident programs per SM of the sm_90 build of the heuristic decode config, by
+# KV-cache dtype, for ``choose_decode_splits``' wave-aware rule; listed only where a
+# GPU run measured that rule faster than the default (fp8 e4m3: 150 registers a
+# thread, 3 programs per SM; batch 64 x 8k on 8 KV heads: 2 splits, 0.72x -> 0.91x
+# FA3). The bf16 build (118 registers, 4 per SM) keeps the default rule until
+# measured. test_paged_decode's compile test checks the count against the build.
+WAVE_AWARE_PROGRAMS_PER_SM = {"fp8": 3}
+
+
+def wave_aware_programs_per_sm(*, kv_dtype, hopper: bool) -> int | None:
+    """``programs_per_sm`` for ``choose_decode_splits`` (None: the default rule):
+    ``WAVE_AWARE_PROGRAMS_PER_SM`` on sm_90 (``hopper``; CPU interpreter runs
+    pretend to be an H200, as for the SM count), None elsewhere."""
+    if not hopper:
+        return None
+    return WAVE_AWARE_PROGRAMS_PER_SM.get(tables.dtype_name(kv_dtype))
+
+
 DECODE_TABLE = tables.TuningTable(
     kind="paged_decode",
     config_cls=DecodeConfig,
