@@ -80,26 +80,25 @@ _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
-# The consumer warpgroups' turns: two hardware named barriers of 256 threads (both
-# warpgroups), ids above those the compiler gives the partitions' own barriers. A
-# warpgroup waits for its turn with ``bar.sync`` on its barrier, which completes
-# once the other warpgroup has passed it on with ``bar.arrive`` (no wait, and no
-# warpgroup-wide sync before it, as an mbarrier arrive has).
 @gluon.jit
-def _wait_turn(t, WG: gl.constexpr):
-    if WG == 0:
-        asm: gl.constexpr = "bar.sync 14, 256; mov.u32 $0, $1;"
+def _turn(t, WG: gl.constexpr, PASS: gl.constexpr):
+    """Warpgroup ``WG`` waits for its turn to issue (``bar.sync`` on its named
+    barrier), or passes the turn to the other warpgroup once it has issued
+    (``PASS``: ``bar.arrive`` on the other's). Two hardware named barriers of 256
+    threads (both warpgroups), ids 14 and 15, above those the compiler gives the
+    partitions' own barriers; an arrive does not wait, and no warpgroup-wide sync
+    precedes it, as one precedes an mbarrier arrive. ``t`` only carries the
+    instruction (inline assembly takes an operand)."""
+    if PASS:
+        if WG == 0:
+            asm: gl.constexpr = "bar.arrive 15, 256; mov.u32 $0, $1;"
+        else:
+            asm: gl.constexpr = "bar.arrive 14, 256; mov.u32 $0, $1;"
     else:
-        asm: gl.constexpr = "bar.sync 15, 256; mov.u32 $0, $1;"
-    gl.inline_asm_elementwise(asm, "=r,r", [t], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _pass_turn(t, WG: gl.constexpr):
-    if WG == 0:
-        asm: gl.constexpr = "bar.arrive 15, 256; mov.u32 $0, $1;"
-    else:
-        asm: gl.constexpr = "bar.arrive 14, 256; mov.u32 $0, $1;"
+        if WG == 0:
+            asm: gl.constexpr = "bar.sync 14, 256; mov.u32 $0, $1;"
+        else:
+            asm: gl.constexpr = "bar.sync 15, 256; mov.u32 $0, $1;"
     gl.inline_asm_elementwise(asm, "=r,r", [t], dtype=gl.int32, is_pure=False, pack=1)
 
 
@@ -245,7 +244,7 @@ def _consumer(
     WG: gl.constexpr,
 ):  # fmt: skip
     """One consumer warpgroup: 64 query rows from ``row0 + 64 * WG``. Its q.k and
-    p.v are issued in turns with the other warpgroup's (``_wait_turn``), so one's
+    p.v are issued in turns with the other warpgroup's (``_turn``), so one's
     softmax runs while the other's products occupy the tensor cores. ``args``: the
     values both warpgroups share (``hopper_prefill_kernel``)."""
     (
@@ -302,14 +301,14 @@ def _consumer(
     o = gl.zeros([M, HEAD_SIZE], gl.float32, O_LAYOUT)
 
     if WG == 1:
-        _pass_turn(0, WG)  # warpgroup 0 issues first
-    _wait_turn(0, WG)
+        _turn(0, WG, PASS=True)  # warpgroup 0 issues first
+    _turn(0, WG, PASS=False)
     mbarrier.wait(k_bars.index(0), 0)
     s = warpgroup_mma(
         q_tile, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True
     )
     if (WG == 0) | (steps > 1):
-        _pass_turn(0, WG)
+        _turn(0, WG, PASS=True)
     s = warpgroup_mma_wait(0, deps=[s])
     mbarrier.arrive(k_empty.index(0))
     p, alpha, m_i, l_i = _softmax_step(
@@ -321,7 +320,7 @@ def _consumer(
         # Issue q.k of tile t and p.v of tile t - 1 in this warpgroup's turn.
         cur = t % STAGES
         prev = (t - 1) % STAGES
-        _wait_turn(t, WG)
+        _turn(t, WG, PASS=False)
         mbarrier.wait(k_bars.index(cur), (t // STAGES) & 1)
         s_tok = warpgroup_mma(
             q_tile, k_smem.index(cur).permute((1, 0)), s_init, use_acc=False,
@@ -331,7 +330,7 @@ def _consumer(
         o_tok = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
         if (WG == 0) | (t < steps - 1):
             # Warpgroup 1 passed one turn ahead at the start; it keeps the last.
-            _pass_turn(t, WG)
+            _turn(t, WG, PASS=True)
         # The softmax of tile t runs while p.v of tile t - 1 is in flight.
         s = warpgroup_mma_wait(1, deps=[s_tok])
         mbarrier.arrive(k_empty.index(cur))
