@@ -1,0 +1,282 @@
+"""Interleaved A/B of our kernels against FA3: arms of trees and launch options.
+
+    python benchmarks/kernels/ab_arms.py --stock-site /tmp/site --rounds 2 \\
+        --arm new=. --arm old=. --arm-args 'old=--prefill-config block_n=64' \\
+        --arm branch=/tmp/other-checkout --baseline new --out ab.json \\
+        -- --matrix full --kernels prefill --head-sizes 128 --groups 4 8 \\
+        --block-sizes 64 --kv-dtypes bf16 --query-lens 512 2048 8192
+
+An arm is a source tree (``NAME=DIR``: its ``bench_kernels.py`` and its
+``vllm/attention/ops``) plus bench options of its own (``--arm-args NAME=...``,
+e.g. ``--prefill-config ...`` or ``--decode-programs-per-sm 0``). Every arm runs
+the bench options after ``--`` (``--callers ours fa3`` is added unless given), so
+each arm's points are timed against FA3 in the same process. Runs are interleaved:
+round 1 runs every arm in order, then round 2, and so on, each in a process of its
+own (``ARM-rN.json`` in ``--work-dir``; a run whose file exists is not run again,
+so rerunning the command resumes). Runs with ``--matrix`` write their records with
+``--out``; others into a folder of their own (``--results-dir``).
+
+The record (``--out``): per arm its tree, commit and options; ``summary`` per arm
+(points, runs, the median over points of each point's median ratio to FA3 over
+the runs, the worst and best point, and the largest ratio of our max-abs error
+against the fp32 reference to FA3's); ``paired`` (each arm against ``--baseline``:
+per point, the ratio of the two arms' median ratios; its median, min and max and
+the number of points where the arm is faster); ``points`` with every run's
+numbers; the GPU, driver and versions of the first run; ``complete``.
+``--collect`` only writes the record from the runs already in ``--work-dir``;
+``--dry-run`` prints the commands.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = Path("benchmarks") / "kernels" / "bench_kernels.py"
+# What makes two runs' records the same point.
+POINT_FIELDS = ("kernel", "model", "batch", "q_len", "kv_len", "group", "head_size",
+                "block_size", "kv_dtype", "window", "softcap", "alibi", "causal",
+                "kv_from_step")  # fmt: skip
+
+
+def parse_named(items: list[str], what: str) -> dict[str, str]:
+    """``NAME=VALUE`` items as a dict, in order; a malformed or repeated name
+    stops the script with the offending item."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise SystemExit(f"{what} {item!r}: expected NAME=VALUE")
+        if name in out:
+            raise SystemExit(f"{what} {item!r}: {name} given twice")
+        out[name] = value
+    return out
+
+
+def tree_commit(tree: Path) -> str:
+    """The tree's git HEAD (``-dirty`` with uncommitted changes), or "unknown"."""
+    try:
+        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("BENCH_COMMIT", "unknown")
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def run_file(work: Path, arm: str, rnd: int) -> Path:
+    return work / f"{arm}-r{rnd}.json"
+
+
+def bench_command(args, arm: str, tree: Path, arm_args: list[str], rnd: int) -> list:
+    """The bench invocation of one arm and round."""
+    common = list(args.bench_args)
+    if "--callers" not in common:
+        common += ["--callers", "ours", "fa3"]
+    cmd = [sys.executable, str(tree / BENCH), *common, *arm_args]
+    if args.stock_site:
+        cmd += ["--stock-site", args.stock_site]
+    out = run_file(args.work_dir, arm, rnd)
+    if "--matrix" in common:
+        cmd += ["--out", str(out)]
+    else:
+        cmd += ["--results-dir", str(out.with_suffix(""))]
+    return cmd
+
+
+def run_records(path: Path) -> dict | None:
+    """The bench's JSON of one run (a matrix file, or the one file of a folder)."""
+    if path.is_file():
+        return json.loads(path.read_text())
+    folder = path.with_suffix("")
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    if len(files) == 1:
+        return json.loads(files[0].read_text())
+    return None
+
+
+def point_key(record: dict) -> tuple:
+    return tuple(record.get(f) for f in POINT_FIELDS)
+
+
+def summarize(arms: dict, runs: dict, baseline: str | None) -> dict:
+    """``summary``, ``paired`` and ``points`` of the record from ``runs``
+    (``{(arm, round): bench JSON}``)."""
+    per_arm: dict[str, dict[tuple, list]] = {arm: {} for arm in arms}
+    for (arm, rnd), data in sorted(runs.items()):
+        for rec in data.get("records", []):
+            if rec.get("ratio_vs_fa3") is None:
+                continue
+            err = rec.get("max_abs_err") or {}
+            per_arm[arm].setdefault(point_key(rec), []).append({
+                "run": rnd,
+                "ratio_vs_fa3": rec["ratio_vs_fa3"],
+                "ours": rec.get("ours"),
+                "fa3": rec.get("fa3"),
+                "unit": rec.get("unit"),
+                "max_abs_err_ours": err.get("ours"),
+                "max_abs_err_fa3": err.get("fa3"),
+                "notes_ours": (rec.get("notes") or {}).get("ours"),
+            })  # fmt: skip
+    medians = {
+        arm: {
+            k: statistics.median(r["ratio_vs_fa3"] for r in v) for k, v in pts.items()
+        }
+        for arm, pts in per_arm.items()
+    }
+    summary = {}
+    for arm, pts in per_arm.items():
+        if not pts:
+            summary[arm] = {"points": 0}
+            continue
+        meds = list(medians[arm].values())
+        errs = [
+            r["max_abs_err_ours"] / r["max_abs_err_fa3"]
+            for v in pts.values() for r in v
+            if r["max_abs_err_ours"] is not None and r["max_abs_err_fa3"]
+        ]  # fmt: skip
+        summary[arm] = {
+            "points": len(pts),
+            "runs": sorted({r["run"] for v in pts.values() for r in v}),
+            "median_ratio_vs_fa3": round(statistics.median(meds), 4),
+            "worst_ratio_vs_fa3": round(min(meds), 4),
+            "best_ratio_vs_fa3": round(max(meds), 4),
+            "worst_err_ratio_vs_fa3": round(max(errs), 4) if errs else None,
+        }
+    paired = {}
+    if baseline is not None:
+        for arm in arms:
+            if arm == baseline:
+                continue
+            common = medians[arm].keys() & medians[baseline].keys()
+            ratios = [medians[arm][k] / medians[baseline][k] for k in common]
+            if not ratios:
+                continue
+            paired[f"{arm}/{baseline}"] = {
+                "points": len(ratios),
+                "median": round(statistics.median(ratios), 4),
+                "min": round(min(ratios), 4),
+                "max": round(max(ratios), 4),
+                "faster_points": sum(r > 1 for r in ratios),
+            }
+    points = [
+        {"arm": arm, **dict(zip(POINT_FIELDS, key)),
+         "median_ratio_vs_fa3": round(medians[arm][key], 4), "runs": v}
+        for arm, pts in per_arm.items() for key, v in pts.items()
+    ]  # fmt: skip
+    return {"summary": summary, "paired": paired, "points": points}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    bench_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, bench_args = argv[:cut], argv[cut + 1 :]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arm", action="append", default=[], metavar="NAME=DIR")
+    ap.add_argument(
+        "--arm-args", action="append", default=[], metavar="NAME=ARGS",
+        help="bench options of one arm only (shell words)",
+    )  # fmt: skip
+    ap.add_argument("--baseline", help="the arm the others are paired with")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--stock-site", help="folder holding stock vLLM (for FA3)")
+    ap.add_argument("--work-dir", type=Path, default=Path("ab-work"))
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--what", default="", help="what the A/B compares (the record's)")
+    ap.add_argument("--timeout-s", type=float, default=600, help="per run")
+    ap.add_argument("--collect", action="store_true")
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args(argv)
+    args.bench_args = bench_args
+    arms = parse_named(args.arm, "--arm") or {"head": str(REPO)}
+    extra = {
+        k: shlex.split(v) for k, v in parse_named(args.arm_args, "--arm-args").items()
+    }
+    for name in extra.keys() - arms.keys():
+        raise SystemExit(f"--arm-args {name}: no such arm ({', '.join(arms)})")
+    if args.baseline is not None and args.baseline not in arms:
+        raise SystemExit(f"--baseline {args.baseline}: no such arm ({', '.join(arms)})")
+    trees = {name: Path(tree).resolve() for name, tree in arms.items()}
+    for name, tree in trees.items():
+        if not (tree / BENCH).is_file():
+            raise SystemExit(f"--arm {name}: {tree} has no {BENCH}")
+    args.work_dir = args.work_dir.resolve()
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+
+    commits = {name: tree_commit(tree) for name, tree in trees.items()}
+    runs: dict[tuple[str, int], dict] = {}
+    for rnd in range(1, args.rounds + 1):
+        for name, tree in trees.items():
+            path = run_file(args.work_dir, name, rnd)
+            cmd = bench_command(args, name, tree, extra.get(name, []), rnd)
+            if args.dry_run:
+                print(shlex.join(cmd))
+                continue
+            data = run_records(path)
+            if data is None and not args.collect:
+                t0 = time.time()
+                env = {**os.environ, "BENCH_COMMIT": commits[name]}
+                try:
+                    proc = subprocess.run(
+                        cmd, cwd=tree, env=env, capture_output=True, text=True,
+                        timeout=args.timeout_s,
+                    )  # fmt: skip
+                    failed = proc.returncode != 0
+                    log = proc.stdout + proc.stderr
+                except subprocess.TimeoutExpired as exc:
+                    failed, log = True, f"timed out after {exc.timeout} s"
+                (args.work_dir / f"{name}-r{rnd}.log").write_text(log)
+                print(f"round {rnd} {name}: {'FAILED' if failed else 'ok'} "
+                      f"({time.time() - t0:.0f} s)", flush=True)  # fmt: skip
+                data = None if failed else run_records(path)
+            if data is not None:
+                runs[(name, rnd)] = data
+    if args.dry_run:
+        return 0
+    first = (
+        runs[min(runs, key=lambda k: (k[1], list(arms).index(k[0])))] if runs else {}
+    )
+    record = {
+        "what": args.what,
+        "gpu": first.get("gpu"),
+        "driver": first.get("driver"),
+        "torch": first.get("torch"),
+        "triton": first.get("triton"),
+        "versions": first.get("versions"),
+        "command": shlex.join(
+            ["benchmarks/kernels/ab_arms.py", *argv, "--", *bench_args]
+        ),
+        "arms": {
+            name: {
+                "tree": str(trees[name]),
+                "commit": commits[name],
+                "extra_args": shlex.join(extra.get(name, [])),
+            }
+            for name in arms
+        },  # fmt: skip
+        "baseline": args.baseline,
+        "rounds": args.rounds,
+        "complete": len(runs) == args.rounds * len(arms),
+        **summarize(arms, runs, args.baseline),
+    }
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    for name, row in record["summary"].items():
+        print(name, json.dumps(row))
+    for name, row in record["paired"].items():
+        print(name, json.dumps(row))
+    return 0 if record["complete"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

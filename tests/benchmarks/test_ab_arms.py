@@ -1,0 +1,146 @@
+"""ab_arms.py with a stand-in bench (no GPU): arms run interleaved round by round,
+each with its own tree and options, a rerun resumes, and the record's summary and
+pairing are the medians the docstring names."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "kernels" / "ab_arms.py"
+
+# A bench that logs its call and writes one record per point. Its ratio to FA3 is
+# the tree's SPEED file times 0.9 with "--slow" among its options; ours' error is
+# twice FA3's. "--fail" makes it exit 1.
+FAKE_BENCH = """
+import json, os, sys
+from pathlib import Path
+argv = sys.argv[1:]
+tree = Path(__file__).resolve().parents[2]
+with open(os.environ["AB_LOG"], "a") as f:
+    f.write(json.dumps({"tree": tree.name, "argv": argv,
+                        "commit": os.environ.get("BENCH_COMMIT")}) + "\\n")
+if "--fail" in argv:
+    sys.exit(1)
+speed = float((tree / "SPEED").read_text()) * (0.9 if "--slow" in argv else 1.0)
+records = []
+for i, point_speed in enumerate((1.0, 0.5)):
+    records.append({"kernel": "prefill", "q_len": 512 * (i + 1), "kv_len": 512,
+                    "group": 4, "head_size": 128, "ratio_vs_fa3": speed * point_speed,
+                    "ours": 100.0, "fa3": 100.0, "unit": "TFLOP/s",
+                    "max_abs_err": {"ours": 2e-4, "fa3": 1e-4},
+                    "notes": {"ours": "kernel gluon"}})
+data = {"gpu": "FAKE GPU", "driver": "1", "torch": "t", "triton": "tr",
+        "versions": {}, "records": records}
+if "--out" in argv:
+    Path(argv[argv.index("--out") + 1]).write_text(json.dumps(data))
+else:
+    folder = Path(argv[argv.index("--results-dir") + 1])
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps(data))
+"""
+
+
+def _tree(root: Path, name: str, speed: float) -> Path:
+    tree = root / name
+    bench = tree / "benchmarks" / "kernels" / "bench_kernels.py"
+    bench.parent.mkdir(parents=True)
+    bench.write_text(FAKE_BENCH)
+    (tree / "SPEED").write_text(str(speed))
+    return tree
+
+
+def _run(tmp_path, *args):
+    env = {**os.environ, "AB_LOG": str(tmp_path / "calls.log"), "BENCH_COMMIT": "c0"}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--work-dir", str(tmp_path / "work"), *args],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+
+
+def _calls(tmp_path):
+    log = tmp_path / "calls.log"
+    return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+
+
+@pytest.mark.parametrize("matrix", [True, False])
+def test_interleaved_runs_summary_and_pairing(tmp_path, matrix):
+    a, b = _tree(tmp_path, "a", 1.0), _tree(tmp_path, "b", 1.1)
+    out = tmp_path / "ab.json"
+    bench = ["--matrix", "full"] if matrix else ["--kernels", "prefill"]
+    args = ["--arm", f"new={b}", "--arm", f"old={a}", "--arm", f"slow={b}",
+            "--arm-args", "slow=--slow --prefill-config block_n=64",
+            "--baseline", "old", "--rounds", "2", "--out", str(out),
+            "--", *bench]  # fmt: skip
+    res = _run(tmp_path, *args)
+    assert res.returncode == 0, res.stdout + res.stderr
+    calls = _calls(tmp_path)
+    # Round by round, arms in order; each arm's own options, FA3 in every run.
+    assert [c["tree"] for c in calls] == ["b", "a", "b"] * 2
+    assert all("--callers" in c["argv"] and c["commit"] == "c0" for c in calls)
+    assert "--slow" in calls[2]["argv"] and "--slow" not in calls[0]["argv"]
+    assert all("--slow" not in c["argv"] for c in calls if c["tree"] == "a")
+    rec = json.loads(out.read_text())
+    assert rec["complete"] and rec["gpu"] == "FAKE GPU"
+    s = rec["summary"]
+    assert s["old"]["median_ratio_vs_fa3"] == 0.75  # points at 1.0 and 0.5
+    assert (
+        s["new"]["worst_ratio_vs_fa3"] == 0.55 and s["new"]["best_ratio_vs_fa3"] == 1.1
+    )
+    assert s["new"]["runs"] == [1, 2] and s["new"]["points"] == 2
+    assert s["slow"]["worst_err_ratio_vs_fa3"] == 2.0
+    assert rec["paired"]["new/old"] == {
+        "points": 2, "median": 1.1, "min": 1.1, "max": 1.1, "faster_points": 2
+    }  # fmt: skip
+    assert rec["paired"]["slow/old"]["median"] == pytest.approx(0.99)
+    assert rec["paired"]["slow/old"]["faster_points"] == 0
+    assert rec["arms"]["slow"]["extra_args"] == "--slow --prefill-config block_n=64"
+
+    # A rerun resumes: every run is there, nothing runs again.
+    res = _run(tmp_path, *args)
+    assert res.returncode == 0, res.stderr
+    assert len(_calls(tmp_path)) == 6
+
+
+def test_a_failed_run_leaves_the_record_incomplete(tmp_path):
+    a = _tree(tmp_path, "a", 1.0)
+    out = tmp_path / "ab.json"
+    res = _run(tmp_path, "--arm", f"ok={a}", "--arm", f"bad={a}",
+               "--arm-args", "bad=--fail", "--rounds", "1", "--out", str(out),
+               "--", "--matrix", "full")  # fmt: skip
+    assert res.returncode == 1
+    assert "round 1 bad: FAILED" in res.stdout
+    rec = json.loads(out.read_text())
+    assert not rec["complete"] and rec["summary"]["bad"] == {"points": 0}
+    assert (tmp_path / "work" / "bad-r1.log").exists()
+
+
+def test_dry_run_prints_the_commands(tmp_path):
+    a = _tree(tmp_path, "a", 1.0)
+    res = _run(tmp_path, "--arm", f"x={a}", "--rounds", "1", "--stock-site", "/s",
+               "--dry-run", "--out", str(tmp_path / "o.json"), "--", "--matrix",
+               "full", "--callers", "ours", "fa3", "stock_triton")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    (line,) = res.stdout.splitlines()
+    assert "--stock-site /s" in line and "x-r1.json" in line
+    assert line.count("--callers") == 1 and "stock_triton" in line
+    assert _calls(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--arm", "x"], "expected NAME=VALUE"),
+        (["--arm", "x=.", "--arm", "x=."], "given twice"),
+        (["--arm", "x=.", "--arm-args", "y=--slow"], "no such arm"),
+        (["--arm", "x=.", "--baseline", "y"], "no such arm"),
+        (["--arm", "x=/nonexistent"], "has no benchmarks"),
+    ],
+)
+def test_bad_arms_are_refused(tmp_path, args, message):
+    res = _run(tmp_path, *args, "--out", str(tmp_path / "o.json"))
+    assert res.returncode != 0 and message in res.stderr
