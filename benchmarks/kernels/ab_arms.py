@@ -13,7 +13,8 @@ the bench options after ``--`` (``--callers ours fa3`` is added unless given), s
 each arm's points are timed against FA3 in the same process. Runs are interleaved:
 round 1 runs every arm in order, then round 2, and so on, each in a process of its
 own (``ARM-rN.json`` in ``--work-dir``; a run whose file exists is not run again,
-so rerunning the command resumes). Runs with ``--matrix`` write their records with
+so rerunning the command resumes; a failed run's output is removed, so it runs
+again). Runs with ``--matrix`` write their records with
 ``--out``; others into a folder of their own (``--results-dir``).
 
 The record (``--out``): per arm its tree, commit and options; ``summary`` per arm
@@ -31,6 +32,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -237,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
                 except subprocess.TimeoutExpired as exc:
                     failed, log = True, f"timed out after {exc.timeout} s"
                 (args.work_dir / f"{name}-r{rnd}.log").write_text(log)
+                if failed:  # a partial output must not pass for a finished run
+                    path.unlink(missing_ok=True)
+                    shutil.rmtree(path.with_suffix(""), ignore_errors=True)
                 print(f"round {rnd} {name}: {'FAILED' if failed else 'ok'} "
                       f"({time.time() - t0:.0f} s)", flush=True)  # fmt: skip
                 data = None if failed else run_records(path)

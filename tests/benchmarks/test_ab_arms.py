@@ -24,7 +24,7 @@ tree = Path(__file__).resolve().parents[2]
 with open(os.environ["AB_LOG"], "a") as f:
     f.write(json.dumps({"tree": tree.name, "argv": argv,
                         "commit": os.environ.get("BENCH_COMMIT")}) + "\\n")
-if "--fail" in argv:
+if "--fail" in argv and "--out" not in argv:
     sys.exit(1)
 speed = float((tree / "SPEED").read_text()) * (0.9 if "--slow" in argv else 1.0)
 records = []
@@ -38,6 +38,8 @@ data = {"gpu": "FAKE GPU", "driver": "1", "torch": "t", "triton": "tr",
         "versions": {}, "records": records}
 if "--out" in argv:
     Path(argv[argv.index("--out") + 1]).write_text(json.dumps(data))
+    if "--fail" in argv:  # a run that dies after writing part of its records
+        sys.exit(1)
 else:
     folder = Path(argv[argv.index("--results-dir") + 1])
     folder.mkdir(parents=True)
@@ -117,6 +119,12 @@ def test_a_failed_run_leaves_the_record_incomplete(tmp_path):
     rec = json.loads(out.read_text())
     assert not rec["complete"] and rec["summary"]["bad"] == {"points": 0}
     assert (tmp_path / "work" / "bad-r1.log").exists()
+    # Its partial output is gone: a rerun runs it again (and fails again).
+    assert not (tmp_path / "work" / "bad-r1.json").exists()
+    _run(tmp_path, "--arm", f"ok={a}", "--arm", f"bad={a}",
+         "--arm-args", "bad=--fail", "--rounds", "1", "--out", str(out),
+         "--", "--matrix", "full")  # fmt: skip
+    assert [c["argv"].count("--fail") for c in _calls(tmp_path)] == [0, 1, 1]
 
 
 def test_dry_run_prints_the_commands(tmp_path):
