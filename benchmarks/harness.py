@@ -170,10 +170,16 @@ def git_commit() -> str:
     uncommitted changes), else unknown."""
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
+    return tree_commit(REPO)
+
+
+def tree_commit(tree: Path) -> str:
+    """HEAD of the checkout at ``tree`` (``-dirty`` with uncommitted changes),
+    else unknown."""
 
     def git(*args: str) -> str:
         return subprocess.run(
-            ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10
+            ["git", *args], cwd=tree, capture_output=True, text=True, timeout=10
         ).stdout.strip()
 
     try:

@@ -40,11 +40,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 BENCH = Path("benchmarks") / "kernels" / "bench_kernels.py"
-# What makes two runs' records the same point.
-POINT_FIELDS = ("kernel", "model", "batch", "q_len", "kv_len", "group", "head_size",
-                "block_size", "kv_dtype", "window", "softcap", "alibi", "causal",
-                "kv_from_step")  # fmt: skip
 
 
 def parse_named(items: list[str], what: str) -> dict[str, str]:
@@ -59,20 +57,6 @@ def parse_named(items: list[str], what: str) -> dict[str, str]:
             raise SystemExit(f"{what} {item!r}: {name} given twice")
         out[name] = value
     return out
-
-
-def tree_commit(tree: Path) -> str:
-    """The tree's git HEAD (``-dirty`` with uncommitted changes), or "unknown"."""
-    try:
-        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"],
-                              capture_output=True, text=True, check=True)  # fmt: skip
-        dirty = subprocess.run(
-            ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("BENCH_COMMIT", "unknown")
-    return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
 def run_file(work: Path, arm: str, rnd: int) -> Path:
@@ -107,7 +91,17 @@ def run_records(path: Path) -> dict | None:
 
 
 def point_key(record: dict) -> tuple:
-    return tuple(record.get(f) for f in POINT_FIELDS)
+    """The bench's own name of a record's point (``bench_kernels.record_key``),
+    with the model, which tells the native points apart."""
+    from benchmarks.kernels import bench_kernels as bk
+
+    return (record.get("model"), *bk.record_key(bk._flat_key_fields(record)))
+
+
+def point_fields(key: tuple) -> dict:
+    from benchmarks.kernels import bench_kernels as bk
+
+    return dict(zip(("model", *bk.KEY_FIELDS), key))
 
 
 def summarize(arms: dict, runs: dict, baseline: str | None) -> dict:
@@ -171,7 +165,7 @@ def summarize(arms: dict, runs: dict, baseline: str | None) -> dict:
                 "faster_points": sum(r > 1 for r in ratios),
             }
     points = [
-        {"arm": arm, **dict(zip(POINT_FIELDS, key)),
+        {"arm": arm, **point_fields(key),
          "median_ratio_vs_fa3": round(medians[arm][key], 4), "runs": v}
         for arm, pts in per_arm.items() for key, v in pts.items()
     ]  # fmt: skip
@@ -216,7 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     args.work_dir = args.work_dir.resolve()
     args.work_dir.mkdir(parents=True, exist_ok=True)
 
-    commits = {name: tree_commit(tree) for name, tree in trees.items()}
+    from benchmarks import harness
+
+    # A copied tree without git metadata: $BENCH_COMMIT names it.
+    commits = {name: harness.tree_commit(tree) for name, tree in trees.items()}
+    commits = {
+        name: os.environ.get("BENCH_COMMIT", c) if c == "unknown" else c
+        for name, c in commits.items()
+    }
     runs: dict[tuple[str, int], dict] = {}
     for rnd in range(1, args.rounds + 1):
         for name, tree in trees.items():
@@ -249,9 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs[(name, rnd)] = data
     if args.dry_run:
         return 0
-    first = (
-        runs[min(runs, key=lambda k: (k[1], list(arms).index(k[0])))] if runs else {}
-    )
+    first = next(iter(runs.values()), {})  # runs hold round 1's arms first
     record = {
         "what": args.what,
         "gpu": first.get("gpu"),
