@@ -42,7 +42,6 @@ import json
 import math
 import multiprocessing
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -56,6 +55,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from benchmarks.harness import git_commit, gpu_info  # noqa: E402
 from benchmarks.kernels.merge_tuning import table_text  # noqa: E402
 from vllm.attention.ops.prefix_prefill import prefix_prefill_attention  # noqa: E402
 from vllm.attention.ops.reference import ref_paged_attention  # noqa: E402
@@ -475,10 +475,10 @@ def _provenance(args, gpu_name: str, *, method: str, earlier: dict | None) -> di
         records.append(args.record)
     return {
         "gpu": gpu_name,
-        "commit": args.commit or _git_commit(),
+        "commit": args.commit or git_commit(),
         "triton": triton.__version__,
         "torch": torch.__version__,
-        "driver": _driver_version(),
+        "driver": gpu_info()["driver"],
         "vllm": _vllm_source(),
         "method": method,
         "date": datetime.date.today().isoformat(),
@@ -502,29 +502,6 @@ def _vllm_source() -> str:
     except importlib.metadata.PackageNotFoundError:
         version = "no vllm distribution"
     return f"{version}; kernels from {os.path.dirname(prefix_prefill.__file__)}"
-
-
-def _run_text(cmd: list[str]) -> str | None:
-    """stdout of ``cmd`` stripped, or None when it cannot run or fails."""
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
-
-
-def _driver_version() -> str | None:
-    """The NVIDIA driver of GPU 0 (nvidia-smi), None elsewhere."""
-    text = _run_text(
-        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"]
-    )
-    return text.splitlines()[0] if text else None
-
-
-def _git_commit() -> str:
-    """Short HEAD of the checkout this file is in, or 'unknown' (a copied tree)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return _run_text(["git", "-C", here, "rev-parse", "--short", "HEAD"]) or "unknown"
 
 
 def _tune_batches(shape, bucket, gen):
