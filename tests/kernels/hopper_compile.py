@@ -578,7 +578,7 @@ def hopper_kernel_cases():
     from vllm.attention.ops import prefix_prefill_hopper as hopper
     from vllm.attention.ops.tuning.prefill_configs import PrefillConfig
 
-    tiles = {64: [(128, 3)], 128: [(128, 2), (64, 3)], 256: [(64, 2)]}
+    tiles = {64: [(128, 3)], 96: [(128, 2)], 128: [(128, 2), (64, 3)], 256: [(64, 2)]}
     for head_size, head_tiles in tiles.items():
         for block_n, num_stages in head_tiles:
             tile = PrefillConfig(128, block_n, 4, num_stages, gluon=True)

@@ -1097,7 +1097,7 @@ def test_a_table_with_two_entries_of_one_class_is_refused(tmp_path, monkeypatch)
     "key, config, match",
     [
         ({}, {"block_m": 64, "num_warps": 4, "gluon": True}, "128 rows on 4 warps"),
-        ({"head_size": 96}, {"gluon": True, "use_tma": True}, "never takes"),
+        ({"head_size": 80}, {"gluon": True, "use_tma": True}, "never takes"),
         ({"kv_dtype": "fp8"}, {"gluon": True, "use_tma": True}, "never takes"),
         ({}, {"gluon": True}, "loads K/V by TMA"),
         ({}, {"gluon": True, "use_tma": True, "longest_first": False}, "longest"),

@@ -80,7 +80,8 @@ def _tile(**fields):
         ({}, {}, None),
         ({"head_size": 64, "group": 7, "block_size": 128}, {}, None),
         ({"head_size": 256, "group": 1}, {}, None),
-        ({"head_size": 96}, {}, "head size 96"),
+        ({"head_size": 96}, {}, None),
+        ({"head_size": 80}, {}, "head size 80"),
         ({"dtype": torch.float8_e4m3fn}, {}, "16-bit"),
         ({}, {"alibi_slopes": torch.ones(8)}, "ALiBi"),
         ({}, {"sinks": torch.ones(8)}, "sinks"),
@@ -207,6 +208,31 @@ def test_launch_grid_walks_every_head_and_row_tile(pretend_hopper):
     assert kwargs["seq_start"] == 1
 
 
+def test_head_96_runs_in_128_columns_of_zeros_past_the_row(pretend_hopper):
+    """K/V boxes of the padded width over cache rows of the head size: TMA reads
+    the columns past a row as zeros. The kernel masks the query and output
+    columns by HEAD_SIZE."""
+    query, cache = _tensors(head_size=96, group=1)
+    ((kernel, _, kwargs),) = prefill_launches(
+        query=query,
+        key_cache=cache[:, 0],
+        value_cache=cache[:, 1],
+        output=torch.empty_like(query),
+        block_table=torch.zeros((3, 8), dtype=torch.int32),
+        query_start_loc=torch.zeros(4, dtype=torch.int32),
+        seq_lens=torch.zeros(3, dtype=torch.int32),
+        max_query_len=100,
+        softmax_scale=0.1,
+        config=GLUON_TILE,
+    )
+    assert kernel is hopper.hopper_prefill_kernel
+    assert kwargs["HEAD_SIZE"] == 96
+    for desc in (kwargs["k_desc"], kwargs["v_desc"]):
+        assert list(desc.block_shape) == [64, 128]
+        assert list(desc.shape)[1] == 96 and desc.padding == "zero"
+    assert kwargs["ROWS_PER_HEAD"] == 64
+
+
 def test_valid_gluon_configs_are_two_warpgroups_of_64_rows():
     ok = dict(head_size=128, kv_dtype=torch.bfloat16)
     assert is_valid_config(GLUON_TILE, **ok)
@@ -270,6 +296,9 @@ GPU_CASES = [
     ),
     (64, 8, 64, dataclasses.replace(GLUON_TILE, num_stages=3), [(257, 257), (33, 999)]),
     (256, 2, 64, dataclasses.replace(GLUON_TILE, block_n=64), [(300, 300), (70, 1000)]),
+    # Head 96 in 128 columns (Phi-3-mini: group 1), with a window.
+    (96, 1, 64, GLUON_TILE, [(1, 1), (300, 300), (129, 1000)]),
+    (96, 4, 16, TILE_64, [(77, 300), (513, 513)], 200),
     (128, 2, 16, GLUON_TILE, [(77, 300), (250, 250)]),
     (128, 4, 64, GLUON_TILE, [(64, 1000), (513, 2000), (300, 300)], 200),
     (128, 7, 64, GLUON_TILE, [(129, 640), (1, 70), (400, 400)], 50),

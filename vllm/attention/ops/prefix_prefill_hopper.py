@@ -3,7 +3,7 @@
 
 The same contract as ``prefix_prefill.py`` (query rows over the paged KV cache,
 causal, the new tokens' K/V already in the cache) for the common case: a 16-bit
-cache of the query's dtype, head size 64, 128 or 256, a sliding window or none,
+cache of the query's dtype, head size 64, 96, 128 or 256, a sliding window or none,
 a soft-cap or none, no ALiBi or sinks, K/V tiles that are whole slices of pages,
 no KV split. Everything else runs in the portable Triton kernel; the launch plan
 (``prefix_prefill.plan_prefill``) is the one place that chooses, from the launch
@@ -50,6 +50,9 @@ never overlap. Gluon states the schedule explicitly:
   before P.V (a free cache slot may hold NaN, and 0 * NaN is NaN): the first
   consumer zeroes them, the second waits on a barrier for it.
 * The accumulator is divided by the row sums and stored through pointers.
+* Head size 96 runs in 128 columns (``head_pad``): the K/V boxes are 128 wide and
+  TMA reads the columns past the cache row as zeros, the query's are loaded as
+  zeros, and the output's are not stored.
 """
 
 import torch
@@ -68,6 +71,7 @@ from vllm.attention.ops.triton_attention_common import (
     LOG2E,
     AttentionInputs,
     cache_descriptor,
+    head_pad,
     softcap_enabled,
 )
 from vllm.attention.ops.tuning.prefill_configs import GLUON_BLOCK_M
@@ -240,8 +244,8 @@ def _producer(
 def _consumer(
     args, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
     STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
-    GROUP_SIZE: gl.constexpr, USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr,
-    WG: gl.constexpr,
+    GROUP_SIZE: gl.constexpr, HEAD_SIZE: gl.constexpr, USE_WINDOW: gl.constexpr,
+    USE_SOFTCAP: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """One consumer warpgroup: 64 query rows from ``row0 + 64 * WG``. Its q.k and
     p.v are issued in turns with the other warpgroup's (``_turn``), so one's
@@ -255,18 +259,18 @@ def _consumer(
     M: gl.constexpr = _WG_ROWS
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
-    HEAD_SIZE: gl.constexpr = k_smem.shape[2]
+    HEAD_PAD: gl.constexpr = k_smem.shape[2]
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
     )
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_SIZE, 16]
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_PAD, 16]
     )
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(
         operand_index=0, parent=O_LAYOUT, k_width=2
     )
     IO_LAYOUT: gl.constexpr = gl.BlockedLayout(
-        [1, 8], [256 // HEAD_SIZE, HEAD_SIZE // 8], [4, 1], [1, 0]
+        [1, 8], [256 // HEAD_PAD, HEAD_PAD // 8], [4, 1], [1, 0]
     )
     ROW_IO: gl.constexpr = gl.SliceLayout(1, IO_LAYOUT)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
@@ -279,10 +283,12 @@ def _consumer(
     )
 
     rows = first_row + gl.arange(0, M, layout=ROW_IO)
-    cols = gl.arange(0, HEAD_SIZE, layout=gl.SliceLayout(0, IO_LAYOUT))
+    cols = gl.arange(0, HEAD_PAD, layout=gl.SliceLayout(0, IO_LAYOUT))
     token = rows // GROUP_SIZE
     head = kv_head * GROUP_SIZE + rows % GROUP_SIZE
     row_valid = gl.expand_dims(token < q_len, 1)
+    if HEAD_SIZE < HEAD_PAD:
+        row_valid = row_valid & gl.expand_dims(cols < HEAD_SIZE, 0)
     q_offsets = (q_start + token).to(gl.int64) * STRIDE_Q_TOKEN + head * STRIDE_Q_HEAD
     q = gl.load(
         query_ptr + gl.expand_dims(q_offsets, 1) + gl.expand_dims(cols, 0),
@@ -298,7 +304,7 @@ def _consumer(
     m_i = gl.full([M], -float("inf"), gl.float32, ROW_S)
     l_i = gl.zeros([M], gl.float32, ROW_S)
     s_init = gl.zeros([M, BLOCK_N], gl.float32, S_LAYOUT)
-    o = gl.zeros([M, HEAD_SIZE], gl.float32, O_LAYOUT)
+    o = gl.zeros([M, HEAD_PAD], gl.float32, O_LAYOUT)
 
     if WG == 1:
         _turn(0, WG, PASS=True)  # warpgroup 0 issues first
@@ -389,6 +395,7 @@ def hopper_prefill_kernel(
     gl.static_assert(STAGES >= 2)
     gl.static_assert(num_warps == 4)
     gl.static_assert(BLOCK_M == 2 * _WG_ROWS)
+    HEAD_PAD: gl.constexpr = k_desc.block_type.shape[1]  # head_size's power of two
     seq, kv_head, q_start, q_len, row0 = _program_rows(
         query_start_loc_ptr, seq_start, num_seqs, NUM_KV_HEADS, BLOCK_M
     )
@@ -402,13 +409,13 @@ def hopper_prefill_kernel(
         table_row_ptr = block_table_ptr + seq.to(gl.int64) * block_table_stride
 
         q_smem = gl.allocate_shared_memory(
-            k_desc.dtype, [2, _WG_ROWS, HEAD_SIZE], k_desc.layout
+            k_desc.dtype, [2, _WG_ROWS, HEAD_PAD], k_desc.layout
         )
         k_smem = gl.allocate_shared_memory(
-            k_desc.dtype, [STAGES, BLOCK_N, HEAD_SIZE], k_desc.layout
+            k_desc.dtype, [STAGES, BLOCK_N, HEAD_PAD], k_desc.layout
         )
         v_smem = gl.allocate_shared_memory(
-            v_desc.dtype, [STAGES, BLOCK_N, HEAD_SIZE], v_desc.layout
+            v_desc.dtype, [STAGES, BLOCK_N, HEAD_PAD], v_desc.layout
         )
         bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
         k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
@@ -441,10 +448,12 @@ def hopper_prefill_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
-                             STRIDE_O_HEAD, GROUP_SIZE, USE_WINDOW, USE_SOFTCAP,
+                             STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE, USE_WINDOW,
+                             USE_SOFTCAP,
                              0)),
                 (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
-                             STRIDE_O_HEAD, GROUP_SIZE, USE_WINDOW, USE_SOFTCAP,
+                             STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE, USE_WINDOW,
+                             USE_SOFTCAP,
                              1)),
                 (_producer, (k_desc, v_desc, k_smem, v_smem, k_bars, v_bars,
                              k_empty, v_empty, table_row_ptr, kv_head, first_tile,
@@ -464,7 +473,7 @@ def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
     query, key_cache, output = inputs.query, inputs.key_cache, inputs.output
     config, head_size = plan.config, query.shape[2]
     block_size = key_cache.shape[2]
-    box = (min(config.block_n, block_size), head_size)
+    box = (min(config.block_n, block_size), head_pad(head_size))
     layout = gl.NVMMASharedLayout.get_default_for(box, _GL_DTYPE[key_cache.dtype])
     kwargs = dict(
         query_ptr=query,
