@@ -56,7 +56,7 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
 # The pressure servers' page size unless --block-size is given (vLLM's CUDA default).
 DEFAULT_BLOCK_SIZE = 16
 # Per scenario: duration (s, for the timed ones) and the greedy agreement needed.
-DURATION = {"abort-storm": 600.0, "soak": 1500.0}
+DURATION = {"abort-storm": 600.0, "soak": 900.0}
 MIN_AGREEMENT = {"preemption": 0.99}  # others: 1.0 (identical)
 
 
@@ -602,7 +602,7 @@ def parse_args(argv):
     add("--model-dir", type=Path, help="serve this model directory (real weights)")
     add("--out-dir", type=Path, required=True)
     add("--rate", type=float, default=10.0, help="saturating request rate (req/s)")
-    add("--duration-s", dest="duration", type=float, help="abort-storm 600, soak 1500")
+    add("--duration-s", dest="duration", type=float, help="abort-storm 600, soak 900")
     add("--drain-s", type=float, default=300.0, help="wait for in-flight requests")
     add("--sample-s", type=float, default=10.0)
     add("--settle-s", type=float, default=60.0, help="memory baseline after this")
