@@ -503,11 +503,13 @@ def caller_ours(
     decode_config=None,
     decode_max_splits=None,
     decode_programs_per_sm=None,
+    decode_num_splits=None,
     prefill_num_splits=None,
     prefill_config_fields=None,
 ) -> Runner:
     """Our kernels; ``decode_config`` overrides the decode tuning table (the decode
-    tuner's candidates), ``decode_max_splits`` the split cap. Prefill gets the
+    tuner's candidates), ``decode_max_splits`` the split cap, ``decode_num_splits``
+    forces a split count instead of ``choose_decode_splits``'. Prefill gets the
     sequences' KV length as ``max_seq_len``, as in the backend, so it splits its keys
     where ``choose_decode_splits`` says; ``prefill_num_splits`` forces a count, and
     ``prefill_config_fields`` (a dict) replaces fields of the config the launch
@@ -516,7 +518,7 @@ def caller_ours(
     key_cache, value_cache = inp.kv_cache[:, 0], inp.kv_cache[:, 1]
     slopes = alibi_slopes(s, inp.query.device)
     if s.kernel == "decode":
-        splits = ops.choose_decode_splits(
+        splits = decode_num_splits or ops.choose_decode_splits(
             num_seqs=s.batch,
             num_kv_heads=s.num_kv_heads,
             num_sms=ops.hardware.num_sms(inp.query.device),
@@ -558,7 +560,8 @@ def caller_ours(
                 alibi_sqrt=s.alibi == "sqrt",
             )
 
-        return Runner(run, out, note=f"splits={splits}")
+        mode = "forced" if decode_num_splits else "auto"
+        return Runner(run, out, note=f"splits={splits} ({mode})")
 
     pp = ops.prefix_prefill
     features = {"sliding_window": s.window, "logits_soft_cap": s.softcap,
@@ -866,6 +869,7 @@ def measure_point(s: Shape, args) -> dict:
                     inp,
                     decode_max_splits=args.decode_max_splits,
                     decode_programs_per_sm=args.decode_programs_per_sm,
+                    decode_num_splits=args.decode_num_splits,
                     prefill_num_splits=args.prefill_num_splits,
                     prefill_config_fields=args.prefill_config,
                 )
@@ -1388,6 +1392,14 @@ def main() -> None:
         "to measure a different cap against FA3 in the same run",
     )
     p.add_argument(
+        "--decode-num-splits",
+        type=int,
+        default=None,
+        help="KV splits of every decode launch of ours instead of "
+        "choose_decode_splits' choice (1: never split; at most SPLIT_LIMIT), to "
+        "measure split counts against FA3 in the same run",
+    )
+    p.add_argument(
         "--decode-programs-per-sm",
         type=int,
         default=None,
@@ -1477,6 +1489,16 @@ def main() -> None:
             print(" ".join(fields))
         print(f"{len(shapes)} points")
         return
+    if args.decode_num_splits is not None:
+        if args.decode_num_splits < 1:
+            p.error("--decode-num-splits must be at least 1")
+        ignored = [flag for flag, value in (
+            ("--decode-max-splits", args.decode_max_splits),
+            ("--decode-programs-per-sm", args.decode_programs_per_sm),
+        ) if value is not None]  # fmt: skip
+        if ignored:
+            p.error(f"--decode-num-splits forces the split count: {ignored} would "
+                    "do nothing")  # fmt: skip
     stock_callers = [c for c in args.callers if c in STOCK_CALLERS]
     if stock_callers and args.stock_site is None:
         p.error(
@@ -1539,6 +1561,8 @@ def main() -> None:
         suffix += f"-splits{args.decode_max_splits}"
     if args.decode_programs_per_sm is not None:
         suffix += f"-waves{args.decode_programs_per_sm}"
+    if args.decode_num_splits is not None:
+        suffix += f"-decode-splits{args.decode_num_splits}"
     if args.prefill_num_splits is not None:
         suffix += f"-prefill-splits{args.prefill_num_splits}"
     for name, value in args.prefill_config.items():

@@ -524,6 +524,7 @@ def test_matrix_run_writes_each_point_and_resumes(monkeypatch, tmp_path):
         callers=list(bk.CALLERS),
         decode_max_splits=None,
         decode_programs_per_sm=None,
+        decode_num_splits=None,
         prefill_num_splits=None,
         prefill_config={},
     )
@@ -845,3 +846,61 @@ def test_ours_prefill_takes_the_picked_config_with_the_given_fields(monkeypatch)
     assert "split_head=True" in runner.note
     bk.caller_ours(shape, inp).run(0)
     assert planned[-1] is None
+
+
+def test_ours_decode_forced_splits_replace_the_rule(monkeypatch):
+    """--decode-num-splits launches every decode with that split count (and a
+    workspace for it) instead of choose_decode_splits' choice; without it the rule
+    decides. The note says which."""
+    chosen, launched = [], []
+
+    def choose(**kw):
+        chosen.append(kw)
+        return 2
+
+    for name, value in (
+        ("choose_decode_splits", choose),
+        ("decode_programs_per_sm", lambda **kw: None),
+        ("decode_workspace_shape", lambda **kw: (kw["num_splits"],)),
+        ("WORKSPACE_DTYPE", torch.float32),
+        ("MAX_DECODE_SPLITS", 64),
+        ("paged_decode_attention", lambda **kw: launched.append(kw["num_splits"])),
+        ("hardware", SimpleNamespace(num_sms=lambda d: 132)),
+    ):
+        monkeypatch.setattr(bk.ops, name, value, raising=False)
+    shape = bk.Shape("decode", "m", 32, 1, 8192, 32, 8, 128, 16, kv_dtype="fp8")
+    inp = SimpleNamespace(
+        query=torch.zeros(32, 32, 128),
+        kv_cache=torch.zeros(1, 2, 8, 16, 128),
+        block_tables=[None],
+        seq_lens=None,
+        softmax_scale=0.1,
+        k_scale=None,
+        v_scale=None,
+    )
+    forced = bk.caller_ours(shape, inp, decode_num_splits=4)
+    forced.run(0)
+    assert chosen == [] and launched == [4]
+    assert forced.note == "splits=4 (forced)"
+    auto = bk.caller_ours(shape, inp)
+    auto.run(0)
+    assert len(chosen) == 1 and launched == [4, 2]
+    assert auto.note == "splits=2 (auto)"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--decode-num-splits", "0"], "must be at least 1"),
+        (["--decode-num-splits", "4", "--decode-max-splits", "8"], "would do nothing"),
+        (["--decode-num-splits", "4", "--decode-programs-per-sm", "3"], "per-sm"),
+    ],
+)
+def test_forced_decode_splits_refuse_options_they_override(extra, message):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks/kernels/bench_kernels.py"),
+         "--callers", "ours", *extra],
+        cwd=REPO, capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr
