@@ -182,8 +182,8 @@ def test_launch_off_hopper_is_the_portable_kernel():
     assert _launch_kernels(GLUON_TILE) == [prefix_prefill._prefix_prefill_kernel]
 
 
-def test_launch_grid_walks_every_head_and_row_tile(pretend_hopper):
-    query, cache = _tensors(group=7)
+def _gluon_launch(query, cache, **plan):
+    """The one launch of a 100-token plan of 3 sequences with the Gluon tile."""
     ((kernel, grid, kwargs),) = prefill_launches(
         query=query,
         key_cache=cache[:, 0],
@@ -194,10 +194,14 @@ def test_launch_grid_walks_every_head_and_row_tile(pretend_hopper):
         seq_lens=torch.zeros(3, dtype=torch.int32),
         max_query_len=100,
         softmax_scale=0.1,
-        seq_start=1,
-        num_seqs=2,
         config=GLUON_TILE,
+        **plan,
     )
+    return kernel, grid, kwargs
+
+
+def test_launch_grid_walks_every_head_and_row_tile(pretend_hopper):
+    kernel, grid, kwargs = _gluon_launch(*_tensors(group=7), seq_start=1, num_seqs=2)
     assert kernel is hopper.hopper_prefill_kernel
     # 100 tokens x 7 heads in 6 tiles of 128 rows, for 2 sequences x 2 KV heads.
     assert grid == (6 * 4,)
@@ -212,19 +216,7 @@ def test_head_96_runs_in_128_columns_of_zeros_past_the_row(pretend_hopper):
     """K/V boxes of the padded width over cache rows of the head size: TMA reads
     the columns past a row as zeros. The kernel masks the query and output
     columns by HEAD_SIZE."""
-    query, cache = _tensors(head_size=96, group=1)
-    ((kernel, _, kwargs),) = prefill_launches(
-        query=query,
-        key_cache=cache[:, 0],
-        value_cache=cache[:, 1],
-        output=torch.empty_like(query),
-        block_table=torch.zeros((3, 8), dtype=torch.int32),
-        query_start_loc=torch.zeros(4, dtype=torch.int32),
-        seq_lens=torch.zeros(3, dtype=torch.int32),
-        max_query_len=100,
-        softmax_scale=0.1,
-        config=GLUON_TILE,
-    )
+    kernel, _, kwargs = _gluon_launch(*_tensors(head_size=96, group=1))
     assert kernel is hopper.hopper_prefill_kernel
     assert kwargs["HEAD_SIZE"] == 96
     for desc in (kwargs["k_desc"], kwargs["v_desc"]):
