@@ -504,12 +504,15 @@ def caller_ours(
     decode_max_splits=None,
     decode_programs_per_sm=None,
     decode_num_splits=None,
+    decode_config_fields=None,
     prefill_num_splits=None,
     prefill_config_fields=None,
 ) -> Runner:
     """Our kernels; ``decode_config`` overrides the decode tuning table (the decode
     tuner's candidates), ``decode_max_splits`` the split cap, ``decode_num_splits``
-    forces a split count instead of ``choose_decode_splits``'. Prefill gets the
+    forces a split count instead of ``choose_decode_splits``', and
+    ``decode_config_fields`` (a dict) replaces fields of the config the launch
+    would pick (``config_for``: its table entry or the heuristic). Prefill gets the
     sequences' KV length as ``max_seq_len``, as in the backend, so it splits its keys
     where ``choose_decode_splits`` says; ``prefill_num_splits`` forces a count, and
     ``prefill_config_fields`` (a dict) replaces fields of the config the launch
@@ -540,6 +543,17 @@ def caller_ours(
             device=inp.query.device,
         )
 
+        note = f"splits={splits} ({'forced' if decode_num_splits else 'auto'})"
+        if decode_config_fields:
+            picked = decode_config or ops.decode_config(
+                device=inp.query.device, head_size=s.head_size,
+                q_dtype=inp.query.dtype, kv_dtype=key_cache.dtype,
+                group=s.num_q_heads // s.num_kv_heads, block_size=s.block_size,
+                split=splits > 1,
+            )  # fmt: skip
+            decode_config = replace(picked, **decode_config_fields)
+            note += f"; config {decode_config}"
+
         def run(i):
             ops.paged_decode_attention(
                 query=inp.query,
@@ -560,8 +574,7 @@ def caller_ours(
                 alibi_sqrt=s.alibi == "sqrt",
             )
 
-        mode = "forced" if decode_num_splits else "auto"
-        return Runner(run, out, note=f"splits={splits} ({mode})")
+        return Runner(run, out, note=note)
 
     pp = ops.prefix_prefill
     features = {"sliding_window": s.window, "logits_soft_cap": s.softcap,
@@ -870,6 +883,7 @@ def measure_point(s: Shape, args) -> dict:
                     decode_max_splits=args.decode_max_splits,
                     decode_programs_per_sm=args.decode_programs_per_sm,
                     decode_num_splits=args.decode_num_splits,
+                    decode_config_fields=args.decode_config,
                     prefill_num_splits=args.prefill_num_splits,
                     prefill_config_fields=args.prefill_config,
                 )
@@ -1037,7 +1051,8 @@ def import_modules(stock_site: str | None) -> dict:
 
     for name in ("choose_decode_splits", "decode_workspace_shape", "WORKSPACE_DTYPE",
                  "paged_decode_attention", "MAX_DECODE_SPLITS",
-                 "decode_programs_per_sm"):  # fmt: skip
+                 "decode_programs_per_sm", "decode_config",
+                 "DecodeConfig"):  # fmt: skip
         setattr(ops, name, getattr(dec, name))
     ops.hardware = hardware
     ops.prefix_prefill_attention = prefix_prefill_attention
@@ -1319,7 +1334,8 @@ def selected_shapes(args) -> list[Shape]:
 
 
 def config_field(item: str) -> tuple[str, int | bool]:
-    """``FIELD=VALUE`` of ``--prefill-config``: an int, or a bool as true/false."""
+    """``FIELD=VALUE`` of ``--prefill-config`` / ``--decode-config``: an int, or a
+    bool as true/false."""
     name, sep, value = item.partition("=")
     flags = {"true": True, "false": False}
     if not sep or not (value.lower() in flags or value.lstrip("-").isdigit()):
@@ -1332,15 +1348,13 @@ def config_field(item: str) -> tuple[str, int | bool]:
     return name, int(value)
 
 
-def config_fields(pairs, config_cls) -> dict:
-    """``--prefill-config``'s pairs as fields of ``config_cls`` (bool fields from
-    0/1 too); ValueError names a name that is not a field."""
+def config_fields(pairs, config_cls, flag: str = "--prefill-config") -> dict:
+    """``flag``'s pairs as fields of ``config_cls`` (bool fields from 0/1 too);
+    ValueError names a name that is not a field."""
     kinds = {f.name: f.type for f in fields(config_cls)}
     unknown = sorted({name for name, _ in pairs} - set(kinds))
     if unknown:
-        raise ValueError(
-            f"--prefill-config: no field {unknown}; fields: {sorted(kinds)}"
-        )
+        raise ValueError(f"{flag}: no field {unknown}; fields: {sorted(kinds)}")
     return {
         name: bool(value) if kinds[name] in (bool, "bool") else int(value)
         for name, value in pairs
@@ -1390,6 +1404,16 @@ def main() -> None:
         default=None,
         help="cap of choose_decode_splits for our decode (default: MAX_DECODE_SPLITS); "
         "to measure a different cap against FA3 in the same run",
+    )
+    p.add_argument(
+        "--decode-config",
+        nargs="+",
+        type=config_field,
+        default=[],
+        metavar="FIELD=VALUE",
+        help="replace these fields of our decode launches' config (their table "
+        "entry or the heuristic), e.g. early_convert=1 block_n=32; to measure a "
+        "config option against FA3 in the same run",
     )
     p.add_argument(
         "--decode-num-splits",
@@ -1512,6 +1536,9 @@ def main() -> None:
         args.prefill_config = config_fields(
             args.prefill_config, ops.prefix_prefill.PrefillConfig
         )
+        args.decode_config = config_fields(
+            args.decode_config, ops.DecodeConfig, "--decode-config"
+        )
     except ValueError as e:
         p.error(str(e))
     out_dir = Path(args.results_dir)
@@ -1565,7 +1592,7 @@ def main() -> None:
         suffix += f"-decode-splits{args.decode_num_splits}"
     if args.prefill_num_splits is not None:
         suffix += f"-prefill-splits{args.prefill_num_splits}"
-    for name, value in args.prefill_config.items():
+    for name, value in {**args.prefill_config, **args.decode_config}.items():
         suffix += f"-{name}{int(value)}"
     path = out_dir / f"{stamp}-{result['commit']}{suffix}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")

@@ -525,6 +525,7 @@ def test_matrix_run_writes_each_point_and_resumes(monkeypatch, tmp_path):
         decode_max_splits=None,
         decode_programs_per_sm=None,
         decode_num_splits=None,
+        decode_config={},
         prefill_num_splits=None,
         prefill_config={},
     )
@@ -787,7 +788,7 @@ def test_held_out_set_chooses_the_shapes(monkeypatch, tmp_path, argv, shapes):
     assert runs == [shapes]
 
 
-def test_prefill_config_option_parses_and_checks_fields():
+def test_config_options_parse_and_check_fields():
     assert bk.config_field("split_head=true") == ("split_head", True)
     assert bk.config_field("num_stages=3") == ("num_stages", 3)
     for bad in ("split_head", "num_stages=x"):
@@ -798,6 +799,10 @@ def test_prefill_config_option_parses_and_checks_fields():
     assert type(got["split_head"]) is bool
     with pytest.raises(ValueError, match=r"no field \['nope'\]; fields: .*split_head"):
         bk.config_fields([("nope", 1)], PrefillConfig)
+    got = bk.config_fields([("early_convert", 1)], dc.DecodeConfig, "--decode-config")
+    assert got == {"early_convert": True}
+    with pytest.raises(ValueError, match=r"--decode-config: no field \['split_head'\]"):
+        bk.config_fields([("split_head", 1)], dc.DecodeConfig, "--decode-config")
 
 
 def test_ours_prefill_takes_the_picked_config_with_the_given_fields(monkeypatch):
@@ -848,11 +853,22 @@ def test_ours_prefill_takes_the_picked_config_with_the_given_fields(monkeypatch)
     assert planned[-1] is None
 
 
-def test_ours_decode_forced_splits_replace_the_rule(monkeypatch):
+def test_ours_decode_forced_splits_and_config_fields(monkeypatch):
     """--decode-num-splits launches every decode with that split count (and a
     workspace for it) instead of choose_decode_splits' choice; without it the rule
-    decides. The note says which."""
-    chosen, launched = [], []
+    decides. --decode-config replaces fields of the config the launch would pick
+    for its split flag; without it the launch picks its own (config=None). The
+    note says which."""
+    chosen, launched, configs, picks = [], [], [], []
+    picked = dc.DecodeConfig(64, 4, 2)
+
+    def pick(**kw):
+        picks.append(kw["split"])
+        return picked
+
+    def launch(**kw):
+        launched.append(kw["num_splits"])
+        configs.append(kw["config"])
 
     def choose(**kw):
         chosen.append(kw)
@@ -864,7 +880,8 @@ def test_ours_decode_forced_splits_replace_the_rule(monkeypatch):
         ("decode_workspace_shape", lambda **kw: (kw["num_splits"],)),
         ("WORKSPACE_DTYPE", torch.float32),
         ("MAX_DECODE_SPLITS", 64),
-        ("paged_decode_attention", lambda **kw: launched.append(kw["num_splits"])),
+        ("paged_decode_attention", launch),
+        ("decode_config", pick),
         ("hardware", SimpleNamespace(num_sms=lambda d: 132)),
     ):
         monkeypatch.setattr(bk.ops, name, value, raising=False)
@@ -886,6 +903,13 @@ def test_ours_decode_forced_splits_replace_the_rule(monkeypatch):
     auto.run(0)
     assert len(chosen) == 1 and launched == [4, 2]
     assert auto.note == "splits=2 (auto)"
+    assert configs == [None, None] and picks == []
+    fields = {"early_convert": True}
+    changed = bk.caller_ours(shape, inp, decode_config_fields=fields)
+    changed.run(0)
+    assert picks == [True]  # two splits: the split key's config
+    assert configs[-1] == dc.DecodeConfig(64, 4, 2, early_convert=True)
+    assert changed.note.endswith("early_convert=True)")
 
 
 @pytest.mark.parametrize(
