@@ -545,11 +545,13 @@ def caller_ours(
 
         note = f"splits={splits} ({'forced' if decode_num_splits else 'auto'})"
         if decode_config_fields:
-            picked = decode_config or ops.decode_config(
-                device=inp.query.device, head_size=s.head_size,
-                q_dtype=inp.query.dtype, kv_dtype=key_cache.dtype,
-                group=s.num_q_heads // s.num_kv_heads, block_size=s.block_size,
-                split=splits > 1,
+            picked = decode_config or ops.config_for(
+                ops.AttentionInputs(
+                    query=inp.query, key_cache=key_cache, value_cache=value_cache,
+                    output=out, block_table=inp.block_tables[0],
+                    seq_lens=inp.seq_lens, softmax_scale=inp.softmax_scale,
+                ),
+                splits,
             )  # fmt: skip
             decode_config = replace(picked, **decode_config_fields)
             note += f"; config {decode_config}"
@@ -1051,7 +1053,7 @@ def import_modules(stock_site: str | None) -> dict:
 
     for name in ("choose_decode_splits", "decode_workspace_shape", "WORKSPACE_DTYPE",
                  "paged_decode_attention", "MAX_DECODE_SPLITS",
-                 "decode_programs_per_sm", "decode_config",
+                 "decode_programs_per_sm", "config_for", "AttentionInputs",
                  "DecodeConfig"):  # fmt: skip
         setattr(ops, name, getattr(dec, name))
     ops.hardware = hardware

@@ -862,8 +862,8 @@ def test_ours_decode_forced_splits_and_config_fields(monkeypatch):
     chosen, launched, configs, picks = [], [], [], []
     picked = dc.DecodeConfig(64, 4, 2)
 
-    def pick(**kw):
-        picks.append(kw["split"])
+    def pick(inputs, num_splits):
+        picks.append(num_splits > 1)
         return picked
 
     def launch(**kw):
@@ -881,7 +881,8 @@ def test_ours_decode_forced_splits_and_config_fields(monkeypatch):
         ("WORKSPACE_DTYPE", torch.float32),
         ("MAX_DECODE_SPLITS", 64),
         ("paged_decode_attention", launch),
-        ("decode_config", pick),
+        ("config_for", pick),
+        ("AttentionInputs", lambda **kw: kw),
         ("hardware", SimpleNamespace(num_sms=lambda d: 132)),
     ):
         monkeypatch.setattr(bk.ops, name, value, raising=False)
