@@ -286,13 +286,15 @@ def _consumer(
     cols = gl.arange(0, HEAD_PAD, layout=gl.SliceLayout(0, IO_LAYOUT))
     token = rows // GROUP_SIZE
     head = kv_head * GROUP_SIZE + rows % GROUP_SIZE
-    row_valid = gl.expand_dims(token < q_len, 1)
+    # The elements of the query and output rows that exist: rows of the query,
+    # columns of the head (padded heads: not the zero columns past it).
+    io_valid = gl.expand_dims(token < q_len, 1)
     if HEAD_SIZE < HEAD_PAD:
-        row_valid = row_valid & gl.expand_dims(cols < HEAD_SIZE, 0)
+        io_valid = io_valid & gl.expand_dims(cols < HEAD_SIZE, 0)
     q_offsets = (q_start + token).to(gl.int64) * STRIDE_Q_TOKEN + head * STRIDE_Q_HEAD
     q = gl.load(
         query_ptr + gl.expand_dims(q_offsets, 1) + gl.expand_dims(cols, 0),
-        mask=row_valid,
+        mask=io_valid,
         other=0.0,
     )
     q_tile = q_smem.index(WG)
@@ -376,7 +378,7 @@ def _consumer(
     gl.store(
         output_ptr + gl.expand_dims(o_offsets, 1) + gl.expand_dims(cols, 0),
         out,
-        mask=row_valid,
+        mask=io_valid,
     )
 
 

@@ -52,9 +52,8 @@ SPLIT_HEAD_SIZES = (96,)
 # consumer warpgroups of 64 rows on 4 warps each (the kernel adds the second
 # warpgroup and its load warp), K/V tiles of 64 or 128 keys in a ring of at least
 # 2 stages, head sizes whose tiles are whole wgmma operands (96 in 128 columns,
-# zero-padded). One rule, read by the
-# sweep's validity filter (``is_valid_config``) and by the launch plan
-# (``prefix_prefill.hopper_kernel_refusal``).
+# zero-padded). One rule, read by the sweep's validity filter (``is_valid_config``)
+# and by the launch plan (``prefix_prefill.hopper_kernel_refusal``).
 GLUON_BLOCK_M = 128
 GLUON_NUM_WARPS = 4
 GLUON_BLOCK_NS = (64, 128)
