@@ -15,6 +15,7 @@ Argument specialisation mirrors Triton's launcher: pointers and ints divisible b
 
 import dataclasses
 import glob
+import itertools
 import json
 import os
 import re
@@ -573,40 +574,49 @@ def _prefix_prefill_cases():
 def hopper_kernel_cases():
     """Launches of the Gluon Hopper kernel on CPU tensors (2 KV heads, 4
     sequences), as ``(name, kernel, kwargs)``: the tiles (block_n, num_stages) its
-    tests, the tuning sweep and the H200 table use, per head size."""
+    tests, the tuning sweep and the H200 table use, per head size; on 16-bit
+    caches, and on e4m3 caches (fp8_qk) with pages of 64."""
     from vllm.attention.ops import prefix_prefill as pp
     from vllm.attention.ops import prefix_prefill_hopper as hopper
     from vllm.attention.ops.tuning.prefill_configs import PrefillConfig
 
     tiles = {64: [(128, 3)], 96: [(128, 2)], 128: [(128, 2), (64, 3)], 256: [(64, 2)]}
+    fp8 = torch.float8_e4m3fn
+    caches = [(torch.bfloat16, 16), (torch.bfloat16, 64), (torch.bfloat16, 128)]
+    caches.append((fp8, 64))
     for head_size, head_tiles in tiles.items():
-        for block_n, num_stages in head_tiles:
-            tile = PrefillConfig(128, block_n, 4, num_stages, gluon=True)
-            for block_size in (16, 64, 128):
-                query = torch.empty((64, 8, head_size), dtype=torch.bfloat16)
-                cache = torch.empty((8, 2, 2, block_size, head_size), dtype=query.dtype)
-                # The plan of an sm_90 device (these CPU tensors stand in).
-                with mock.patch.object(pp, "is_hopper", lambda device: True):
-                    ((kernel, _, kwargs),) = prefill_launches(
-                        query=query, key_cache=cache[:, 0], value_cache=cache[:, 1],
-                        output=torch.empty_like(query),
-                        block_table=torch.zeros((4, 37), dtype=torch.int32),
-                        query_start_loc=torch.zeros(5, dtype=torch.int32),
-                        seq_lens=torch.zeros(4, dtype=torch.int32),
-                        max_query_len=16, softmax_scale=0.1, config=tile,
-                    )  # fmt: skip
-                name = f"hopper d{head_size}-bs{block_size}-128x{block_n}-s{num_stages}"
-                assert kernel is hopper.hopper_prefill_kernel, name
-                yield name, kernel, kwargs
-                # A sliding window: masks at its edge, the loop from its first tile.
-                yield f"{name} window", kernel, {**kwargs, "USE_WINDOW": True}
-                # Soft-cap (Gemma-2: with and without a window).
-                yield f"{name} soft-cap", kernel, {**kwargs, "USE_SOFTCAP": True}
-                yield (
-                    f"{name} window soft-cap",
-                    kernel,
-                    {**kwargs, "USE_WINDOW": True, "USE_SOFTCAP": True},
-                )
+        for (block_n, num_stages), (cache_dtype, block_size) in itertools.product(
+            head_tiles, caches
+        ):
+            is_fp8 = cache_dtype == fp8
+            tile = PrefillConfig(128, block_n, 4, num_stages, gluon=True, fp8_qk=is_fp8)
+            query = torch.empty((64, 8, head_size), dtype=torch.bfloat16)
+            cache = torch.empty((8, 2, 2, block_size, head_size), dtype=cache_dtype)
+            scales = torch.ones(1) if is_fp8 else None
+            # The plan of an sm_90 device (these CPU tensors stand in).
+            with mock.patch.object(pp, "is_hopper", lambda device: True):
+                ((kernel, _, kwargs),) = prefill_launches(
+                    query=query, key_cache=cache[:, 0], value_cache=cache[:, 1],
+                    output=torch.empty_like(query),
+                    block_table=torch.zeros((4, 37), dtype=torch.int32),
+                    query_start_loc=torch.zeros(5, dtype=torch.int32),
+                    seq_lens=torch.zeros(4, dtype=torch.int32),
+                    max_query_len=16, softmax_scale=0.1, config=tile,
+                    k_scale=scales, v_scale=scales,
+                )  # fmt: skip
+            name = f"hopper d{head_size}-bs{block_size}-128x{block_n}-s{num_stages}"
+            name += " fp8" if is_fp8 else ""
+            assert kernel is hopper.hopper_prefill_kernel, name
+            yield name, kernel, kwargs
+            # A sliding window: masks at its edge, the loop from its first tile.
+            yield f"{name} window", kernel, {**kwargs, "USE_WINDOW": True}
+            # Soft-cap (Gemma-2: with and without a window).
+            yield f"{name} soft-cap", kernel, {**kwargs, "USE_SOFTCAP": True}
+            yield (
+                f"{name} window soft-cap",
+                kernel,
+                {**kwargs, "USE_WINDOW": True, "USE_SOFTCAP": True},
+            )
 
 
 def _cache_write_cases(*cache_dtypes):
@@ -680,9 +690,12 @@ def main() -> int:
             summary = ptx_summary(compiled)
             serialized = wgmma_serialized(compiled)
             # TMA loads, wgmma and no serialisation of the asynchronous wgmma
-            # (the overlap of softmax and the next q.k is the kernel's point); up
-            # to head size 128 no spills beyond a stray register.
+            # (the overlap of softmax and the next q.k is the kernel's point), q.k
+            # on e4m3 wgmma exactly for fp8 caches; up to head size 128 no spills
+            # beyond a stray register.
             good = summary["wgmma"] > 0 and summary["tma"] > 0 and not serialized
+            is_fp8 = kwargs["FP8_MAX"] > 0
+            good &= (summary["wgmma_e4m3"] > 0) == is_fp8
             stack_bytes = summary.get("stack_bytes", 0)
             good &= stack_bytes <= MAX_GLUON_STACK_BYTES or kwargs["HEAD_SIZE"] > 128
             ok &= good

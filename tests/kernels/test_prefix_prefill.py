@@ -22,6 +22,7 @@ import triton.language as tl
 from tests.kernels.conftest import (
     BLOCK_SIZES,
     DEVICE,
+    FP8_QK_TOLERANCE,
     GQA_GROUPS,
     HEAD_SIZES,
     INTERPRET,
@@ -30,6 +31,7 @@ from tests.kernels.conftest import (
     assert_close,
     fp8_skip_reason,
     make_paged_batch,
+    put_query_on_fp8_grid,
 )
 from vllm.attention.ops import prefix_prefill
 from vllm.attention.ops.paged_cache_write import write_to_paged_cache
@@ -46,10 +48,6 @@ from vllm.attention.ops.triton_attention_common import (
 )
 from vllm.attention.ops.tuning.prefill_configs import PREFILL_TABLE, PrefillConfig
 from vllm.attention.ops.tuning.tables import device_gpu_name
-
-# fp8_qk rounds the query to e4m3 (3 mantissa bits): ~0.06-0.1 of error at outputs of
-# magnitude ~1-3, against 0.015 without it.
-FP8_QK_TOLERANCE = (torch.bfloat16, 0.15, 0.05)
 
 # (query_len, kv_len) rows of one batch: a single-token row with context, a pure
 # prefill (empty context), a prefix hit, and a chunked-prefill row whose query spans
@@ -450,22 +448,6 @@ def _run(
     )
 
 
-def _put_query_on_fp8_grid(batch, fp8_dtype, head_size):
-    """Make ``fp8_qk``'s quantisation exact: every query row holds fp8 values times
-    one power of two, and its first element is the format's largest value. With a
-    power-of-two softmax scale (head size 64), each program's tile then has the same
-    largest magnitude, its scale is a power of two and q / scale is q's fp8 value."""
-    assert head_size == 64, "the softmax scale 1/8 must be a power of two"
-    fp8_max = torch.finfo(fp8_dtype).max
-    gen = torch.Generator().manual_seed(7)
-    grid = (torch.randn(batch.query.shape, generator=gen) * fp8_max / 4).clamp(
-        -fp8_max, fp8_max
-    )
-    grid = grid.to(fp8_dtype).float()
-    grid[..., 0] = fp8_max
-    batch.query.copy_((grid * 2.0**-8).to(batch.query.dtype))
-
-
 def _check_case(case, seed=0):
     if case["cache_dtype"] is not None:
         reason = fp8_skip_reason(case["cache_dtype"])
@@ -482,7 +464,7 @@ def _check_case(case, seed=0):
         seed=seed,
     )
     if case.get("q_on_fp8_grid"):
-        _put_query_on_fp8_grid(batch, case["cache_dtype"], case["head_size"])
+        put_query_on_fp8_grid(batch, case["cache_dtype"], case["head_size"])
     gen = torch.Generator().manual_seed(seed + 1)
     heads = case["num_q_heads"]
     alibi_slopes = sinks = None

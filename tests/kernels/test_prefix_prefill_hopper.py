@@ -18,10 +18,12 @@ pytest.importorskip("triton.experimental.gluon")
 
 from tests.kernels.conftest import (  # noqa: E402
     DEVICE,
+    FP8_QK_TOLERANCE,
     ON_GPU,
     TOLERANCES,
     assert_close,
     make_paged_batch,
+    put_query_on_fp8_grid,
 )
 from tests.kernels.hopper_compile import prefill_launches  # noqa: E402
 from vllm.attention.ops import prefix_prefill  # noqa: E402
@@ -83,6 +85,11 @@ def _tile(**fields):
         ({"head_size": 96}, {}, None),
         ({"head_size": 80}, {}, "head size 80"),
         ({"dtype": torch.float8_e4m3fn}, {}, "16-bit"),
+        # An e4m3 cache runs q.k on fp8 tensor cores: only with fp8_qk.
+        ({"dtype": torch.float8_e4m3fn}, _tile(fp8_qk=True), None),
+        ({"dtype": torch.float8_e4m3fn, "head_size": 256}, _tile(fp8_qk=True), None),
+        ({"dtype": torch.float8_e5m2}, _tile(fp8_qk=True), "float8_e4m3fn"),
+        ({"dtype": torch.float8_e4m3fnuz}, _tile(fp8_qk=True), "float8_e4m3fn"),
         ({}, {"alibi_slopes": torch.ones(8)}, "ALiBi"),
         ({}, {"sinks": torch.ones(8)}, "sinks"),
         ({}, {"logits_soft_cap": 30.0}, None),
@@ -182,7 +189,7 @@ def test_launch_off_hopper_is_the_portable_kernel():
     assert _launch_kernels(GLUON_TILE) == [prefix_prefill._prefix_prefill_kernel]
 
 
-def _gluon_launch(query, cache, **plan):
+def _gluon_launch(query, cache, config=GLUON_TILE, **plan):
     """The one launch of a 100-token plan of 3 sequences with the Gluon tile."""
     ((kernel, grid, kwargs),) = prefill_launches(
         query=query,
@@ -194,7 +201,7 @@ def _gluon_launch(query, cache, **plan):
         seq_lens=torch.zeros(3, dtype=torch.int32),
         max_query_len=100,
         softmax_scale=0.1,
-        config=GLUON_TILE,
+        config=config,
         **plan,
     )
     return kernel, grid, kwargs
@@ -225,6 +232,28 @@ def test_head_96_runs_in_128_columns_of_zeros_past_the_row(pretend_hopper):
     assert kwargs["ROWS_PER_HEAD"] == 64
 
 
+def test_fp8_cache_launch_quantises_the_query_and_reads_fp8_boxes(pretend_hopper):
+    """An e4m3 cache with fp8_qk: the Gluon kernel's descriptors are over the fp8
+    cache (its boxes as for a 16-bit one), and the launch passes the cache's
+    scales and the format's largest value (the query's quantisation)."""
+    k_scale, v_scale = torch.tensor([0.5]), torch.tensor([2.0])
+    kernel, _, kwargs = _gluon_launch(
+        *_tensors(dtype=torch.float8_e4m3fn),
+        config=dataclasses.replace(GLUON_TILE, fp8_qk=True),
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
+    assert kernel is hopper.hopper_prefill_kernel
+    assert kwargs["k_scale_ptr"] is k_scale and kwargs["v_scale_ptr"] is v_scale
+    assert kwargs["FP8_MAX"] == 448.0
+    for desc in (kwargs["k_desc"], kwargs["v_desc"]):
+        assert desc.base.dtype == torch.float8_e4m3fn
+        assert list(desc.block_shape) == [64, 128]
+    # A 16-bit cache passes no scales.
+    _, _, kwargs = _gluon_launch(*_tensors())
+    assert kwargs["k_scale_ptr"] is None and kwargs["FP8_MAX"] == 0.0
+
+
 def test_valid_gluon_configs_are_two_warpgroups_of_64_rows():
     ok = dict(head_size=128, kv_dtype=torch.bfloat16)
     assert is_valid_config(GLUON_TILE, **ok)
@@ -238,6 +267,14 @@ def test_valid_gluon_configs_are_two_warpgroups_of_64_rows():
     assert not is_valid_config(
         dataclasses.replace(GLUON_TILE, longest_first=False), **ok
     )
+    # fp8 caches: each consumer's fp16 copy of the V tile counts too, so head
+    # 256 takes 64-key tiles only (128: 288 KiB).
+    fp8 = dataclasses.replace(GLUON_TILE, fp8_qk=True)
+    assert is_valid_config(fp8, head_size=128, kv_dtype=torch.float8_e4m3fn)
+    assert not is_valid_config(fp8, head_size=256, kv_dtype=torch.float8_e4m3fn)
+    assert is_valid_config(
+        dataclasses.replace(fp8, block_n=64), head_size=256, kv_dtype="fp8"
+    )
 
 
 def test_shipped_gluon_entries_run_the_gluon_kernel(pretend_hopper):
@@ -249,7 +286,11 @@ def test_shipped_gluon_entries_run_the_gluon_kernel(pretend_hopper):
     from vllm.attention.ops.tuning import tables
     from vllm.attention.ops.tuning.prefill_configs import PREFILL_TABLE
 
-    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+    dtypes = {
+        "bfloat16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp8": torch.float8_e4m3fn,  # the Gluon kernel's fp8 format
+    }
     entries = 0
     for path in sorted(tables.TUNING_DIR.glob("prefix_prefill_*.json")):
         gpu = json.loads(path.read_text())["provenance"]["gpu"]
@@ -257,15 +298,13 @@ def test_shipped_gluon_entries_run_the_gluon_kernel(pretend_hopper):
             if not config.gluon:
                 continue
             fields = dict(zip(PREFILL_TABLE.key_fields, key))
-            assert fields["kv_dtype"] == fields["q_dtype"], (path.name, key)
-            dtype = dtypes[fields["q_dtype"]]
             query, cache = _tensors(
                 head_size=fields["head_size"],
                 group=fields["group"],
                 block_size=fields["block_size"],
-                dtype=dtype,
+                dtype=dtypes[fields["kv_dtype"]],
             )
-            query = query.to(dtype)
+            query = query.to(dtypes[fields["q_dtype"]])
             assert _refusal(query, cache, config) is None, (path.name, key, config)
             entries += 1
     assert entries > 0
@@ -302,10 +341,11 @@ GPU_CASES = [
 ]
 
 
-@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel runs on sm_90 only")
-@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("case", GPU_CASES, ids=str)
-def test_matches_reference_on_hopper(case, q_dtype):
+def _check_on_hopper(case, q_dtype, cache_dtype=None, tolerance=None):
+    """One GPU case through the public function with the Gluon config, against
+    the reference (the query dtype's tolerance unless given). An fp8 cache gets
+    randn K/V quantised with per-tensor scales; ``tolerance="fp8-grid"`` puts the
+    query on the fp8 grid first, so its quantisation is exact (head size 64)."""
     head_size, group, block_size, config, seqs, *features = case
     window, soft_cap = (*features, None, None)[:2]
     batch = make_paged_batch(
@@ -315,9 +355,13 @@ def test_matches_reference_on_hopper(case, q_dtype):
         head_size=head_size,
         block_size=block_size,
         q_dtype=q_dtype,
+        cache_dtype=cache_dtype,
         seed=group,
         device=DEVICE,
     )
+    if tolerance == "fp8-grid":
+        put_query_on_fp8_grid(batch, cache_dtype, head_size)
+        tolerance = None
     assert _refusal(batch.query, batch.kv_cache, config) is None
     output = torch.full_like(batch.query, float("nan"))
     prefix_prefill_attention(
@@ -330,6 +374,8 @@ def test_matches_reference_on_hopper(case, q_dtype):
         seq_lens=batch.seq_lens,
         max_query_len=batch.max_query_len,
         softmax_scale=head_size**-0.5,
+        k_scale=batch.k_scale,
+        v_scale=batch.v_scale,
         sliding_window=window,
         logits_soft_cap=soft_cap,
         config=config,
@@ -341,5 +387,61 @@ def test_matches_reference_on_hopper(case, q_dtype):
         sliding_window=window,
         logits_soft_cap=soft_cap,
     )
-    _, atol, rtol = TOLERANCES[q_dtype]
-    assert_close(output, expected, dtype=q_dtype, atol=atol, rtol=rtol)
+    dtype, atol, rtol = tolerance or TOLERANCES[q_dtype]
+    assert_close(output, expected, dtype=dtype, atol=atol, rtol=rtol)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel runs on sm_90 only")
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+def test_matches_reference_on_hopper(case, q_dtype):
+    _check_on_hopper(case, q_dtype)
+
+
+FP8_TILE = dataclasses.replace(GLUON_TILE, fp8_qk=True)
+# As GPU_CASES, on e4m3 caches: every head size, pages of 16 and 64, a window,
+# Gemma-2's soft-cap at head 256 (64-key tiles: the fp16 V copies take shared
+# memory).
+GPU_FP8_CASES = [
+    (128, 4, 64, FP8_TILE, [(1, 1), (37, 100), (200, 200), (64, 1000), (513, 2000)]),
+    (
+        128,
+        8,
+        16,
+        dataclasses.replace(FP8_TILE, block_n=64, num_stages=3),
+        [(300, 300), (129, 640)],
+        200,
+    ),
+    (64, 1, 64, dataclasses.replace(FP8_TILE, num_stages=3), [(257, 257), (33, 999)]),
+    (96, 1, 64, FP8_TILE, [(300, 300), (129, 1000)]),
+    (
+        256,
+        2,
+        64,
+        dataclasses.replace(FP8_TILE, block_n=64),
+        [(300, 700), (70, 1000)],
+        None,
+        50.0,
+    ),
+]
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel runs on sm_90 only")
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("case", GPU_FP8_CASES, ids=str)
+def test_fp8_cache_matches_reference_on_hopper(case, q_dtype):
+    """The query rounded to e4m3: the portable kernel's fp8_qk tolerance."""
+    _check_on_hopper(
+        case, q_dtype, cache_dtype=torch.float8_e4m3fn, tolerance=FP8_QK_TOLERANCE
+    )
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel runs on sm_90 only")
+def test_fp8_cache_with_the_query_on_the_fp8_grid_is_exact_to_bf16_tolerance():
+    """A query already on the e4m3 grid, its largest element in every row: each
+    consumer's quantisation is exact, so a wrong query, key or value scale fails
+    the bf16 tolerance."""
+    case = (64, 4, 64, FP8_TILE, [(300, 300), (129, 640), (1, 70)])
+    _check_on_hopper(
+        case, torch.bfloat16, cache_dtype=torch.float8_e4m3fn, tolerance="fp8-grid"
+    )

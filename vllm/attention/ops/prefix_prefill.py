@@ -763,10 +763,14 @@ def hopper_kernel_refusal(
         return "not an NVIDIA Hopper (sm_90) GPU"
     if _hopper_kernels() is None:
         return "this Triton has no Gluon"
-    if layer.q_dtype not in (torch.bfloat16, torch.float16) or (
-        layer.kv_dtype != layer.q_dtype
+    if layer.q_dtype not in (torch.bfloat16, torch.float16) or not (
+        layer.kv_dtype == layer.q_dtype
+        or (layer.kv_dtype == torch.float8_e4m3fn and config.fp8_qk)
     ):
-        return "the cache is not 16-bit of the query's dtype"
+        return (
+            "the cache is neither 16-bit of the query's dtype nor e4m3 (float8_e4m3fn)"
+            " with the config's fp8_qk"
+        )
     if layer.head_size not in GLUON_HEAD_SIZES:
         return f"head size {layer.head_size} is not one of {GLUON_HEAD_SIZES}"
     if layer.alibi or layer.sinks:

@@ -3,9 +3,10 @@
 
 The same contract as ``prefix_prefill.py`` (query rows over the paged KV cache,
 causal, the new tokens' K/V already in the cache) for the common case: a 16-bit
-cache of the query's dtype, head size 64, 96, 128 or 256, a sliding window or none,
-a soft-cap or none, no ALiBi or sinks, K/V tiles that are whole slices of pages,
-no KV split. Everything else runs in the portable Triton kernel; the launch plan
+cache of the query's dtype or an e4m3 cache with the config's ``fp8_qk``, head size
+64, 96, 128 or 256, a sliding window or none, a soft-cap or none, no ALiBi or
+sinks, K/V tiles that are whole slices of pages, no KV split. Everything else
+runs in the portable Triton kernel; the launch plan
 (``prefix_prefill.plan_prefill``) is the one place that chooses, from the launch
 config's ``gluon`` flag and ``prefix_prefill.hopper_kernel_refusal``, before it
 chooses the split count. This module holds the kernel and its launch only; the
@@ -53,6 +54,14 @@ never overlap. Gluon states the schedule explicitly:
 * Head size 96 runs in 128 columns (``head_pad``): the K/V boxes are 128 wide and
   TMA reads the columns past the cache row as zeros, the query's are loaded as
   zeros, and the output's are not stored.
+* An e4m3 cache (constexpr ``FP8``, from the descriptors' dtype): q.k runs on fp8
+  tensor cores. Each consumer rounds its query rows to e4m3 once, with one scale
+  for its tile (its largest magnitude maps to the format's largest value, as the
+  portable kernel's ``fp8_qk``), folded with ``k_scale`` into the score scale.
+  p.v stays 16-bit: wgmma takes fp8 operands only K-major, and V's tile is
+  key-major. Each consumer converts every V tile into its own fp16 copy in shared
+  memory (exact), zeroing the rows past the sequence end there, and releases the
+  fp8 slot at once; p.v reads the copy, and ``v_scale`` scales the output.
 """
 
 import torch
@@ -71,6 +80,7 @@ from vllm.attention.ops.triton_attention_common import (
     LOG2E,
     AttentionInputs,
     cache_descriptor,
+    fp8_max,
     head_pad,
     softcap_enabled,
 )
@@ -79,7 +89,11 @@ from vllm.attention.ops.tuning.prefill_configs import GLUON_BLOCK_M
 # Query rows per consumer warpgroup: a wgmma instruction covers 64 rows of 4 warps;
 # a program's GLUON_BLOCK_M rows are two consumer warpgroups.
 _WG_ROWS = gl.constexpr(GLUON_BLOCK_M // 2)
-_GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+_GL_DTYPE = {
+    torch.bfloat16: gl.bfloat16,
+    torch.float16: gl.float16,
+    torch.float8_e4m3fn: gl.float8e4nv,
+}
 # The block-wide barrier: ``thread_barrier`` in Triton 3.6, ``barrier`` in 3.8.
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
@@ -174,6 +188,44 @@ def _softmax_step(
 
 
 @gluon.jit
+def _query_to_fp8(q, FP8_MAX: gl.constexpr, FP8_DTYPE: gl.constexpr):
+    """A consumer's query rows on the fp8 grid and their scale: the tile's largest
+    magnitude maps to ``FP8_MAX`` (an all-zero tile gets scale 1), so no element
+    saturates."""
+    q = q.to(gl.float32)
+    amax = gl.max(gl.max(gl.abs(q), axis=1), axis=0)
+    q_scale = gl.where(amax > 0.0, amax / FP8_MAX, 1.0)
+    return (q / q_scale).to(FP8_DTYPE), q_scale
+
+
+@gluon.jit
+def _values_to_fp16(v_smem, v_bars, v_empty, v16, t, tile, seq_len):
+    """An fp8 cache's V tile ``tile`` (ring step ``t``) into this consumer's fp16
+    copy ``v16``, in slices of 32 keys; keys past the sequence end become zeros
+    (a free cache slot may hold NaN). Then the ring slot is released and the copy
+    made visible to wgmma. Exact: every e4m3 value is an fp16 value."""
+    STAGES: gl.constexpr = v_smem.shape[0]
+    BLOCK_N: gl.constexpr = v_smem.shape[1]
+    HEAD_PAD: gl.constexpr = v_smem.shape[2]
+    KEYS: gl.constexpr = 32
+    # 16 bytes of fp8 per thread and load.
+    LAYOUT: gl.constexpr = gl.BlockedLayout(
+        [1, 16], [512 // HEAD_PAD, HEAD_PAD // 16], [4, 1], [1, 0]
+    )
+    slot = t % STAGES
+    mbarrier.wait(v_bars.index(slot), (t // STAGES) & 1)
+    for k0 in gl.static_range(0, BLOCK_N, KEYS):
+        v = v_smem.index(slot).slice(k0, KEYS).load(LAYOUT)
+        keys = gl.arange(0, KEYS, layout=gl.SliceLayout(1, LAYOUT))
+        keys = tile * BLOCK_N + k0 + keys
+        v = gl.where(gl.expand_dims(keys < seq_len, 1), v.to(gl.float16), 0.0)
+        v16.slice(k0, KEYS).store(v)
+    mbarrier.arrive(v_empty.index(slot))
+    fence_async_shared()
+    _cta_barrier()
+
+
+@gluon.jit
 def _program_rows(
     query_start_loc_ptr, seq_start, num_seqs, NUM_KV_HEADS: gl.constexpr,
     BLOCK_M: gl.constexpr,
@@ -245,7 +297,7 @@ def _consumer(
     args, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
     STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
     GROUP_SIZE: gl.constexpr, HEAD_SIZE: gl.constexpr, USE_WINDOW: gl.constexpr,
-    USE_SOFTCAP: gl.constexpr, WG: gl.constexpr,
+    USE_SOFTCAP: gl.constexpr, FP8_MAX: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """One consumer warpgroup: 64 query rows from ``row0 + 64 * WG``. Its q.k and
     p.v are issued in turns with the other warpgroup's (``_turn``), so one's
@@ -253,15 +305,18 @@ def _consumer(
     values both warpgroups share (``hopper_prefill_kernel``)."""
     (
         query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty,
-        v_empty, tail_bar, q_start, q_len, seq_len, row0, kv_head,
-        first_tile, steps, scale_log2, softcap, sliding_window,
+        v_empty, tail_bar, q_start, q_len, seq_len, row0, kv_head, first_tile,
+        steps, scale_log2, softcap, sliding_window, fp8_args,
     ) = args  # fmt: skip
     M: gl.constexpr = _WG_ROWS
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_PAD: gl.constexpr = k_smem.shape[2]
+    FP8: gl.constexpr = k_smem.dtype.is_fp8()
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+        version=[3, 0],
+        warps_per_cta=[4, 1],
+        instr_shape=[16, BLOCK_N, 32 if FP8 else 16],  # K of a wgmma: 32 bytes
     )
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_PAD, 16]
@@ -274,7 +329,7 @@ def _consumer(
     )
     ROW_IO: gl.constexpr = gl.SliceLayout(1, IO_LAYOUT)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
-    P_DTYPE: gl.constexpr = k_smem.dtype
+    P_DTYPE: gl.constexpr = gl.float16 if FP8 else k_smem.dtype
 
     first_row = row0 + WG * M
     context = seq_len - q_len
@@ -297,6 +352,13 @@ def _consumer(
         mask=io_valid,
         other=0.0,
     )
+    if FP8:
+        v16_smem, k_scale, v_scale = fp8_args
+        q, q_scale = _query_to_fp8(q, FP8_MAX, k_smem.dtype)
+        if USE_SOFTCAP:
+            softcap = (softcap[0] * (q_scale * k_scale), softcap[1])
+        else:
+            scale_log2 = scale_log2 * (q_scale * k_scale)
     q_tile = q_smem.index(WG)
     q_tile.store(q)
     fence_async_shared()
@@ -324,6 +386,9 @@ def _consumer(
         sliding_window, scale_log2, softcap, S_LAYOUT, P_LAYOUT, O_LAYOUT, P_DTYPE,
         BLOCK_N, USE_WINDOW, USE_SOFTCAP,
     )  # fmt: skip
+    if FP8:
+        v16 = v16_smem.index(WG)
+        _values_to_fp16(v_smem, v_bars, v_empty, v16, 0, first_tile, seq_len)
     for t in range(1, steps):
         # Issue q.k of tile t and p.v of tile t - 1 in this warpgroup's turn.
         cur = t % STAGES
@@ -334,8 +399,11 @@ def _consumer(
             q_tile, k_smem.index(cur).permute((1, 0)), s_init, use_acc=False,
             is_async=True,
         )  # fmt: skip
-        mbarrier.wait(v_bars.index(prev), ((t - 1) // STAGES) & 1)
-        o_tok = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
+        if FP8:
+            o_tok = warpgroup_mma(p, v16, o, is_async=True)
+        else:
+            mbarrier.wait(v_bars.index(prev), ((t - 1) // STAGES) & 1)
+            o_tok = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
         if (WG == 0) | (t < steps - 1):
             # Warpgroup 1 passed one turn ahead at the start; it keeps the last.
             _turn(t, WG, PASS=True)
@@ -348,30 +416,38 @@ def _consumer(
             P_DTYPE, BLOCK_N, USE_WINDOW, USE_SOFTCAP,
         )  # fmt: skip
         o, p = warpgroup_mma_wait(0, deps=[o_tok, p])
-        mbarrier.arrive(v_empty.index(prev))
+        if FP8:  # p.v of tile t - 1 has read the copy: tile t's goes in
+            _values_to_fp16(v_smem, v_bars, v_empty, v16, t, first_tile + t, seq_len)
+        else:
+            mbarrier.arrive(v_empty.index(prev))
         o = o * gl.expand_dims(alpha, 1)
         p = p_next
 
-    last = first_tile + steps - 1
-    cur = (steps - 1) % STAGES
-    mbarrier.wait(v_bars.index(cur), ((steps - 1) // STAGES) & 1)
-    if (last + 1) * BLOCK_N > seq_len:
-        # Zero the value rows past the sequence end (see the module doc): one
-        # warpgroup writes, the other waits for it.
-        if WG == 0:
-            v_rows = last * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROW_IO)
-            v = v_smem.index(cur).load(IO_LAYOUT)
-            v = gl.where(gl.expand_dims(v_rows < seq_len, 1), v, 0.0)
-            v_smem.index(cur).store(v)
-            fence_async_shared()
-            _cta_barrier()
-            mbarrier.arrive(tail_bar)
-        else:
-            mbarrier.wait(tail_bar, 0)
-    o_tok = warpgroup_mma(p, v_smem.index(cur), o, is_async=True)
+    if FP8:  # the copy holds the last tile, its keys past the end zeroed
+        o_tok = warpgroup_mma(p, v16, o, is_async=True)
+    else:
+        last = first_tile + steps - 1
+        cur = (steps - 1) % STAGES
+        mbarrier.wait(v_bars.index(cur), ((steps - 1) // STAGES) & 1)
+        if (last + 1) * BLOCK_N > seq_len:
+            # Zero the value rows past the sequence end (see the module doc): one
+            # warpgroup writes, the other waits for it.
+            if WG == 0:
+                v_rows = last * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROW_IO)
+                v = v_smem.index(cur).load(IO_LAYOUT)
+                v = gl.where(gl.expand_dims(v_rows < seq_len, 1), v, 0.0)
+                v_smem.index(cur).store(v)
+                fence_async_shared()
+                _cta_barrier()
+                mbarrier.arrive(tail_bar)
+            else:
+                mbarrier.wait(tail_bar, 0)
+        o_tok = warpgroup_mma(p, v_smem.index(cur), o, is_async=True)
     o, p = warpgroup_mma_wait(0, deps=[o_tok, p])
 
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_LAYOUT))
+    if FP8:
+        l_o = l_o / v_scale
     out = (o / gl.expand_dims(l_o, 1)).to(output_ptr.dtype.element_ty)
     out = gl.convert_layout(out, IO_LAYOUT)
     o_offsets = (q_start + token).to(gl.int64) * STRIDE_O_TOKEN + head * STRIDE_O_HEAD
@@ -385,14 +461,15 @@ def _consumer(
 @gluon.jit(do_not_specialize=["seq_start", "num_seqs"])
 def hopper_prefill_kernel(
     query_ptr, output_ptr, k_desc, v_desc, block_table_ptr, query_start_loc_ptr,
-    seq_lens_ptr, softmax_scale, softcap, sliding_window, block_table_stride,
-    seq_start, num_seqs, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
-    STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
+    seq_lens_ptr, k_scale_ptr, v_scale_ptr, softmax_scale, softcap, sliding_window,
+    block_table_stride, seq_start, num_seqs, STRIDE_Q_TOKEN: gl.constexpr,
+    STRIDE_Q_HEAD: gl.constexpr, STRIDE_O_TOKEN: gl.constexpr,
+    STRIDE_O_HEAD: gl.constexpr,
     NUM_KV_HEADS: gl.constexpr, GROUP_SIZE: gl.constexpr, HEAD_SIZE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
     ROWS_PER_HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr,
-    num_warps: gl.constexpr,
+    FP8_MAX: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(STAGES >= 2)
     gl.static_assert(num_warps == 4)
@@ -432,6 +509,17 @@ def hopper_prefill_kernel(
             mbarrier.init(v_empty.index(i), count=2)
         mbarrier.init(tail_bar.index(0), count=1)
         fence_async_shared()
+        if k_desc.dtype.is_fp8():
+            # Each consumer's fp16 copy of the V tile (``_values_to_fp16``).
+            v16_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
+                [BLOCK_N, HEAD_PAD], gl.float16
+            )
+            v16_smem = gl.allocate_shared_memory(
+                gl.float16, [2, BLOCK_N, HEAD_PAD], v16_layout
+            )
+            fp8_args = (v16_smem, gl.load(k_scale_ptr), gl.load(v_scale_ptr))
+        else:
+            fp8_args = ()
 
         if USE_SOFTCAP:  # capped scores are in log2 units (``_softmax_step``)
             scale_log2 = softcap * 0.0 + 1.0
@@ -445,17 +533,18 @@ def hopper_prefill_kernel(
             query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty,
             v_empty, tail_bar.index(0), q_start, q_len, seq_len, row0,
             kv_head, first_tile, steps, scale_log2, capping, sliding_window,
+            fp8_args,
         )  # fmt: skip
         # fmt: off
         gl.warp_specialize(
             [
                 (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
                              STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE, USE_WINDOW,
-                             USE_SOFTCAP,
+                             USE_SOFTCAP, FP8_MAX,
                              0)),
                 (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
                              STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE, USE_WINDOW,
-                             USE_SOFTCAP,
+                             USE_SOFTCAP, FP8_MAX,
                              1)),
                 (_producer, (k_desc, v_desc, k_smem, v_smem, k_bars, v_bars,
                              k_empty, v_empty, table_row_ptr, kv_head, first_tile,
@@ -489,6 +578,8 @@ def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
         softcap=float(inputs.logits_soft_cap or 0.0),
         query_start_loc_ptr=inputs.query_start_loc,
         seq_lens_ptr=inputs.seq_lens,
+        k_scale_ptr=inputs.k_scale,  # None for a 16-bit cache
+        v_scale_ptr=inputs.v_scale,
         sliding_window=int(inputs.sliding_window or 0),
         block_table_stride=inputs.block_table.stride(0),
         seq_start=plan.seq_start,
@@ -508,6 +599,7 @@ def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
         STAGES=config.num_stages,
         USE_WINDOW=bool(inputs.sliding_window),
         USE_SOFTCAP=softcap_enabled(inputs.logits_soft_cap),
+        FP8_MAX=fp8_max(key_cache.dtype),
         num_warps=config.num_warps,
     )
     return hopper_prefill_kernel, (plan.programs,), kwargs

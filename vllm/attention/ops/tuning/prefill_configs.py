@@ -146,11 +146,15 @@ def query_len_bucket(max_query_len: int) -> int:
 
 def shared_memory_estimate(config: PrefillConfig, *, head_size: int, kv_dtype) -> int:
     """Bytes of shared memory a program of ``config`` takes: the q tile and a K and
-    a V tile per pipeline stage (upcast copies not counted)."""
+    a V tile per pipeline stage (the portable kernel's upcast copies not counted),
+    and on the Hopper kernel with an fp8 cache its two consumers' fp16 V tiles."""
     head_pad = head_pad_of(head_size)
     kv_bytes = 1 if dtype_name(kv_dtype) == "fp8" else 2
-    return config.block_m * head_pad * 2 + config.num_stages * (
-        2 * config.block_n * head_pad * kv_bytes
+    fp16_values = 2 * config.block_n * head_pad * 2 if config.gluon else 0
+    return (
+        config.block_m * head_pad * 2
+        + config.num_stages * (2 * config.block_n * head_pad * kv_bytes)
+        + (fp16_values if kv_bytes == 1 else 0)
     )
 
 
@@ -169,6 +173,8 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         and not (config.fp8_qk and dtype_name(kv_dtype) != "fp8")
         and not (config.split_head and head_split(head_size) is None)
         and not (config.gluon and gluon_entry_refusal(config) is not None)
+        # the Hopper kernel takes an fp8 cache with q.k on fp8 tensor cores only
+        and not (config.gluon and dtype_name(kv_dtype) == "fp8" and not config.fp8_qk)
     )
 
 
@@ -317,10 +323,14 @@ def entry_refusal(fields: dict, config: PrefillConfig) -> str | None:
         refusal = gluon_entry_refusal(config)
         if refusal is not None:
             return f"gluon is set but {refusal}"
-        if head_size not in GLUON_HEAD_SIZES or kv_dtype != fields["q_dtype"]:
+        cache_ok = kv_dtype == fields["q_dtype"] or (
+            kv_dtype == "fp8" and config.fp8_qk
+        )
+        if head_size not in GLUON_HEAD_SIZES or not cache_ok:
             return (
                 "gluon is set for a key the Hopper kernel never takes (head sizes "
-                f"{GLUON_HEAD_SIZES}, a 16-bit cache of the query's dtype)"
+                f"{GLUON_HEAD_SIZES}, a 16-bit cache of the query's dtype or an "
+                "fp8 one with fp8_qk)"
             )
     if config.fp8_qk and kv_dtype != "fp8":
         return "fp8_qk is set for a 16-bit cache, where it does nothing"
