@@ -581,6 +581,18 @@ def test_random_batches(seed):
     _check_case(case, seed=seed)
 
 
+def test_head_pad_is_the_power_of_two_of_at_least_16():
+    """``head_pad`` (plain integer arithmetic, called per launch) agrees with
+    Triton's ``next_power_of_2`` rule for every head size a cache can have."""
+    from vllm.attention.ops.triton_attention_common import head_pad
+
+    for head_size in range(1, 1025):
+        assert head_pad(head_size) == max(16, triton.next_power_of_2(head_size))
+    assert [head_pad(n) for n in (1, 16, 17, 80, 96, 128, 129, 256)] == [
+        16, 16, 32, 128, 128, 128, 256, 256,
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize("num_splits", [None, 4])
 def test_sequence_range_leaves_other_rows_untouched(num_splits):
     """Decodes first, then prefills: a launch over [seq_start, seq_start + n) writes

@@ -64,6 +64,8 @@ never overlap. Gluon states the schedule explicitly:
   fp8 slot at once; p.v reads the copy, and ``v_scale`` scales the output.
 """
 
+import functools
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -557,6 +559,13 @@ def hopper_prefill_kernel(
         # fmt: on
 
 
+@functools.cache
+def _box_layout(box: tuple[int, int], dtype: torch.dtype):
+    """The shared-memory layout of a K/V box (Gluon's default swizzle for its
+    shape and dtype), made once per shape: launches run per layer."""
+    return gl.NVMMASharedLayout.get_default_for(list(box), _GL_DTYPE[dtype])
+
+
 def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
     """``(kernel, grid, keyword arguments)`` of the launch of ``plan``
     (``prefix_prefill.PrefillPlan``, made for this kernel: ``plan.kernel ==
@@ -565,7 +574,7 @@ def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
     config, head_size = plan.config, query.shape[2]
     block_size = key_cache.shape[2]
     box = (min(config.block_n, block_size), head_pad(head_size))
-    layout = gl.NVMMASharedLayout.get_default_for(box, _GL_DTYPE[key_cache.dtype])
+    layout = _box_layout(box, key_cache.dtype)
     kwargs = dict(
         query_ptr=query,
         output_ptr=output,

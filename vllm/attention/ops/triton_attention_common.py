@@ -100,8 +100,10 @@ def softcap_enabled(logits_soft_cap: float | None) -> bool:
 
 def head_pad(head_size: int) -> int:
     """The head dimension of the family's tiles: the head size's power of two, at
-    least 16 (a ``tl.dot`` minimum)."""
-    return max(16, triton.next_power_of_2(head_size))
+    least 16 (a ``tl.dot`` minimum). Plain integer arithmetic: launches call it
+    per layer, and ``triton.next_power_of_2`` is a constexpr function whose call
+    wrapper costs more than the arithmetic."""
+    return max(16, 1 << (head_size - 1).bit_length())
 
 
 def head_split(head_size: int) -> tuple[int, int] | None:
