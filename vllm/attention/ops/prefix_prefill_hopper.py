@@ -192,12 +192,13 @@ def _softmax_step(
 @gluon.jit
 def _query_to_fp8(q, FP8_MAX: gl.constexpr, FP8_DTYPE: gl.constexpr):
     """A consumer's query rows on the fp8 grid and their scale: the tile's largest
-    magnitude maps to ``FP8_MAX`` (an all-zero tile gets scale 1), so no element
-    saturates."""
+    magnitude maps to ``FP8_MAX`` (an all-zero tile gets scale 1), and each
+    element is divided correctly rounded, as the portable kernel's
+    ``quantize_fp8`` does (the conversion saturates at ``FP8_MAX``)."""
     q = q.to(gl.float32)
     amax = gl.max(gl.max(gl.abs(q), axis=1), axis=0)
     q_scale = gl.where(amax > 0.0, amax / FP8_MAX, 1.0)
-    return (q / q_scale).to(FP8_DTYPE), q_scale
+    return gl.div_rn(q, q_scale).to(FP8_DTYPE), q_scale
 
 
 @gluon.jit

@@ -150,12 +150,12 @@ def shared_memory_estimate(config: PrefillConfig, *, head_size: int, kv_dtype) -
     and on the Hopper kernel with an fp8 cache its two consumers' fp16 V tiles."""
     head_pad = head_pad_of(head_size)
     kv_bytes = 1 if dtype_name(kv_dtype) == "fp8" else 2
-    fp16_values = 2 * config.block_n * head_pad * 2 if config.gluon else 0
-    return (
-        config.block_m * head_pad * 2
-        + config.num_stages * (2 * config.block_n * head_pad * kv_bytes)
-        + (fp16_values if kv_bytes == 1 else 0)
+    total = config.block_m * head_pad * 2 + config.num_stages * (
+        2 * config.block_n * head_pad * kv_bytes
     )
+    if config.gluon and kv_bytes == 1:
+        total += 2 * config.block_n * head_pad * 2
+    return total
 
 
 def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
@@ -172,9 +172,7 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         and not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 64)
         and not (config.fp8_qk and dtype_name(kv_dtype) != "fp8")
         and not (config.split_head and head_split(head_size) is None)
-        and not (config.gluon and gluon_entry_refusal(config) is not None)
-        # the Hopper kernel takes an fp8 cache with q.k on fp8 tensor cores only
-        and not (config.gluon and dtype_name(kv_dtype) == "fp8" and not config.fp8_qk)
+        and not (config.gluon and gluon_entry_refusal(config, kv_dtype) is not None)
     )
 
 
@@ -196,11 +194,12 @@ def gluon_config_refusal(config: PrefillConfig) -> str | None:
     return None
 
 
-def gluon_entry_refusal(config: PrefillConfig) -> str | None:
-    """Why ``config`` cannot name a launch of the Hopper kernel (None: it can):
-    its tiles (``gluon_config_refusal``), or fields that kernel does not have. It
-    always loads K/V by TMA (a tile of more keys than a page as several boxes)
-    and starts the longest programs first, with the head in one column tile; a
+def gluon_entry_refusal(config: PrefillConfig, kv_dtype) -> str | None:
+    """Why ``config`` cannot name a launch of the Hopper kernel on a ``kv_dtype``
+    cache (None: it can): its tiles (``gluon_config_refusal``), or fields that
+    kernel does not have. It always loads K/V by TMA (a tile of more keys than a
+    page as several boxes) and starts the longest programs first, with the head
+    in one column tile, and on an fp8 cache runs q.k on fp8 tensor cores; a
     launch it does not take runs the portable kernel with the key's heuristic
     config (``prefix_prefill.portable_config``), not with these fields."""
     refusal = gluon_config_refusal(config)
@@ -210,6 +209,11 @@ def gluon_entry_refusal(config: PrefillConfig) -> str | None:
         return (
             "the Hopper kernel loads K/V by TMA and starts longest first, with "
             "the head in one tile: set use_tma and longest_first, not split_head"
+        )
+    if dtype_name(kv_dtype) == "fp8" and not config.fp8_qk:
+        return (
+            "the Hopper kernel never takes an fp8 cache without fp8_qk (its q.k "
+            "runs on fp8 tensor cores)"
         )
     return None
 
@@ -320,12 +324,10 @@ def entry_refusal(fields: dict, config: PrefillConfig) -> str | None:
     if refusal is not None:
         return refusal
     if config.gluon:
-        refusal = gluon_entry_refusal(config)
+        refusal = gluon_entry_refusal(config, kv_dtype)
         if refusal is not None:
             return f"gluon is set but {refusal}"
-        cache_ok = kv_dtype == fields["q_dtype"] or (
-            kv_dtype == "fp8" and config.fp8_qk
-        )
+        cache_ok = kv_dtype in (fields["q_dtype"], "fp8")
         if head_size not in GLUON_HEAD_SIZES or not cache_ok:
             return (
                 "gluon is set for a key the Hopper kernel never takes (head sizes "
