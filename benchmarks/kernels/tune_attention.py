@@ -95,11 +95,12 @@ BATCH_FOR_BUCKET = {
 # (other groups, padded head sizes, pages of 16 and 128, an fp8 cache), except
 # group 7, which takes the entry of its group class (8): its record measures the
 # class. (head_size, group, block_size, kv_dtype, max_query_len bucket); the query
-# is bf16. The tests check that only class members are held by the table.
+# is bf16. The tests check that only class members are held by the table. A shape
+# leaves the set when the table takes its key: Phi-3-mini's (96, 1, 64, 4k),
+# since head size 96 on pages of 64 has table entries (groups 1 and 4).
 HELD_OUT_SHAPES = [
     (64, 1, 16, "bfloat16", 4096),
     (80, 2, 64, "bfloat16", 1024),
-    (96, 1, 64, "bfloat16", 4096),  # Phi-3-mini
     (112, 3, 16, "bfloat16", 1024),
     (128, 7, 64, "bfloat16", 4096),  # Qwen2.5-7B
     (128, 5, 16, "bfloat16", 16384),  # Qwen2.5-14B, page 16
@@ -113,11 +114,12 @@ HELD_OUT_SHAPES = [
 # A second set, fixed before any of its shapes was timed: the heuristic was fitted
 # with HELD_OUT_SHAPES' records, so those measure it in sample; these do not. No
 # shape here is in HELD_OUT_SHAPES, the shipped table or a tuning record's keys;
-# (128, 3, 64) and (128, 6, 64, fp8) take their group class's table entry.
+# (128, 3, 64) and (128, 6, 64, fp8) take their group class's table entry. As
+# above, (96, 3, 64, 16k) left it when the table took head size 96 on pages of 64
+# (group 3 is group 4's class).
 UNSEEN_SHAPES = [
     (64, 4, 64, "bfloat16", 1024),
     (80, 5, 16, "bfloat16", 4096),
-    (96, 3, 64, "bfloat16", 16384),
     (112, 8, 64, "bfloat16", 4096),
     (128, 3, 64, "bfloat16", 4096),
     (128, 6, 128, "bfloat16", 1024),

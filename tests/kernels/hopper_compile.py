@@ -220,6 +220,8 @@ def ptx_summary(compiled) -> dict:
         "wgmma": ptx.count("wgmma.mma_async"),
         # fp8_qk: q.k on fp8 tensor cores (wgmma with e4m3 operands).
         "wgmma_e4m3": ptx.count("e4m3.e4m3"),
+        # The Gluon kernel's soft-cap: one MUFU tanh per score.
+        "tanh": ptx.count("tanh.approx.f32"),
         "mma_sync": ptx.count("mma.sync"),
         "cp_async": ptx.count("cp.async"),
         "tma": ptx.count("cp.async.bulk.tensor"),
@@ -691,11 +693,12 @@ def main() -> int:
             serialized = wgmma_serialized(compiled)
             # TMA loads, wgmma and no serialisation of the asynchronous wgmma
             # (the overlap of softmax and the next q.k is the kernel's point), q.k
-            # on e4m3 wgmma exactly for fp8 caches; up to head size 128 no spills
-            # beyond a stray register.
+            # on e4m3 wgmma exactly for fp8 caches, tanh.approx exactly with
+            # soft-cap; up to head size 128 no spills beyond a stray register.
             good = summary["wgmma"] > 0 and summary["tma"] > 0 and not serialized
             is_fp8 = kwargs["FP8_MAX"] > 0
             good &= (summary["wgmma_e4m3"] > 0) == is_fp8
+            good &= (summary["tanh"] > 0) == kwargs["USE_SOFTCAP"]
             stack_bytes = summary.get("stack_bytes", 0)
             good &= stack_bytes <= MAX_GLUON_STACK_BYTES or kwargs["HEAD_SIZE"] > 128
             ok &= good

@@ -43,8 +43,9 @@ never overlap. Gluon states the schedule explicitly:
 
   Row maxima are fp32 in log2 units (the softmax scale times log2(e)); each
   probability is the exponential of one fused multiply-add of its raw score
-  (with a soft-cap c, of ``c * tanh(score / c)`` in log2 units, as the portable
-  kernel's ``scale_scores_log2`` computes it);
+  (with a soft-cap c, of ``c * tanh(score / c)`` in log2 units, tanh as one
+  ``tanh.approx.f32``, FA3's choice, where the portable kernel's
+  ``scale_scores_log2`` spends an exponential and a divide);
   tiles from the first one that reaches the causal diagonal are masked (keys past
   the row's position or the sequence end), earlier ones are not.
 * Value rows past the sequence end in the last tile are zeroed in shared memory
@@ -162,7 +163,16 @@ def _softmax_step(
     ``scale_log2`` is 1: the capped scores are in log2 units already."""
     if USE_SOFTCAP:
         cap_in, cap_out = softcap
-        s = (1.0 - 2.0 / (gl.exp2(s * (cap_in * 2.0 * LOG2E)) + 1.0)) * cap_out
+        # One MUFU instruction per score instead of an exp2 and a full divide.
+        tanh = gl.inline_asm_elementwise(
+            "tanh.approx.f32 $0, $1;",
+            "=f,f",
+            [s * cap_in],
+            dtype=gl.float32,
+            is_pure=True,
+            pack=1,
+        )
+        s = tanh * cap_out
     if (tile >= first_masked) | (tile < window_full):
         keys = tile * BLOCK_N + gl.arange(
             0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT)
