@@ -1,7 +1,8 @@
 """Load client of the reliability suite: streamed greedy ``/v1/completions``
 requests over aiohttp (vLLM depends on it, so every install has it), open-loop
 (Poisson arrivals at a rate, for a time) or as one batch; a sampler of GPU memory and
-/metrics."""
+/metrics. ``run`` drives a coroutine on uvloop where it is installed (vLLM's API
+server runs on it too), else on asyncio's loop."""
 
 from __future__ import annotations
 
@@ -15,6 +16,25 @@ from dataclasses import dataclass, field
 
 from benchmarks import harness
 from benchmarks.soak import run_soak
+
+# vLLM's API server closes a keep-alive connection after 5 idle seconds
+# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE). A request sent on a pooled connection just as the
+# server closes it fails with "Connection reset by peer" although the server never
+# saw it; the client drops its idle connections well before the server does.
+KEEPALIVE_S = 1.0
+# An open loop whose sends fall further behind their Poisson schedule than this did
+# not put the asked load on the server (the client was the bottleneck).
+MAX_SEND_LAG_S = 1.0
+
+
+def run(coro):
+    """``asyncio.run(coro)``, on uvloop where it is installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
 
 
 @dataclass
@@ -111,7 +131,7 @@ def _client(timeout_s: float):
     import aiohttp
 
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0),
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
         timeout=aiohttp.ClientTimeout(total=timeout_s),
     )
 
@@ -165,15 +185,24 @@ def scrape(port: int) -> dict[str, float]:
 async def open_loop(
     base, port, model, make_req, *, rate, duration_s, drain_s, sample_s,
     max_in_flight=2048, seed=0,
-) -> tuple[list[Result], list[dict]]:  # fmt: skip
+) -> tuple[list[Result], list[dict], dict]:  # fmt: skip
     """Poisson arrivals at ``rate`` req/s for ``duration_s`` (at most ``max_in_flight``
-    open), then up to ``drain_s`` for the rest; GPU memory and metrics every
-    ``sample_s``. Returns (results in sending order, samples)."""
+    open: an arrival past that is not sent), then up to ``drain_s`` for the rest; GPU
+    memory and metrics every ``sample_s``. Each request goes out at its scheduled
+    time, or at once when the loop is behind, so a busy moment delays sends without
+    thinning them. Returns (results in sending order, samples, the load as sent:
+    ``load_summary``)."""
     rng = random.Random(seed)
     t0 = time.monotonic()
+    cpu0 = time.process_time()
     samples: list[dict] = []
     tasks, keys = [], []
     stop = asyncio.Event()
+    open_now, not_sent, lag = 0, 0, 0.0
+
+    def finished(_task) -> None:
+        nonlocal open_now
+        open_now -= 1
 
     async def sampler():
         while True:
@@ -189,18 +218,43 @@ async def open_loop(
 
     async with _client(duration_s + drain_s + 60) as s:
         sampling = asyncio.create_task(sampler())
-        i = 0
-        while time.monotonic() - t0 < duration_s:
-            if sum(not t.done() for t in tasks) < max_in_flight:
-                req = make_req(i)
-                tasks.append(asyncio.create_task(send(s, base, model, req, t0)))
+        due = rng.expovariate(rate)
+        while due < duration_s:
+            wait = due - (time.monotonic() - t0)
+            await asyncio.sleep(max(0.0, wait))  # 0: let the responses run
+            lag = max(lag, -wait)
+            if open_now < max_in_flight:
+                req = make_req(len(tasks) + not_sent)
+                task = asyncio.create_task(send(s, base, model, req, t0))
+                task.add_done_callback(finished)
+                tasks.append(task)
                 keys.append(req.key)
-                i += 1
-            await asyncio.sleep(rng.expovariate(rate))
+                open_now += 1
+            else:
+                not_sent += 1
+            due += rng.expovariate(rate)
+        load = load_summary(
+            rate=rate, duration_s=duration_s, sent=len(tasks), not_sent=not_sent,
+            lag_s=lag, cpu_s=time.process_time() - cpu0,
+        )  # fmt: skip
         results = await _gather(tasks, drain_s, keys)
         stop.set()
         await sampling
-    return results, samples
+    return results, samples, load
+
+
+def load_summary(*, rate, duration_s, sent, not_sent, lag_s, cpu_s) -> dict:
+    """What an open loop put on the server: the asked and the sent rate, arrivals
+    not sent at the in-flight cap, the furthest a send fell behind its schedule, and
+    the client's CPU seconds per second of load."""
+    return {
+        "asked_rate": rate,
+        "sent_rate": round(sent / duration_s, 3) if duration_s else None,
+        "sent": sent,
+        "not_sent_at_cap": not_sent,
+        "max_send_lag_s": round(lag_s, 3),
+        "client_cpu_share": round(cpu_s / duration_s, 3) if duration_s else None,
+    }
 
 
 def tally(results: list[Result]) -> dict:

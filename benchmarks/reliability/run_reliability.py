@@ -24,7 +24,6 @@ on every backend at once, after all servers are up.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import random
@@ -229,7 +228,7 @@ class Ctx:
         return self.pool.use(tag, extra, self.servers)
 
     def batch(self, live, reqs: list[client.Req], concurrency: int = 0):
-        res = asyncio.run(
+        res = client.run(
             client.batch(live.base, self.args.model, reqs, concurrency=concurrency)
         )
         self.results += res
@@ -322,21 +321,34 @@ def open_loop(ctx: Ctx, live, rate: float, cancel_frac: float):
     if together is not None:
         live.info["load_started_together"] = together
     live.info["load_start_unix"] = round(time.time(), 3)
-    res, samples = asyncio.run(client.open_loop(
+    res, samples, load = client.run(client.open_loop(
         live.base, live.port, a.model, make, rate=rate, duration_s=a.duration_s,
         drain_s=a.drain_s, sample_s=a.sample_s, seed=a.seed,
     ))  # fmt: skip
     ctx.results += res
-    return res, samples
+    return res, samples, load
+
+
+def load_sent(load: dict, reasons: list) -> dict:
+    """The open loop's load (``client.load_summary``); a client that fell behind its
+    schedule did not put the asked rate on the server, so the run shows nothing."""
+    if load["max_send_lag_s"] > client.MAX_SEND_LAG_S:
+        reasons.append(
+            f"the client fell {load['max_send_lag_s']} s behind its schedule "
+            f"(sent {load['sent_rate']} of {load['asked_rate']} req/s): the server "
+            "did not get the asked load"
+        )
+    return load
 
 
 def abort_storm(ctx: Ctx) -> tuple[dict, dict, list]:
     reasons: list[str] = []
     with ctx.server("plain", plain(ctx.args)) as live:
-        res, samples = open_loop(ctx, live, 2 * rate(ctx), ctx.args.cancel_frac)
+        res, samples, load = open_loop(ctx, live, 2 * rate(ctx), ctx.args.cancel_frac)
     all_complete(res, reasons)
     mem = memory_flat(samples, ctx.args, reasons)
-    nums = {"rate": 2 * rate(ctx), "memory": mem, "samples": samples}
+    nums = {"rate": 2 * rate(ctx), "load": load_sent(load, reasons), "memory": mem,
+            "samples": samples}  # fmt: skip
     return nums, outputs(res), reasons
 
 
@@ -514,15 +526,19 @@ def throughput_windows(results, duration_s: float, window_s: float) -> dict:
 def soak(ctx: Ctx) -> tuple[dict, dict, list]:
     a, reasons = ctx.args, []
     with ctx.server("plain", plain(a)) as live:
-        res, samples = open_loop(ctx, live, 0.8 * rate(ctx), a.soak_cancel_frac)
+        res, samples, load = open_loop(ctx, live, 0.8 * rate(ctx), a.soak_cancel_frac)
     all_complete(res, reasons)
+    load_sent(load, reasons)
+    if load["not_sent_at_cap"]:
+        reasons.append(f"{load['not_sent_at_cap']} arrivals found the client's "
+                       "in-flight cap full: the server was saturated")  # fmt: skip
     tput = throughput_windows(res, a.duration_s, a.window_s)
     if tput["change"] is None or abs(tput["change"]) > a.max_throughput_change:
         reasons.append(f"throughput of the last window vs the first: {tput}")
     late = live.info.get("late_jit_compiles", [])
     if late:
         reasons.append(f"Triton compiled while serving: {', '.join(late[:5])}")
-    nums = {"rate": 0.8 * rate(ctx), "throughput": tput,
+    nums = {"rate": 0.8 * rate(ctx), "load": load, "throughput": tput,
             "memory": memory_flat(samples, a, reasons), "samples": samples}  # fmt: skip
     return nums, outputs(res), reasons
 

@@ -69,6 +69,9 @@ def test_all_scenarios_pass_on_a_healthy_server(tmp_path):
     storm = recs["abort-storm-TRITON_ATTN-fork"]
     assert storm["requests"]["cancelled"] > 0 and storm["requests"]["completed"] > 0
     assert storm["numbers"]["samples"] and storm["numbers"]["memory"]
+    load = storm["numbers"]["load"]
+    assert load["sent"] == storm["requests"]["sent"] > 0 and load["asked_rate"] == 40
+    assert load["max_send_lag_s"] < 1 and load["not_sent_at_cap"] == 0
     pre = recs["preemption-TRITON_ATTN-fork"]
     assert pre["numbers"]["preemptions"] > 0
     assert [s["tag"] for s in pre["servers"]] == ["plain", "pressure"]

@@ -344,10 +344,12 @@ def test_choose_decode_splits():
 
 
 def test_decode_planner_is_wave_aware_where_the_data_says():
-    """fp8 caches on sm_90 (and the CPU interpreter, which plans as an H200) take
-    the wave-aware split rule with the tuning data's resident programs per SM;
-    16-bit caches keep the default rule. Llama-3.1-8B heads, 132 SMs: batch 64 is
-    512 programs, 1.3 waves of 396 fp8 programs, so it splits in 2."""
+    """fp8 and bf16 caches on sm_90 (and the CPU interpreter, which plans as an
+    H200) take the wave-aware split rule with the tuning data's resident programs
+    per SM; fp16 caches keep the default rule. Llama-3.1-8B heads, 132 SMs: batch
+    64 is 512 programs, 1.3 waves of 396 fp8 programs, so it splits in 2, and one
+    wave of 528 bf16 ones, so it does not; batch 77 (616 programs) is 1.17 waves
+    of bf16 programs and splits in 2."""
 
     def planner(kv_dtype):
         return DecodePlanner(
@@ -364,16 +366,16 @@ def test_decode_planner_is_wave_aware_where_the_data_says():
     )
     assert fp8.plan(64)[0] == 2 and fp8.plan(96)[0] == 1
     assert fp8.workspaces[2].shape[0] >= 64
-    bf16 = planner(torch.bfloat16)
-    assert bf16.plan(64)[0] == 1
+    assert dc.WAVE_AWARE_PROGRAMS_PER_SM["bfloat16"] == 4
+    bf16, fp16 = planner(torch.bfloat16), planner(torch.float16)
+    assert [bf16.plan(n)[0] for n in (64, 77, 96, 102, 128)] == [1, 2, 2, 1, 1]
+    assert fp16.plan(77)[0] == 1
     for n in range(1, 257):
-        want = choose_decode_splits(
-            num_seqs=n, num_kv_heads=8, num_sms=132, programs_per_sm=3
-        )
-        assert fp8.plan(n)[0] == want, n
-        assert bf16.plan(n)[0] == choose_decode_splits(
-            num_seqs=n, num_kv_heads=8, num_sms=132
-        ), n
+        for plan, pps in ((fp8, 3), (bf16, 4), (fp16, None)):
+            want = choose_decode_splits(
+                num_seqs=n, num_kv_heads=8, num_sms=132, programs_per_sm=pps
+            )
+            assert plan.plan(n)[0] == want, (n, pps)
     # Not on other GPUs, nor for a dtype the data does not list.
     assert (
         dc.wave_aware_programs_per_sm(kv_dtype=torch.float8_e4m3fn, hopper=False)
@@ -668,7 +670,7 @@ def compile_decode_main() -> None:
             num_warps=compiled.metadata.num_warps,
             shared_bytes=compiled.metadata.shared,
         )
-        print("resident", "fp8" if fp8 else "bf16", resident)
+        print("resident", "fp8" if fp8 else "bfloat16", resident)
     for early in (False, True):
         ((kernel, _, kwargs),) = _decode_launches(**EARLY_CONVERT_VARIANT, hip=False)
         ptx = compile_for_target(kernel, {**kwargs, "EARLY_CONVERT": early}).asm["ptx"]
@@ -695,7 +697,7 @@ def test_compiles_for_hopper_and_mi300():
     }
     # The wave-aware split rule's data: the resident programs of the builds.
     resident = {ln[1]: int(ln[2]) for ln in lines if ln[0] == "resident"}
-    assert resident["bf16"] == 4, resident
+    assert resident["bfloat16"] == 4, resident
     for kv, programs in dc.WAVE_AWARE_PROGRAMS_PER_SM.items():
         assert resident[kv] == programs, (kv, resident)
     lines = [ln for ln in lines if ln[0] not in ("early_convert", "resident")]

@@ -83,11 +83,14 @@ def heuristic_decode_config(
 
 # Resident programs per SM of the sm_90 build of the heuristic decode config, by
 # KV-cache dtype, for ``choose_decode_splits``' wave-aware rule; listed only where a
-# GPU run measured that rule faster than the default (fp8 e4m3: 150 registers a
-# thread, 3 programs per SM; batch 64 x 8k on 8 KV heads: 2 splits, 0.72x -> 0.91x
-# FA3). The bf16 build (118 registers, 4 per SM) keeps the default rule until
-# measured. test_paged_decode's compile test checks the count against the build.
-WAVE_AWARE_PROGRAMS_PER_SM = {"fp8": 3}
+# GPU run measured that rule faster than the default. fp8 e4m3: 150 registers a
+# thread, 3 programs per SM (batch 64 x 8k on 8 KV heads: 2 splits, 0.72x -> 0.91x
+# FA3). bf16: 118 registers, 4 per SM (8 KV heads: batch 77 x 8k 0.89x -> 0.96x FA3
+# and batch 96 0.98x -> 0.99x on an H100, batch 77 x 1.5k 0.91x -> 1.03x on an
+# H200; batches 64, 102 and 128 stay unsplit, as measured fastest). fp16 caches
+# keep the default rule until measured. test_paged_decode's compile test checks
+# the counts against the builds.
+WAVE_AWARE_PROGRAMS_PER_SM = {"fp8": 3, "bfloat16": 4}
 
 
 def wave_aware_programs_per_sm(*, kv_dtype, hopper: bool) -> int | None:
