@@ -300,7 +300,10 @@ def test_unknown_names_are_refused_with_the_valid_ones(tmp_path, flag, value, va
 
 def test_too_few_runs_and_no_reference_are_refused(tmp_path):
     argv = ["e2e", "--model", "llama-3.1-8b", "--out", str(tmp_path / "o.json")]
-    with pytest.raises(SystemExit, match="at least 3"):
+    with pytest.raises(SystemExit, match="at least 2"):
+        run_matrix.main([*argv, "--runs", "1", "--workloads", "random-10k-100"])
+    # the noisy workload needs 3 (the default workloads include it)
+    with pytest.raises(SystemExit, match="sharegpt-like .* at least 3"):
         run_matrix.main([*argv, "--runs", "2"])
     with pytest.raises(SystemExit, match="must include FLASH_ATTN"):
         run_matrix.main([*argv, "--backends", "TRITON_ATTN-fork"])
@@ -324,3 +327,15 @@ def test_plot_is_written(fake_cli, tmp_path):
     png = tmp_path / "e2e.png"
     fake_cli("e2e", "--plot", str(png), workloads="decode-1k-1k")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_two_runs_without_sharegpt_and_workloads_that_fit_the_model(fake_cli):
+    rc, body, _ = fake_cli("e2e", runs=2, workloads="random-10k-100")
+    assert rc == 0 and {r["run"] for r in body["records"]} == {0, 1}
+    # a 4096-position model (Phi-3-mini-4k) takes the 3900-token workload only
+    with pytest.raises(SystemExit, match="random-10k-100: requests of up to 10100"):
+        fake_cli("e2e", "--max-model-len", "4096", runs=2, workloads="random-10k-100")
+    rc, body, _ = fake_cli(
+        "e2e", "--max-model-len", "4096", runs=2, workloads="random-3900-100"
+    )
+    assert rc == 0 and body["workloads"]["random-3900-100"]["input_len"] == 3900
