@@ -113,6 +113,7 @@ def summarize(arms: dict, runs: dict, baseline: str | None) -> dict:
             if rec.get("ratio_vs_fa3") is None:
                 continue
             err = rec.get("max_abs_err") or {}
+            rms = rec.get("rms_err") or {}
             per_arm[arm].setdefault(point_key(rec), []).append({
                 "run": rnd,
                 "ratio_vs_fa3": rec["ratio_vs_fa3"],
@@ -121,6 +122,8 @@ def summarize(arms: dict, runs: dict, baseline: str | None) -> dict:
                 "unit": rec.get("unit"),
                 "max_abs_err_ours": err.get("ours"),
                 "max_abs_err_fa3": err.get("fa3"),
+                "rms_err_ours": rms.get("ours"),
+                "rms_err_fa3": rms.get("fa3"),
                 "notes_ours": (rec.get("notes") or {}).get("ours"),
             })  # fmt: skip
     medians = {
@@ -135,11 +138,14 @@ def summarize(arms: dict, runs: dict, baseline: str | None) -> dict:
             summary[arm] = {"points": 0}
             continue
         meds = list(medians[arm].values())
-        errs = [
-            r["max_abs_err_ours"] / r["max_abs_err_fa3"]
-            for v in pts.values() for r in v
-            if r["max_abs_err_ours"] is not None and r["max_abs_err_fa3"]
-        ]  # fmt: skip
+        errs, rms = (
+            [
+                r[f"{stat}_ours"] / r[f"{stat}_fa3"]
+                for v in pts.values() for r in v
+                if r.get(f"{stat}_ours") is not None and r.get(f"{stat}_fa3")
+            ]
+            for stat in ("max_abs_err", "rms_err")
+        )  # fmt: skip
         summary[arm] = {
             "points": len(pts),
             "runs": sorted({r["run"] for v in pts.values() for r in v}),
@@ -147,6 +153,7 @@ def summarize(arms: dict, runs: dict, baseline: str | None) -> dict:
             "worst_ratio_vs_fa3": round(min(meds), 4),
             "best_ratio_vs_fa3": round(max(meds), 4),
             "worst_err_ratio_vs_fa3": round(max(errs), 4) if errs else None,
+            "worst_rms_err_ratio_vs_fa3": round(max(rms), 4) if rms else None,
         }
     paired = {}
     if baseline is not None:

@@ -848,6 +848,17 @@ def max_abs_err(out: torch.Tensor, checked) -> float:
     return worst
 
 
+def rms_err(out: torch.Tensor, checked) -> float:
+    """Root mean square of out - ref over the checked rows: beside the largest
+    error, which one unlucky row decides, the error of a typical output."""
+    total, count = 0.0, 0
+    for rows, ref in checked:
+        diff = out[rows].float() - ref
+        total += diff.square().sum().item()
+        count += diff.numel()
+    return math.sqrt(total / count) if count else 0.0
+
+
 def time_us(runner: Runner, num_sets: int) -> tuple[float, str]:
     """Median microseconds of one call (averaged over a pass over all sets)."""
 
@@ -872,7 +883,8 @@ def measure_point(s: Shape, args) -> dict:
     record = {**asdict(s), "num_sets": inp.num_sets}
     record["unit"] = "GB/s" if s.kernel == "decode" else "TFLOP/s"
     record["work"] = decode_bytes(s) if s.kernel == "decode" else prefill_flops(s)
-    record["max_abs_err"], record["time_us"], record["notes"] = {}, {}, {}
+    record["max_abs_err"], record["rms_err"] = {}, {}
+    record["time_us"], record["notes"] = {}, {}
     checked = None  # reference rows, computed once per point
     for name, caller in CALLERS.items():
         try:
@@ -896,6 +908,7 @@ def measure_point(s: Shape, args) -> dict:
             if checked is None:
                 checked = reference_rows(s, inp)
             record["max_abs_err"][name] = max_abs_err(runner.output, checked)
+            record["rms_err"][name] = rms_err(runner.output, checked)
             us, method = time_us(runner, inp.num_sets)
             record["time_us"][name] = us
             record["notes"][name] = f"{runner.note}; {method}".strip("; ")

@@ -33,6 +33,7 @@ for i, point_speed in enumerate((1.0, 0.5)):
                     "group": 4, "head_size": 128, "ratio_vs_fa3": speed * point_speed,
                     "ours": 100.0, "fa3": 100.0, "unit": "TFLOP/s",
                     "max_abs_err": {"ours": 2e-4, "fa3": 1e-4},
+                    "rms_err": {"ours": 3e-5, "fa3": 2e-5},
                     "notes": {"ours": "kernel gluon"}})
 data = {"gpu": "FAKE GPU", "driver": "1", "torch": "t", "triton": "tr",
         "versions": {}, "records": records}
@@ -95,6 +96,7 @@ def test_interleaved_runs_summary_and_pairing(tmp_path, matrix):
     )
     assert s["new"]["runs"] == [1, 2] and s["new"]["points"] == 2
     assert s["slow"]["worst_err_ratio_vs_fa3"] == 2.0
+    assert s["slow"]["worst_rms_err_ratio_vs_fa3"] == 1.5
     assert rec["paired"]["new/old"] == {
         "points": 2, "median": 1.1, "min": 1.1, "max": 1.1, "faster_points": 2
     }  # fmt: skip

@@ -4,6 +4,7 @@ bench_kernels.py's command line."""
 import argparse
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -508,6 +509,7 @@ def _fake_callers(monkeypatch, measured, *, fail=()):
     )
     monkeypatch.setattr(bk, "reference_rows", lambda s, inp: None)
     monkeypatch.setattr(bk, "max_abs_err", lambda out, ref: 0.0)
+    monkeypatch.setattr(bk, "rms_err", lambda out, ref: 0.0)
     monkeypatch.setattr(bk, "time_us", lambda runner, n: (runner.output, "fake"))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
@@ -932,3 +934,15 @@ def test_forced_decode_splits_refuse_options_they_override(extra, message):
     )  # fmt: skip
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr
+
+
+def test_error_statistics_over_the_checked_rows():
+    out = torch.zeros(4, 2, dtype=torch.bfloat16)
+    checked = [
+        (slice(0, 2), torch.tensor([[3.0, -4.0], [0.0, 0.0]])),
+        (slice(2, 4), torch.zeros(2, 2)),
+    ]
+    assert bk.max_abs_err(out, checked) == 4.0
+    assert bk.rms_err(out, checked) == pytest.approx(math.sqrt(25 / 8))
+    out[3, 0] = float("nan")
+    assert bk.max_abs_err(out, checked) == math.inf
