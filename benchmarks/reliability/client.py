@@ -1,8 +1,7 @@
 """Load client of the reliability suite: streamed greedy ``/v1/completions``
 requests over aiohttp (vLLM depends on it, so every install has it), open-loop
 (Poisson arrivals at a rate, for a time) or as one batch; a sampler of GPU memory and
-/metrics. ``run`` drives a coroutine on uvloop where it is installed (vLLM's API
-server runs on it too), else on asyncio's loop."""
+/metrics."""
 
 from __future__ import annotations
 
@@ -28,13 +27,10 @@ MAX_SEND_LAG_S = 1.0
 
 
 def run(coro):
-    """``asyncio.run(coro)``, on uvloop where it is installed."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
+    """``asyncio.run(coro)``. Not on uvloop, which is faster but swallows the
+    ``SystemExit`` that the suite's SIGTERM handler raises inside a callback, so
+    the suite would not leave (nor stop its server) until the load ends."""
+    return asyncio.run(coro)
 
 
 @dataclass
