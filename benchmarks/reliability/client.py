@@ -1,7 +1,9 @@
 """Load client of the reliability suite: streamed greedy ``/v1/completions``
 requests over aiohttp (vLLM depends on it, so every install has it), open-loop
 (Poisson arrivals at a rate, for a time) or as one batch; a sampler of GPU memory and
-/metrics."""
+/metrics. Run on asyncio's own loop: uvloop, though faster, swallows the
+``SystemExit`` that the suite's SIGTERM handler raises inside a callback, so a
+stopped suite would keep its load (and its server) running."""
 
 from __future__ import annotations
 
@@ -24,13 +26,6 @@ KEEPALIVE_S = 1.0
 # An open loop whose sends fall further behind their Poisson schedule than this did
 # not put the asked load on the server (the client was the bottleneck).
 MAX_SEND_LAG_S = 1.0
-
-
-def run(coro):
-    """``asyncio.run(coro)``. Not on uvloop, which is faster but swallows the
-    ``SystemExit`` that the suite's SIGTERM handler raises inside a callback, so
-    the suite would not leave (nor stop its server) until the load ends."""
-    return asyncio.run(coro)
 
 
 @dataclass

@@ -24,6 +24,7 @@ on every backend at once, after all servers are up.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import random
@@ -228,7 +229,7 @@ class Ctx:
         return self.pool.use(tag, extra, self.servers)
 
     def batch(self, live, reqs: list[client.Req], concurrency: int = 0):
-        res = client.run(
+        res = asyncio.run(
             client.batch(live.base, self.args.model, reqs, concurrency=concurrency)
         )
         self.results += res
@@ -321,7 +322,7 @@ def open_loop(ctx: Ctx, live, rate: float, cancel_frac: float):
     if together is not None:
         live.info["load_started_together"] = together
     live.info["load_start_unix"] = round(time.time(), 3)
-    res, samples, load = client.run(client.open_loop(
+    res, samples, load = asyncio.run(client.open_loop(
         live.base, live.port, a.model, make, rate=rate, duration_s=a.duration_s,
         drain_s=a.drain_s, sample_s=a.sample_s, seed=a.seed,
     ))  # fmt: skip
@@ -329,16 +330,16 @@ def open_loop(ctx: Ctx, live, rate: float, cancel_frac: float):
     return res, samples, load
 
 
-def load_sent(load: dict, reasons: list) -> dict:
-    """The open loop's load (``client.load_summary``); a client that fell behind its
-    schedule did not put the asked rate on the server, so the run shows nothing."""
+def load_sent(load: dict, reasons: list) -> None:
+    """Checks the open loop's load (``client.load_summary``): a client that fell
+    behind its schedule did not put the asked rate on the server, so the run shows
+    nothing."""
     if load["max_send_lag_s"] > client.MAX_SEND_LAG_S:
         reasons.append(
             f"the client fell {load['max_send_lag_s']} s behind its schedule "
             f"(sent {load['sent_rate']} of {load['asked_rate']} req/s): the server "
             "did not get the asked load"
         )
-    return load
 
 
 def abort_storm(ctx: Ctx) -> tuple[dict, dict, list]:
@@ -346,9 +347,9 @@ def abort_storm(ctx: Ctx) -> tuple[dict, dict, list]:
     with ctx.server("plain", plain(ctx.args)) as live:
         res, samples, load = open_loop(ctx, live, 2 * rate(ctx), ctx.args.cancel_frac)
     all_complete(res, reasons)
+    load_sent(load, reasons)
     mem = memory_flat(samples, ctx.args, reasons)
-    nums = {"rate": 2 * rate(ctx), "load": load_sent(load, reasons), "memory": mem,
-            "samples": samples}  # fmt: skip
+    nums = {"rate": 2 * rate(ctx), "load": load, "memory": mem, "samples": samples}
     return nums, outputs(res), reasons
 
 

@@ -22,7 +22,7 @@ def _closed_port() -> int:
 
 
 def _scheduled(rate: float, duration_s: float, seed: int) -> int:
-    rng, due, n = random.Random(seed), 0.0, 0
+    rng, n = random.Random(seed), 0
     due = rng.expovariate(rate)
     while due < duration_s:
         n, due = n + 1, due + rng.expovariate(rate)
@@ -36,7 +36,7 @@ def _open_loop(rate, busy_s, duration_s=1.0, seed=3):
         time.sleep(busy_s)  # the loop is busy with other work at every arrival
         return client.Req(f"r{i}", [1, 2, 3], 4)
 
-    return client.run(
+    return asyncio.run(
         client.open_loop(
             f"http://127.0.0.1:{port}", port, "m", make, rate=rate,
             duration_s=duration_s, drain_s=10, sample_s=5, seed=seed,
@@ -117,7 +117,7 @@ def test_client_does_not_reuse_a_connection_the_server_may_be_closing():
             second = await client.send(http, base, "m", req, time.monotonic())
         return first, second, resets
 
-    first, second, resets = client.run(go())
+    first, second, resets = asyncio.run(go())
     assert (first.kind, first.token_ids) == ("ok", [5]), first.note
     assert (second.kind, second.token_ids) == ("ok", [5]), second.note
     assert not resets
