@@ -349,7 +349,8 @@ def abort_storm(ctx: Ctx) -> tuple[dict, dict, list]:
     all_complete(res, reasons)
     load_sent(load, reasons)
     mem = memory_flat(samples, ctx.args, reasons)
-    nums = {"rate": 2 * rate(ctx), "load": load, "memory": mem, "samples": samples}
+    nums = {"rate": 2 * rate(ctx), "load": load, "server": server_load(samples),
+            "memory": mem, "samples": samples}  # fmt: skip
     return nums, outputs(res), reasons
 
 
@@ -524,23 +525,95 @@ def throughput_windows(results, duration_s: float, window_s: float) -> dict:
             "change": change}  # fmt: skip
 
 
+API_CPU = "process_cpu_seconds_total"  # the API server process's (one API server)
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+OPEN_FDS = "process_open_fds"
+# The API server process, not the engine, limits a load that keeps it at this median
+# CPU share while the engine has a queue in at most ENGINE_QUEUED_SHARE of the
+# samples (a backlog flushed from the API server queues briefly in the engine).
+FRONTEND_BOUND_CPU = 0.9
+ENGINE_QUEUED_SHARE = 0.1
+
+
+def server_load(samples: list[dict]) -> dict:
+    """Where the server held an open loop's requests, from the metrics samples: the
+    API server process's CPU share between samples (median and max; None where the
+    server exports no process metrics, as with several API servers), its open file
+    descriptors (about one per open connection), the engine's running and waiting
+    requests, and the share of samples in which the engine had a queue."""
+    shares = [
+        (b[API_CPU] - a[API_CPU]) / (b["t"] - a["t"])
+        for a, b in zip(samples, samples[1:])
+        if API_CPU in a and API_CPU in b and b["t"] > a["t"]
+    ]
+    shares.sort()
+
+    def most(name: str) -> float | None:
+        vals = [s[name] for s in samples if name in s]
+        return max(vals) if vals else None
+
+    waiting = [s[WAITING] for s in samples if WAITING in s]
+
+    return {
+        "api_server_cpu_share_median": (
+            round(shares[len(shares) // 2], 3) if shares else None
+        ),
+        "api_server_cpu_share_max": round(shares[-1], 3) if shares else None,
+        "max_open_fds": most(OPEN_FDS),
+        "max_engine_running": most(RUNNING),
+        "max_engine_waiting": most(WAITING),
+        "engine_queued_share": (
+            round(sum(1 for w in waiting if w > 0) / len(waiting), 3)
+            if waiting
+            else None
+        ),
+    }
+
+
+def saturated(load: dict, server: dict, reasons: list) -> None:
+    """An arrival that found the client's in-flight cap full: the server did not
+    keep up. Says which part: the API server (a busy process while the engine
+    rarely had a queue) or the engine."""
+    if not load["not_sent_at_cap"]:
+        return
+    what = f"{load['not_sent_at_cap']} arrivals found the client's in-flight cap full"
+    cpu = server["api_server_cpu_share_median"]
+    queued = server["engine_queued_share"]
+    if (
+        cpu is not None
+        and cpu >= FRONTEND_BOUND_CPU
+        and (queued or 0.0) <= ENGINE_QUEUED_SHARE
+    ):
+        reasons.append(
+            f"{what}: the API server process was saturated (median CPU share {cpu} "
+            f"of a core, up to {server['max_open_fds']:.0f} open files) while the "
+            f"engine had a queue in {queued:.0%} of the samples; the rate is past "
+            "what one API server takes: lower --rate, or serve with --api-server-count"
+        )
+    else:
+        reasons.append(
+            f"{what}: the engine was saturated (a queue in {queued or 0.0:.0%} of the "
+            f"samples, up to {server['max_engine_waiting']} requests waiting)"
+        )
+
+
 def soak(ctx: Ctx) -> tuple[dict, dict, list]:
     a, reasons = ctx.args, []
     with ctx.server("plain", plain(a)) as live:
         res, samples, load = open_loop(ctx, live, 0.8 * rate(ctx), a.soak_cancel_frac)
     all_complete(res, reasons)
     load_sent(load, reasons)
-    if load["not_sent_at_cap"]:
-        reasons.append(f"{load['not_sent_at_cap']} arrivals found the client's "
-                       "in-flight cap full: the server was saturated")  # fmt: skip
+    server = server_load(samples)
+    saturated(load, server, reasons)
     tput = throughput_windows(res, a.duration_s, a.window_s)
     if tput["change"] is None or abs(tput["change"]) > a.max_throughput_change:
         reasons.append(f"throughput of the last window vs the first: {tput}")
     late = live.info.get("late_jit_compiles", [])
     if late:
         reasons.append(f"Triton compiled while serving: {', '.join(late[:5])}")
-    nums = {"rate": 0.8 * rate(ctx), "load": load, "throughput": tput,
-            "memory": memory_flat(samples, a, reasons), "samples": samples}  # fmt: skip
+    nums = {"rate": 0.8 * rate(ctx), "load": load, "server": server,
+            "throughput": tput, "memory": memory_flat(samples, a, reasons),
+            "samples": samples}  # fmt: skip
     return nums, outputs(res), reasons
 
 

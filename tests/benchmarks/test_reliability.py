@@ -343,3 +343,50 @@ def test_agreement_and_metrics_parsing():
 def test_lengths_no_server_can_hold_are_refused_before_any_start(tmp_path, extra, what):
     r, recs = _run(tmp_path, "all", extra=extra)
     assert r.returncode != 0 and what in r.stderr and not recs
+
+
+def _samples(cpu_per_s, waiting):
+    """Ten metrics samples 10 s apart; ``waiting``: {sample index: queued requests}."""
+    return [
+        {"t": 10.0 * i, API_CPU: cpu_per_s * 10.0 * i, OPEN_FDS: 2000.0,
+         run_reliability.RUNNING: 200.0, run_reliability.WAITING: waiting.get(i, 0.0)}
+        for i in range(10)
+    ]  # fmt: skip
+
+
+API_CPU, OPEN_FDS = run_reliability.API_CPU, run_reliability.OPEN_FDS
+AT_CAP = {"not_sent_at_cap": 12}
+EVERY_OTHER = {i: 40.0 for i in range(1, 10, 2)}
+
+
+@pytest.mark.parametrize("waiting", [{}, {3: 113.0}])  # none, one flushed burst
+def test_saturation_names_the_api_server_when_the_engine_rarely_queued(waiting):
+    server = run_reliability.server_load(_samples(1.0, waiting))
+    assert server["api_server_cpu_share_median"] == 1.0
+    assert server["max_open_fds"] == 2000.0
+    assert server["engine_queued_share"] == len(waiting) / 10
+    reasons = []
+    run_reliability.saturated(AT_CAP, server, reasons)
+    assert "12 arrivals" in reasons[0]
+    assert "API server process was saturated" in reasons[0]
+
+
+@pytest.mark.parametrize("cpu, waiting", [(1.0, EVERY_OTHER), (0.5, {})])
+def test_saturation_names_the_engine_otherwise(cpu, waiting):
+    server = run_reliability.server_load(_samples(cpu, waiting))
+    reasons = []
+    run_reliability.saturated(AT_CAP, server, reasons)
+    assert "the engine was saturated" in reasons[0]
+    reasons = []
+    run_reliability.saturated({"not_sent_at_cap": 0}, server, reasons)
+    assert reasons == []
+
+
+def test_server_load_without_process_metrics():
+    samples = [{"t": 10.0 * i, run_reliability.WAITING: 0.0} for i in range(3)]
+    server = run_reliability.server_load(samples)
+    assert server["api_server_cpu_share_median"] is None
+    assert server["max_open_fds"] is None
+    reasons = []
+    run_reliability.saturated(AT_CAP, server, reasons)
+    assert "the engine was saturated" in reasons[0]
