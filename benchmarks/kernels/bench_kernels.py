@@ -521,16 +521,20 @@ def caller_ours(
     key_cache, value_cache = inp.kv_cache[:, 0], inp.kv_cache[:, 1]
     slopes = alibi_slopes(s, inp.query.device)
     if s.kernel == "decode":
+        if decode_programs_per_sm is None:  # the backend's rule
+            wave = ops.decode_wave_rule(
+                kv_dtype=key_cache.dtype, device=inp.query.device
+            )
+        elif decode_programs_per_sm:
+            wave = ops.WaveRule(programs_per_sm=decode_programs_per_sm)
+        else:
+            wave = None
         splits = decode_num_splits or ops.choose_decode_splits(
             num_seqs=s.batch,
             num_kv_heads=s.num_kv_heads,
             num_sms=ops.hardware.num_sms(inp.query.device),
             max_splits=decode_max_splits or ops.MAX_DECODE_SPLITS,
-            programs_per_sm=ops.decode_programs_per_sm(
-                kv_dtype=key_cache.dtype, device=inp.query.device
-            )
-            if decode_programs_per_sm is None
-            else decode_programs_per_sm or None,
+            wave=wave,
         )
         workspace = torch.empty(
             ops.decode_workspace_shape(
@@ -1066,7 +1070,7 @@ def import_modules(stock_site: str | None) -> dict:
 
     for name in ("choose_decode_splits", "decode_workspace_shape", "WORKSPACE_DTYPE",
                  "paged_decode_attention", "MAX_DECODE_SPLITS",
-                 "decode_programs_per_sm", "config_for", "AttentionInputs",
+                 "decode_wave_rule", "WaveRule", "config_for", "AttentionInputs",
                  "DecodeConfig"):  # fmt: skip
         setattr(ops, name, getattr(dec, name))
     ops.hardware = hardware
@@ -1442,11 +1446,11 @@ def main() -> None:
         "--decode-programs-per-sm",
         type=int,
         default=None,
-        help="resident programs per SM for our decode's wave-aware split rule "
-        "(choose_decode_splits' programs_per_sm; e.g. 4 for the bf16 sm_90 build, 3 "
-        "for fp8), 0 for the rule without it; default: what the backend uses "
-        "(decode_programs_per_sm: the tuning data's count where the wave-aware rule "
-        "was measured faster, fp8 on sm_90)",
+        help="our decode's split rule: the wave-aware rule over powers of two at "
+        "this many resident programs per SM (choose_decode_splits with "
+        "WaveRule(N); e.g. 4 for the bf16 sm_90 build, 3 for fp8), 0 for the rule "
+        "without it; default: what the backend uses (decode_wave_rule: the tuning "
+        "data's WaveRule where the wave-aware rule was measured faster, on sm_90)",
     )
     p.add_argument(
         "--kernels",

@@ -9,7 +9,7 @@ imports stock vLLM from ``--stock-site`` and the tree's ``vllm/attention/ops``
 (joined to ``vllm.__path__`` as ``bench_kernels.py`` does), and times
 ``paged_decode_attention``, the public entry point every tree keeps, with the split
 count the tree itself chooses (as its backend would: wave-aware where the tree's
-``decode_programs_per_sm`` says). Trees are interleaved per round; the record holds
+data says). Trees are interleaved per round; the record holds
 every time and each tree's median per point. Points are ``BATCHxCONTEXT:PAGE:KV``
 (KV ``bf16`` or ``fp8``), at Llama-3.1-8B's heads (32 query, 8 KV, head 128).
 ``--interpret`` runs one tiny point on the CPU (a smoke test of the script).
@@ -77,13 +77,15 @@ def child(tree: str, stock_site: str | None, points: list[dict], iters: int) -> 
         query = torch.randn((b, hq, d), device=device, generator=gen).to(torch.bfloat16)
         output = torch.empty_like(query)
         seq_lens = torch.full((b,), ctx, dtype=torch.int32, device=device)
-        # The tree's own rule, wave-aware where the tree's data says (trees from
-        # before decode_programs_per_sm have the rule without it).
-        waves = getattr(dec, "decode_programs_per_sm", None)
-        extra = {}
-        if waves is not None:
-            extra["programs_per_sm"] = waves(
-                kv_dtype=kv_dtype, device=torch.device(device)
+        # The tree's own rule, wave-aware where the tree's data says: a WaveRule
+        # (decode_wave_rule), a count of resident programs per SM in trees from
+        # before it (decode_programs_per_sm), neither in older trees.
+        extra, dev = {}, torch.device(device)
+        if hasattr(dec, "decode_wave_rule"):
+            extra["wave"] = dec.decode_wave_rule(kv_dtype=kv_dtype, device=dev)
+        elif hasattr(dec, "decode_programs_per_sm"):
+            extra["programs_per_sm"] = dec.decode_programs_per_sm(
+                kv_dtype=kv_dtype, device=dev
             )
         splits = choose(
             num_seqs=b, num_kv_heads=hk, num_sms=num_sms, max_splits=cap, **extra

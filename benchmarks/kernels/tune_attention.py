@@ -702,7 +702,7 @@ def retune_decode(
             num_seqs=s.batch,
             num_kv_heads=s.num_kv_heads,
             num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
-            programs_per_sm=bk.ops.decode_programs_per_sm(
+            wave=bk.ops.decode_wave_rule(
                 kv_dtype=getattr(torch, s.kv_dtype), device=torch.device("cuda")
             ),
         )

@@ -33,9 +33,7 @@ def _fake_gpu(monkeypatch, request, *, runner, wrong, time_us):
     (its ``output`` is its config), the config ``wrong`` is off the reference, and
     ``time_us`` times a runner."""
     monkeypatch.setattr(bk.ops, "choose_decode_splits", lambda **kw: 1, raising=False)
-    monkeypatch.setattr(
-        bk.ops, "decode_programs_per_sm", lambda **kw: None, raising=False
-    )
+    monkeypatch.setattr(bk.ops, "decode_wave_rule", lambda **kw: None, raising=False)
     monkeypatch.setattr(
         torch.cuda,
         "get_device_properties",
@@ -881,7 +879,7 @@ def test_ours_decode_forced_splits_and_config_fields(monkeypatch):
 
     for name, value in (
         ("choose_decode_splits", choose),
-        ("decode_programs_per_sm", lambda **kw: None),
+        ("decode_wave_rule", lambda **kw: None),
         ("decode_workspace_shape", lambda **kw: (kw["num_splits"],)),
         ("WORKSPACE_DTYPE", torch.float32),
         ("MAX_DECODE_SPLITS", 64),

@@ -269,21 +269,30 @@ def test_split_without_workspace_allocates():
     )
 
 
+def _wave_cost(work, resident, s, rule):
+    """The wave model: waves of programs, each split one paying the overhead."""
+    o = rule.program_overhead
+    program = 1.0 if s == 1 else o + (1 - o) / s
+    return -(-work * s // resident) * program
+
+
 def test_wave_aware_split_rule_past_the_target():
-    """With ``programs_per_sm``, a grid past the target splits where its last wave
-    would run mostly idle (Llama-3.1-8B's 8 KV heads on an H200's 132 SMs, 4
-    resident bf16 programs per SM: 77 sequences are 616 programs, 1.17 waves of
-    528); grids under the target keep the default rule, and without
-    ``programs_per_sm`` nothing past the target splits."""
+    """With a powers-of-two ``WaveRule``, a grid past the target splits where its
+    last wave would run mostly idle (Llama-3.1-8B's 8 KV heads on an H200's 132
+    SMs, 4 resident bf16 programs per SM: 77 sequences are 616 programs, 1.17 waves
+    of 528); grids under the target keep the default rule, and without a rule
+    nothing past the target splits."""
     from vllm.attention.ops.triton_paged_decode_attention_2d import (
         MAX_WAVE_SPLITS,
-        SPLIT_PROGRAM_OVERHEAD,
         fewest_waves,
     )
 
-    def splits(num_seqs, per_sm=4):
+    rule = dc.WaveRule(programs_per_sm=4)
+    assert not rule.any_count
+
+    def splits(num_seqs):
         return choose_decode_splits(
-            num_seqs=num_seqs, num_kv_heads=8, num_sms=132, programs_per_sm=per_sm
+            num_seqs=num_seqs, num_kv_heads=8, num_sms=132, wave=rule
         )
 
     assert splits(77) == 2 and splits(128) == 1  # 1.17 waves; 1.94 waves
@@ -294,18 +303,56 @@ def test_wave_aware_split_rule_past_the_target():
             assert n == default, num_seqs
         else:
             assert default == 1 and 1 <= n <= MAX_WAVE_SPLITS, num_seqs
-
-    # The model itself: waves of programs, each split one paying the overhead.
-    def cost(work, resident, s):
-        program = 1.0 if s == 1 else SPLIT_PROGRAM_OVERHEAD + (
-            1 - SPLIT_PROGRAM_OVERHEAD) / s  # fmt: skip
-        return -(-work * s // resident) * program
+            assert n & (n - 1) == 0, num_seqs
 
     for work in range(400, 3000, 37):
-        s = fewest_waves(work=work, resident=528, max_splits=8)
-        assert all(cost(work, 528, s) <= cost(work, 528, t) + 1e-9
-                   for t in (1, 2, 4, 8)), work  # fmt: skip
-    assert fewest_waves(work=528 * 4, resident=528, max_splits=8) == 1  # whole waves
+        s = fewest_waves(work=work, resident=528, max_splits=8, wave=rule)
+        assert all(_wave_cost(work, 528, s, rule) <= _wave_cost(work, 528, t, rule)
+                   + 1e-9 for t in (1, 2, 4, 8)), work  # fmt: skip
+    assert fewest_waves(work=528 * 4, resident=528, max_splits=8, wave=rule) == 1
+
+
+def test_wave_aware_split_rule_with_any_count():
+    """An ``any_count`` rule (fp8's: 3 programs per SM, overhead 0.05) picks among
+    every count up to MAX_WAVE_SPLITS, also under the target, wherever that many
+    splits fill a wave: 16 sequences (128 programs) split in 3, one full wave of
+    384 where 4 splits would start a second; smaller grids keep the default rule."""
+    from vllm.attention.ops.triton_paged_decode_attention_2d import (
+        MAX_WAVE_SPLITS,
+        fewest_waves,
+    )
+
+    rule = dc.WaveRule(programs_per_sm=3, program_overhead=0.05, any_count=True)
+    resident = 3 * 132
+
+    def splits(num_seqs):
+        return choose_decode_splits(
+            num_seqs=num_seqs, num_kv_heads=8, num_sms=132, wave=rule
+        )
+
+    got = {b: splits(b) for b in (6, 7, 8, 16, 32, 64, 96, 128, 192, 256)}
+    assert got == {6: 16, 7: 7, 8: 6, 16: 3, 32: 3, 64: 3, 96: 1, 128: 3, 192: 1,
+                   256: 2}  # fmt: skip
+    for num_seqs in range(1, 600):
+        work, n = num_seqs * 8, splits(num_seqs)
+        if work * MAX_WAVE_SPLITS < resident:
+            default = choose_decode_splits(
+                num_seqs=num_seqs, num_kv_heads=8, num_sms=132
+            )
+            assert n == default, num_seqs
+            continue
+        assert 1 <= n <= MAX_WAVE_SPLITS, num_seqs
+        assert all(_wave_cost(work, resident, n, rule)
+                   <= _wave_cost(work, resident, t, rule) + 1e-9
+                   for t in range(1, MAX_WAVE_SPLITS + 1)), num_seqs  # fmt: skip
+    # The cap of the call holds.
+    assert fewest_waves(work=64, resident=resident, max_splits=4, wave=rule) == 4
+    assert (
+        choose_decode_splits(
+            num_seqs=16, num_kv_heads=8, num_sms=132, max_splits=2, wave=rule
+        )
+        == 2
+    )
 
 
 def test_choose_decode_splits():
@@ -345,11 +392,11 @@ def test_choose_decode_splits():
 
 def test_decode_planner_is_wave_aware_where_the_data_says():
     """fp8 and bf16 caches on sm_90 (and the CPU interpreter, which plans as an
-    H200) take the wave-aware split rule with the tuning data's resident programs
-    per SM; fp16 caches keep the default rule. Llama-3.1-8B heads, 132 SMs: batch
-    64 is 512 programs, 1.3 waves of 396 fp8 programs, so it splits in 2, and one
-    wave of 528 bf16 ones, so it does not; batch 77 (616 programs) is 1.17 waves
-    of bf16 programs and splits in 2."""
+    H200) take the tuning data's wave-aware split rule; fp16 caches keep the
+    default rule. Llama-3.1-8B heads, 132 SMs: fp8 (3 programs per SM, any count)
+    splits batch 64 (512 programs, 1.3 waves of 396) in 3 and keeps batch 96
+    (768, 1.94 waves) whole; bf16 (4 per SM, powers of two) keeps batch 64 (one
+    wave of 528) whole and splits batch 77 (616 programs, 1.17 waves) in 2."""
 
     def planner(kv_dtype):
         return DecodePlanner(
@@ -358,30 +405,26 @@ def test_decode_planner_is_wave_aware_where_the_data_says():
             max_num_seqs=256, num_sms=132,
         )  # fmt: skip
 
+    fp8_rule = dc.wave_rule(kv_dtype=torch.float8_e4m3fn, hopper=True)
+    assert fp8_rule == dc.WAVE_RULES["fp8"]
+    assert (fp8_rule.programs_per_sm, fp8_rule.any_count) == (3, True)
     fp8 = planner(torch.float8_e4m3fn)
-    assert (
-        dc.wave_aware_programs_per_sm(kv_dtype=torch.float8_e4m3fn, hopper=True)
-        == dc.WAVE_AWARE_PROGRAMS_PER_SM["fp8"]
-        == 3
-    )
-    assert fp8.plan(64)[0] == 2 and fp8.plan(96)[0] == 1
-    assert fp8.workspaces[2].shape[0] >= 64
-    assert dc.WAVE_AWARE_PROGRAMS_PER_SM["bfloat16"] == 4
+    assert [fp8.plan(n)[0] for n in (16, 32, 64, 96, 128)] == [3, 3, 3, 1, 3]
+    assert fp8.workspaces[3].shape[0] >= 128
+    bf16_rule = dc.wave_rule(kv_dtype=torch.bfloat16, hopper=True)
+    assert (bf16_rule.programs_per_sm, bf16_rule.any_count) == (4, False)
     bf16, fp16 = planner(torch.bfloat16), planner(torch.float16)
     assert [bf16.plan(n)[0] for n in (64, 77, 96, 102, 128)] == [1, 2, 2, 1, 1]
     assert fp16.plan(77)[0] == 1
     for n in range(1, 257):
-        for plan, pps in ((fp8, 3), (bf16, 4), (fp16, None)):
+        for plan, rule in ((fp8, fp8_rule), (bf16, bf16_rule), (fp16, None)):
             want = choose_decode_splits(
-                num_seqs=n, num_kv_heads=8, num_sms=132, programs_per_sm=pps
+                num_seqs=n, num_kv_heads=8, num_sms=132, wave=rule
             )
-            assert plan.plan(n)[0] == want, (n, pps)
+            assert plan.plan(n)[0] == want, (n, rule)
     # Not on other GPUs, nor for a dtype the data does not list.
-    assert (
-        dc.wave_aware_programs_per_sm(kv_dtype=torch.float8_e4m3fn, hopper=False)
-        is None
-    )
-    assert dc.wave_aware_programs_per_sm(kv_dtype=torch.float16, hopper=True) is None
+    assert dc.wave_rule(kv_dtype=torch.float8_e4m3fn, hopper=False) is None
+    assert dc.wave_rule(kv_dtype=torch.float16, hopper=True) is None
 
 
 @pytest.mark.parametrize("batch_invariant", [False, True])
@@ -658,7 +701,7 @@ def compile_decode_main() -> None:
                     target.backend, name, kernel.__name__, pipelined, twice, flush=True
                 )
     # The heuristic 2D builds of Llama-3.1-8B decode, bf16 and fp8: programs per SM
-    # (what WAVE_AWARE_PROGRAMS_PER_SM states).
+    # (what WAVE_RULES states).
     for fp8 in (False, True):
         ((kernel, _, kwargs),) = _decode_launches(
             fp8=fp8, num_splits=1, features=False, head_size=128, group=4,
@@ -698,8 +741,8 @@ def test_compiles_for_hopper_and_mi300():
     # The wave-aware split rule's data: the resident programs of the builds.
     resident = {ln[1]: int(ln[2]) for ln in lines if ln[0] == "resident"}
     assert resident["bfloat16"] == 4, resident
-    for kv, programs in dc.WAVE_AWARE_PROGRAMS_PER_SM.items():
-        assert resident[kv] == programs, (kv, resident)
+    for kv, rule in dc.WAVE_RULES.items():
+        assert resident[kv] == rule.programs_per_sm, (kv, resident)
     lines = [ln for ln in lines if ln[0] not in ("early_convert", "resident")]
     # early_convert: as many ldmatrix as a 16-bit cache (K and V tiles), and far
     # fewer shared loads than the byte-wide gathers without it.

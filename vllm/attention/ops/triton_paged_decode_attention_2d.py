@@ -85,7 +85,8 @@ from vllm.attention.ops.triton_attention_common import (
 from vllm.attention.ops.tuning.decode_configs import (
     DECODE_TABLE,
     DecodeConfig,
-    wave_aware_programs_per_sm,
+    WaveRule,
+    wave_rule,
 )
 from vllm.attention.ops.tuning.tables import device_gpu_name
 
@@ -102,11 +103,8 @@ SPLIT_LIMIT = 256
 # program streams K/V with a few tiles in flight; several resident programs per SM
 # are needed to keep enough bytes in flight to saturate HBM.
 SPLIT_TARGET_WAVES = 3
-# Wave-aware splitting of grids past the target (choose_decode_splits with
-# ``programs_per_sm``): the share of an unsplit program's time that every split
-# program spends again whatever its keys (query load, softmax state, partial
-# store), and the most splits it may choose.
-SPLIT_PROGRAM_OVERHEAD = 0.15
+# The most splits the wave-aware rule (choose_decode_splits with a ``WaveRule``)
+# may choose.
 MAX_WAVE_SPLITS = 8
 
 WORKSPACE_DTYPE = torch.float32
@@ -365,9 +363,9 @@ def choose_decode_splits(
     num_kv_heads: int,
     num_sms: int,
     max_splits: int = MAX_DECODE_SPLITS,
-    programs_per_sm: int | None = None,
+    wave: WaveRule | None = None,
 ) -> int:
-    """Number of KV splits for a decode batch; a power of two in [1, max_splits].
+    """Number of KV splits for a decode batch, in [1, max_splits].
 
     Depends only on the batch shape, never on context lengths (they change between
     CUDA-graph replays of one captured batch size; the grid must not). The 2D grid
@@ -378,49 +376,48 @@ def choose_decode_splits(
     target alone get 1 (no workspace traffic, no merge). Short contexts lose little
     to splitting: shares past the end of a context are empty and exit at once.
 
-    ``programs_per_sm`` (the resident decode programs an SM holds at the kernel's
-    register use; None: not known) makes the rule for grids past the target
-    wave-aware (``fewest_waves``): a batch whose grid fills the GPU 1.2 times
-    otherwise runs a second, mostly idle wave of whole programs.
+    ``wave`` (the kernel build's ``WaveRule``; None: not known) makes the rule
+    wave-aware (``fewest_waves``) for grids past the target and, with
+    ``wave.any_count``, for every grid that ``MAX_WAVE_SPLITS`` splits bring to a
+    full wave: a grid that fills the GPU 1.2 times otherwise runs a second, mostly
+    idle wave of whole programs.
     """
     work = max(1, num_seqs * num_kv_heads)
     target = SPLIT_TARGET_WAVES * max(1, num_sms)
+    if wave is not None:
+        resident = wave.programs_per_sm * max(1, num_sms)
+        cap = min(max_splits, MAX_WAVE_SPLITS)
+        if work >= target or (wave.any_count and work * cap >= resident):
+            return fewest_waves(work=work, resident=resident, max_splits=cap, wave=wave)
     if work >= target:
-        if programs_per_sm is None:
-            return 1
-        return fewest_waves(
-            work=work,
-            resident=programs_per_sm * max(1, num_sms),
-            max_splits=min(max_splits, MAX_WAVE_SPLITS),
-        )
+        return 1
     want = -(-target // work)  # ceil
     return min(max_splits, 1 << (want - 1).bit_length())
 
 
-def decode_programs_per_sm(
-    *, kv_dtype: torch.dtype, device: torch.device
-) -> int | None:
-    """The ``programs_per_sm`` that decode launches on ``device`` pass to
-    ``choose_decode_splits``: the tuning data's resident programs per SM where
-    the wave-aware rule was measured faster (``wave_aware_programs_per_sm``),
-    else None (the default rule)."""
+def decode_wave_rule(*, kv_dtype: torch.dtype, device: torch.device) -> WaveRule | None:
+    """The ``wave`` that decode launches on ``device`` pass to
+    ``choose_decode_splits``: the tuning data's ``WaveRule`` where the wave-aware
+    rule was measured faster (``wave_rule``), else None (the default rule)."""
     hopper = device.type == "cpu" or is_hopper(device)
-    return wave_aware_programs_per_sm(kv_dtype=kv_dtype, hopper=hopper)
+    return wave_rule(kv_dtype=kv_dtype, hopper=hopper)
 
 
-def fewest_waves(*, work: int, resident: int, max_splits: int) -> int:
-    """The power-of-two split count, at most ``max_splits``, whose grid of ``work *
-    s`` equal programs, ``resident`` at a time, finishes first: ``ceil(work * s /
-    resident)`` waves of programs that each take ``SPLIT_PROGRAM_OVERHEAD + (1 -
-    SPLIT_PROGRAM_OVERHEAD) / s`` of an unsplit one; a tie goes to fewer splits."""
+def fewest_waves(*, work: int, resident: int, max_splits: int, wave: WaveRule) -> int:
+    """The split count, at most ``max_splits`` (every count with ``wave.any_count``,
+    else powers of two), whose grid of ``work * s`` equal programs, ``resident`` at a
+    time, finishes first: ``ceil(work * s / resident)`` waves of programs that each
+    take ``o + (1 - o) / s`` of an unsplit one (``o``: ``wave.program_overhead``);
+    a tie goes to fewer splits."""
+    o = wave.program_overhead
+    counts = range(2, max_splits + 1)
+    if not wave.any_count:
+        counts = [s for s in counts if s & (s - 1) == 0]
     best, best_cost = 1, float(-(-work // resident))
-    s = 2
-    while s <= max_splits:
-        program = SPLIT_PROGRAM_OVERHEAD + (1 - SPLIT_PROGRAM_OVERHEAD) / s
-        cost = -(-work * s // resident) * program
+    for s in counts:
+        cost = -(-work * s // resident) * (o + (1 - o) / s)
         if cost < best_cost - 1e-9:
             best, best_cost = s, cost
-        s *= 2
     return best
 
 
@@ -597,7 +594,7 @@ def decode_config(
 class DecodePlanner:
     """The decode launch of every batch size a backend can see, decided once:
     split counts (``choose_decode_splits``, wave-aware where
-    ``decode_programs_per_sm`` says; 1 throughout when ``batch_invariant``), the
+    ``decode_wave_rule`` says; 1 throughout when ``batch_invariant``), the
     configs (``decode_config``, unsplit and split) and one fp32 workspace buffer
     with a view per split count, sized for the largest batch that gets it (views
     share the buffer: one decode launch runs at a time and layers run in order).
@@ -618,7 +615,7 @@ class DecodePlanner:
         batch_invariant: bool = False,
     ):
         self.max_num_seqs = max_num_seqs
-        programs_per_sm = decode_programs_per_sm(kv_dtype=kv_dtype, device=device)
+        wave = decode_wave_rule(kv_dtype=kv_dtype, device=device)
         # splits_for_batch[n]: the split count of a batch of n decodes.
         self.splits_for_batch = [1] + [
             1
@@ -627,7 +624,7 @@ class DecodePlanner:
                 num_seqs=n,
                 num_kv_heads=num_kv_heads,
                 num_sms=num_sms,
-                programs_per_sm=programs_per_sm,
+                wave=wave,
             )
             for n in range(1, max_num_seqs + 1)
         ]
@@ -757,7 +754,7 @@ __all__ = [
     "choose_decode_splits",
     "config_for",
     "decode_config",
-    "decode_programs_per_sm",
+    "decode_wave_rule",
     "decode_workspace_shape",
     "launch_paged_decode",
     "paged_decode_attention",

@@ -81,25 +81,52 @@ def heuristic_decode_config(
     return DecodeConfig(block_n=block_n, num_warps=4, num_stages=2)
 
 
-# Resident programs per SM of the sm_90 build of the heuristic decode config, by
-# KV-cache dtype, for ``choose_decode_splits``' wave-aware rule; listed only where a
-# GPU run measured that rule faster than the default. fp8 e4m3: 150 registers a
-# thread, 3 programs per SM (batch 64 x 8k on 8 KV heads: 2 splits, 0.72x -> 0.91x
-# FA3). bf16: 118 registers, 4 per SM (8 KV heads: batch 77 x 8k 0.89x -> 0.96x FA3
-# and batch 96 0.98x -> 0.99x on an H100, batch 77 x 1.5k 0.91x -> 1.03x on an
-# H200; batches 64, 102 and 128 stay unsplit, as measured fastest). fp16 caches
-# keep the default rule until measured. test_paged_decode's compile test checks
-# the counts against the builds.
-WAVE_AWARE_PROGRAMS_PER_SM = {"fp8": 3, "bfloat16": 4}
+@dataclass(frozen=True)
+class WaveRule:
+    """``choose_decode_splits``' wave-aware rule for one build of the decode kernel.
+
+    programs_per_sm: the resident decode programs an SM holds at the build's
+    register use. program_overhead: the share of an unsplit program's time that
+    every split program spends again whatever its keys (query load, softmax state,
+    partial store, its share of the merge). any_count: choose among every split
+    count up to ``MAX_WAVE_SPLITS``, for every batch whose grid that many splits
+    bring to a full wave; otherwise among powers of two, for grids past the split
+    target only (smaller batches keep the target rule).
+    """
+
+    programs_per_sm: int
+    program_overhead: float = 0.15
+    any_count: bool = False
 
 
-def wave_aware_programs_per_sm(*, kv_dtype, hopper: bool) -> int | None:
-    """``programs_per_sm`` for ``choose_decode_splits`` (None: the default rule):
-    ``WAVE_AWARE_PROGRAMS_PER_SM`` on sm_90 (``hopper``; CPU interpreter runs
-    pretend to be an H200, as for the SM count), None elsewhere."""
+# The wave-aware rule of the sm_90 build of the heuristic decode config, by KV-cache
+# dtype; listed only where a GPU run measured it faster than the default (8 KV
+# heads, pages of 16, against FA3).
+# - fp8 e4m3: 150 registers a thread, 3 programs per SM. Any count, at an overhead
+#   of 0.05 (the measured split counts fit it, 0.15 picked 2 at batch 64): 3 splits
+#   at batches 16, 32, 64 and 128, 2 at 256, none at 96 and 192 (H100, contexts of
+#   1k, 8k and 32k, one count forced per arm: batch 32 x 8k 0.74x -> 1.00x FA3,
+#   batch 16 x 32k 0.73x -> 0.98x, batch 128 x 8k 0.91x -> 1.00x; batches 96-256 x
+#   1k at 1.05x-1.17x). Batch 8 gets 6, between the measured 4 and 8.
+# - bf16: 118 registers, 4 per SM, powers of two past the target (batch 77 x 8k
+#   0.89x -> 0.96x FA3 and batch 96 0.98x -> 0.99x on an H100, batch 77 x 1.5k
+#   0.91x -> 1.03x on an H200; batches 64, 102 and 128 stay unsplit, as measured
+#   fastest).
+# fp16 caches keep the default rule until measured. test_paged_decode's compile test
+# checks the counts against the builds.
+WAVE_RULES = {
+    "fp8": WaveRule(programs_per_sm=3, program_overhead=0.05, any_count=True),
+    "bfloat16": WaveRule(programs_per_sm=4),
+}
+
+
+def wave_rule(*, kv_dtype, hopper: bool) -> WaveRule | None:
+    """The ``WaveRule`` for ``choose_decode_splits`` (None: the default rule):
+    ``WAVE_RULES`` on sm_90 (``hopper``; CPU interpreter runs pretend to be an H200,
+    as for the SM count), None elsewhere."""
     if not hopper:
         return None
-    return WAVE_AWARE_PROGRAMS_PER_SM.get(tables.dtype_name(kv_dtype))
+    return WAVE_RULES.get(tables.dtype_name(kv_dtype))
 
 
 DECODE_TABLE = tables.TuningTable(
