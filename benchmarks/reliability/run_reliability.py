@@ -32,6 +32,7 @@ import re
 import resource
 import shlex
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -546,26 +547,21 @@ def server_load(samples: list[dict]) -> dict:
         for a, b in zip(samples, samples[1:])
         if API_CPU in a and API_CPU in b and b["t"] > a["t"]
     ]
-    shares.sort()
 
     def most(name: str) -> float | None:
-        vals = [s[name] for s in samples if name in s]
-        return max(vals) if vals else None
+        return max((s[name] for s in samples if name in s), default=None)
 
     waiting = [s[WAITING] for s in samples if WAITING in s]
-
     return {
         "api_server_cpu_share_median": (
-            round(shares[len(shares) // 2], 3) if shares else None
+            round(statistics.median(shares), 3) if shares else None
         ),
-        "api_server_cpu_share_max": round(shares[-1], 3) if shares else None,
+        "api_server_cpu_share_max": round(max(shares), 3) if shares else None,
         "max_open_fds": most(OPEN_FDS),
         "max_engine_running": most(RUNNING),
         "max_engine_waiting": most(WAITING),
         "engine_queued_share": (
-            round(sum(1 for w in waiting if w > 0) / len(waiting), 3)
-            if waiting
-            else None
+            round(sum(w > 0 for w in waiting) / len(waiting), 3) if waiting else None
         ),
     }
 
