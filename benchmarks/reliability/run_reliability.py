@@ -59,6 +59,8 @@ DEFAULT_BLOCK_SIZE = 16
 # Per scenario: duration (s, for the timed ones) and the greedy agreement needed.
 DURATION = {"abort-storm": 600.0, "soak": 900.0}
 MIN_AGREEMENT = {"preemption": 0.99}  # others: 1.0 (identical)
+# A memory failure names its largest steps, this many (run_soak.memory_verdict).
+MEMORY_STEPS_TOLD = 3
 
 
 class ServerDown(Exception):
@@ -289,7 +291,19 @@ def check_agreement(name: str, agree: dict, need: float, reasons: list) -> None:
 def memory_flat(samples, args, reasons) -> dict:
     mem = run_soak.memory_verdict(samples, args.settle_s, args.max_growth_mib)
     if mem.get("checked") and not mem["ok"]:
-        reasons.append(f"GPU memory grew {mem['growth_mib']} MiB after the settle time")
+        steps = ", ".join(
+            f"+{st['mib']} MiB at {st['t']:.0f} s with {st['running']:.0f} running "
+            f"requests (before it at most {st['running_max_before']:.0f})"
+            if st["running"] is not None and st["running_max_before"] is not None
+            else f"+{st['mib']} MiB at {st['t']:.0f} s"
+            for st in sorted(mem["steps"], key=lambda st: -st["mib"])[
+                :MEMORY_STEPS_TOLD
+            ]
+        )
+        if len(mem["steps"]) > MEMORY_STEPS_TOLD:
+            steps += f" and {len(mem['steps']) - MEMORY_STEPS_TOLD} more steps"
+        reasons.append(f"GPU memory grew {mem['growth_mib']} MiB after the settle time"
+                       + (f": {steps}" if steps else ""))  # fmt: skip
     return mem
 
 

@@ -243,13 +243,33 @@ def scrape_metrics(port: int) -> dict[str, float]:
 def memory_verdict(
     samples: list[dict], settle_s: float, max_growth_mib: int
 ) -> dict[str, object]:
-    """Compare GPU memory after the settle time with the end of the soak."""
-    mem = [(s["t"], sum(s["gpu_mib"])) for s in samples if s.get("gpu_mib")]
+    """Compare GPU memory after the settle time with the end of the soak.
+
+    ``steps`` tells how it grew: each sample after the settle time whose memory rose
+    above every sample before it, with the engine's running requests then and their
+    largest count before it (a step at a new high of the load is the allocator
+    reaching a larger batch, a step at a familiar load is not)."""
+    mem = [(s, sum(s["gpu_mib"])) for s in samples if s.get("gpu_mib")]
     if not mem:
         return {"checked": False, "why": "no nvidia-smi samples"}
-    settled = [m for t, m in mem if t >= settle_s] or [mem[-1][1]]
+    settled = [m for s, m in mem if s["t"] >= settle_s] or [mem[-1][1]]
     baseline = settled[0]
     end = mem[-1][1]
+    steps, high, busiest = [], None, None
+    for s, m in mem:
+        running = s.get("vllm:num_requests_running")
+        if s["t"] >= settle_s and high is not None and m > high:
+            steps.append(
+                {
+                    "t": s["t"],
+                    "mib": m - high,
+                    "running": running,
+                    "running_max_before": busiest,
+                }
+            )
+        high = m if high is None else max(high, m)
+        if running is not None:
+            busiest = running if busiest is None else max(busiest, running)
     return {
         "checked": True,
         "after_settle_mib": baseline,
@@ -257,6 +277,7 @@ def memory_verdict(
         "max_mib": max(m for _, m in mem),
         "growth_mib": end - baseline,
         "max_growth_mib": max_growth_mib,
+        "steps": steps,
         "ok": end - baseline <= max_growth_mib,
     }
 

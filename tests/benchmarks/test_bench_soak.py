@@ -71,6 +71,26 @@ def test_memory_growth_rule():
     assert not run_soak.memory_verdict([{"t": 0, "gpu_mib": []}], 120, 256)["checked"]
 
 
+def test_memory_steps_name_the_load():
+    # One step at 150 s, where the running requests reach a new high; the rise at
+    # 30 s is before the settle time and the fall at 200 s is no step.
+    mib = {0: 900, 30: 1000, 150: 1400, 200: 1300}
+    running = {0: 0, 30: 100, 150: 250, 200: 80}
+    samples = [
+        {
+            "t": t,
+            "gpu_mib": [mib[max(k for k in mib if k <= t)]],
+            "vllm:num_requests_running": running.get(t, 90),
+        }
+        for t in range(0, 300, 10)
+    ]
+    v = run_soak.memory_verdict(samples, 60, 256)
+    assert v["steps"] == [
+        {"t": 150, "mib": 400, "running": 250, "running_max_before": 100}
+    ]
+    assert v["growth_mib"] == 300 and not v["ok"]
+
+
 def test_same_answer_rule():
     cold, cached = {"text": "a b"}, {"text": "a c"}
     assert run_soak.same_answer([cold, cached], {"text": "a c"})

@@ -317,6 +317,23 @@ def test_memory_rule():
     grow = [{"t": t, "gpu_mib": [1000 + 2 * t]} for t in range(0, 600, 10)]
     assert not run_reliability.memory_flat(grow, a, reasons)["ok"]
     assert "GPU memory grew" in reasons[0]
+    assert "+20 MiB at 60 s" in reasons[0] and "running" not in reasons[0]
+    assert reasons[0].endswith(
+        f"and {54 - run_reliability.MEMORY_STEPS_TOLD} more steps"
+    )
+    # a step at a new high of the running requests says so
+    reasons = []
+    step = [
+        {"t": t, "gpu_mib": [1000 + 500 * (t >= 80)],
+         "vllm:num_requests_running": 269 if t == 80 else 150}
+        for t in range(0, 600, 10)
+    ]  # fmt: skip
+    assert not run_reliability.memory_flat(step, a, reasons)["ok"]
+    told = (
+        "GPU memory grew 500 MiB after the settle time: +500 MiB at 80 s with 269 "
+        "running requests (before it at most 150)"
+    )
+    assert reasons == [told]
     reasons = []
     flat = [{"t": t, "gpu_mib": [1000]} for t in range(0, 600, 10)]
     assert run_reliability.memory_flat(flat, a, reasons)["ok"] and not reasons

@@ -107,7 +107,9 @@ class WaveRule:
 #   at batches 16, 32, 64 and 128, 2 at 256, none at 96 and 192 (H100, contexts of
 #   1k, 8k and 32k, one count forced per arm: batch 32 x 8k 0.74x -> 1.00x FA3,
 #   batch 16 x 32k 0.73x -> 0.98x, batch 128 x 8k 0.91x -> 1.00x; batches 96-256 x
-#   1k at 1.05x-1.17x). Batch 8 gets 6, between the measured 4 and 8.
+#   1k at 1.05x-1.17x). Batch 8 gets 6 (x 32k: 0.99x FA3, 4 and 8 splits 0.80x and
+#   0.74x). The rule as a whole at 32k, batches 8-256: 0.98x FA3 median, worst 0.94x
+#   (batch 40, unsplit: a wave 81% full, where 2 splits gave 0.97x).
 # - bf16: 118 registers, 4 per SM, powers of two past the target (batch 77 x 8k
 #   0.89x -> 0.96x FA3 and batch 96 0.98x -> 0.99x on an H100, batch 77 x 1.5k
 #   0.91x -> 1.03x on an H200; batches 64, 102 and 128 stay unsplit, as measured
