@@ -175,14 +175,15 @@ def scrape(port: int) -> dict[str, float]:
 
 async def open_loop(
     base, port, model, make_req, *, rate, duration_s, drain_s, sample_s,
-    max_in_flight=2048, seed=0,
+    max_in_flight=2048, seed=0, server_session=None,
 ) -> tuple[list[Result], list[dict], dict]:  # fmt: skip
     """Poisson arrivals at ``rate`` req/s for ``duration_s`` (at most ``max_in_flight``
     open: an arrival past that is not sent), then up to ``drain_s`` for the rest; GPU
-    memory and metrics every ``sample_s``. Each request goes out at its scheduled
-    time, or at once when the loop is behind, so a busy moment delays sends without
-    thinning them. Returns (results in sending order, samples, the load as sent:
-    ``load_summary``)."""
+    memory (the whole GPU's, and with ``server_session`` the server processes' own:
+    ``run_soak.session_gpu_memory_mib``) and metrics every ``sample_s``. Each
+    request goes out at its scheduled time, or at once when the loop is behind, so a
+    busy moment delays sends without thinning them. Returns (results in sending
+    order, samples, the load as sent: ``load_summary``)."""
     rng = random.Random(seed)
     t0 = time.monotonic()
     cpu0 = time.process_time()
@@ -199,6 +200,10 @@ async def open_loop(
         while True:
             s = {"t": round(time.monotonic() - t0, 1)}
             s["gpu_mib"] = await asyncio.to_thread(run_soak.gpu_memory_mib)
+            if server_session is not None:
+                s["server_gpu_mib"] = await asyncio.to_thread(
+                    run_soak.session_gpu_memory_mib, server_session
+                )
             s.update(await asyncio.to_thread(scrape, port))
             s["sent"] = len(tasks)
             samples.append(s)

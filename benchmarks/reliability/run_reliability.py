@@ -194,7 +194,7 @@ class Servers:
         before = client.scrape(cur.port)
         info["gpu_mib_start"] = run_soak.gpu_memory_mib()
         live = argparse.Namespace(port=cur.port, base=f"http://127.0.0.1:{cur.port}",
-                                  info=info)  # fmt: skip
+                                  info=info, session=cur.proc.pid)  # fmt: skip
         try:
             yield live
         finally:
@@ -302,8 +302,9 @@ def memory_flat(samples, args, reasons) -> dict:
         )
         if len(mem["steps"]) > MEMORY_STEPS_TOLD:
             steps += f" and {len(mem['steps']) - MEMORY_STEPS_TOLD} more steps"
-        reasons.append(f"GPU memory grew {mem['growth_mib']} MiB after the settle time"
-                       + (f": {steps}" if steps else ""))  # fmt: skip
+        whose = " of the server's processes" if mem["source"] != "the whole GPU" else ""
+        reasons.append(f"GPU memory{whose} grew {mem['growth_mib']} MiB after the "
+                       "settle time" + (f": {steps}" if steps else ""))  # fmt: skip
     return mem
 
 
@@ -340,6 +341,7 @@ def open_loop(ctx: Ctx, live, rate: float, cancel_frac: float):
     res, samples, load = asyncio.run(client.open_loop(
         live.base, live.port, a.model, make, rate=rate, duration_s=a.duration_s,
         drain_s=a.drain_s, sample_s=a.sample_s, seed=a.seed,
+        server_session=live.session,  # started with start_new_session
     ))  # fmt: skip
     ctx.results += res
     return res, samples, load

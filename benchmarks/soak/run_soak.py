@@ -213,6 +213,33 @@ def gpu_memory_mib() -> list[int]:
         return []
 
 
+def process_session(pid: int) -> int | None:
+    """The session id of process ``pid`` (``/proc/<pid>/stat``), None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        # after "pid (comm)": state, ppid, pgrp, session, ...
+        return int(stat.rsplit(")", 1)[1].split()[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def session_gpu_memory_mib(session: int) -> int | None:
+    """GPU memory (MiB) that nvidia-smi counts for the processes of ``session``: a
+    server started in its own session (``start_new_session``) with its engine
+    processes, apart from another server on the same GPU. None when nvidia-smi
+    lists none of them (no such process, or PIDs of another PID namespace)."""
+    cmd = nvidia_smi_query(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    cmd[1] = "--query-compute-apps=pid,used_memory"
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout
+        rows = [line.split(",") for line in out.splitlines() if line.strip()]
+        used = [(int(pid), int(mib)) for pid, mib in rows]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    mine = [mib for pid, mib in used if process_session(pid) == session]
+    return sum(mine) if mine else None
+
+
 METRICS = (
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
@@ -243,13 +270,19 @@ def scrape_metrics(port: int) -> dict[str, float]:
 def memory_verdict(
     samples: list[dict], settle_s: float, max_growth_mib: int
 ) -> dict[str, object]:
-    """Compare GPU memory after the settle time with the end of the soak.
+    """Compare GPU memory after the settle time with the end of the soak: the
+    server's own processes' (``server_gpu_mib``) where every sample has it, else the
+    whole GPU's (``gpu_mib``), as ``source`` says.
 
     ``steps`` tells how it grew: each sample after the settle time whose memory rose
     above every sample before it, with the engine's running requests then and their
     largest count before it (a step at a new high of the load is the allocator
     reaching a larger batch, a step at a familiar load is not)."""
-    mem = [(s, sum(s["gpu_mib"])) for s in samples if s.get("gpu_mib")]
+    own = bool(samples) and all(s.get("server_gpu_mib") is not None for s in samples)
+    if own:
+        mem = [(s, s["server_gpu_mib"]) for s in samples]
+    else:
+        mem = [(s, sum(s["gpu_mib"])) for s in samples if s.get("gpu_mib")]
     if not mem:
         return {"checked": False, "why": "no nvidia-smi samples"}
     settled = [m for s, m in mem if s["t"] >= settle_s] or [mem[-1][1]]
@@ -272,6 +305,7 @@ def memory_verdict(
             busiest = running if busiest is None else max(busiest, running)
     return {
         "checked": True,
+        "source": "the server's processes" if own else "the whole GPU",
         "after_settle_mib": baseline,
         "end_mib": end,
         "max_mib": max(m for _, m in mem),

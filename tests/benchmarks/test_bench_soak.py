@@ -2,6 +2,7 @@
 verdict's parts, and the memory rule."""
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -11,8 +12,6 @@ from benchmarks.soak import run_soak
 
 
 def _soak(tmp_path, model_dir, site_args, env_extra=None):
-    import os
-
     env = dict(os.environ, **(env_extra or {}))
     env.pop("PYTHONPATH", None)
     out = tmp_path / "soak"
@@ -112,3 +111,44 @@ def test_memory_query_limited_to_visible_gpus():
     assert "-i" not in run_soak.nvidia_smi_query("")
     assert run_soak.nvidia_smi_query("1")[-2:] == ["-i", "1"]
     assert run_soak.nvidia_smi_query("0,1")[-2:] == ["-i", "0,1"]
+
+
+def test_session_gpu_memory(monkeypatch):
+    # nvidia-smi lists three processes; two are in session 100 (a server and its
+    # engine), one in another server's session.
+    listed = "11, 500\n12, 70000\n21, 30000\n"
+    sessions = {11: 100, 12: 100, 21: 200}
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout=listed, stderr="")
+
+    monkeypatch.setattr(run_soak.subprocess, "run", fake_run)
+    monkeypatch.setattr(run_soak, "process_session", sessions.get)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert run_soak.session_gpu_memory_mib(100) == 70500
+    assert run_soak.session_gpu_memory_mib(200) == 30000
+    assert run_soak.session_gpu_memory_mib(300) is None  # none listed: unknown
+    assert calls[0][:2] == ["nvidia-smi", "--query-compute-apps=pid,used_memory"]
+    assert calls[0][-2:] == ["-i", "1"]
+    listed = "[Not Supported]\n"
+    assert run_soak.session_gpu_memory_mib(100) is None
+
+
+def test_process_session_reads_proc():
+    assert run_soak.process_session(os.getpid()) == os.getsid(0)
+    assert run_soak.process_session(2**30) is None
+
+
+def test_memory_verdict_prefers_the_servers_own():
+    # The whole GPU grows (another server), the server's own processes do not.
+    samples = [
+        {"t": t, "gpu_mib": [1000 + 5 * t], "server_gpu_mib": 600}
+        for t in range(0, 300, 10)
+    ]
+    v = run_soak.memory_verdict(samples, 60, 256)
+    assert v["source"] == "the server's processes" and v["ok"] and v["growth_mib"] == 0
+    samples[-1]["server_gpu_mib"] = None  # one sample without it: the whole GPU
+    v = run_soak.memory_verdict(samples, 60, 256)
+    assert v["source"] == "the whole GPU" and not v["ok"]
