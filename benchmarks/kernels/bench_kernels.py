@@ -112,8 +112,9 @@ QUICK = {
 # Whisper-large-v3's cross-attention (20 heads of 64; a 4-token decoder prompt
 # over the 1500 encoder keys, non-causal), BERT-large's encoder self-attention (16
 # heads of 64, 64 requests of 512 tokens, no cache: stock runs its
-# context_attention_fwd, FA3 its varlen call without pages) and fp8_e5m2 caches;
-# pages of 64.
+# context_attention_fwd, FA3 its varlen call without pages), fp8_e5m2 caches and
+# gpt-oss's sinks (64 heads of 64 over 8 KV heads, with and without its window of
+# 128); pages of 64.
 NATIVE_POINTS = [
     # (kernel, model, batch, query_len, kv_len, heads, extra Shape fields)
     ("prefill", "open-llama-3b", 1, 2048, 2048, (32, 32, 100), {}),
@@ -131,6 +132,13 @@ NATIVE_POINTS = [
      {"kv_dtype": "float8_e5m2"}),
     ("decode", "llama-3.1-8b", 64, 1, 8192, (32, 8, 128),
      {"kv_dtype": "float8_e5m2"}),
+    # gpt-oss-20b: sinks on every layer, a window of 128 on every other one.
+    ("prefill", "gpt-oss-20b", 1, 2048, 2048, (64, 8, 64), {"sinks": True}),
+    ("prefill", "gpt-oss-20b", 1, 8192, 8192, (64, 8, 64), {"sinks": True}),
+    ("prefill", "gpt-oss-20b", 1, 2048, 18432, (64, 8, 64), {"sinks": True}),
+    ("prefill", "gpt-oss-20b-window", 1, 8192, 8192, (64, 8, 64),
+     {"sinks": True, "window": 128}),
+    ("decode", "gpt-oss-20b", 64, 1, 8192, (64, 8, 64), {"sinks": True}),
 ]  # fmt: skip
 NATIVE_BLOCK_SIZE = 64
 
@@ -217,6 +225,7 @@ class Shape:
     softcap: float | None = None  # logits soft-cap c: s -> c * tanh(s / c)
     alibi: str | None = None  # "linear" or "sqrt" (ALiBi-sqrt), slopes alibi_slopes()
     causal: bool = True  # False: every query sees all keys (cross-attention)
+    sinks: bool = False  # one extra logit per query head (gpt-oss), sink_logits()
     # Encoder self-attention: no cache, the keys are the step's own K/V rows (ours
     # reads them as one-key pages, block_size 1; query_len == context).
     kv_from_step: bool = False
@@ -520,6 +529,7 @@ def caller_ours(
     out = torch.empty_like(inp.query)
     key_cache, value_cache = inp.kv_cache[:, 0], inp.kv_cache[:, 1]
     slopes = alibi_slopes(s, inp.query.device)
+    sinks = sink_logits(s, inp.query.device)
     if s.kernel == "decode":
         if decode_programs_per_sm is None:  # the backend's rule
             wave = ops.decode_wave_rule(
@@ -578,13 +588,15 @@ def caller_ours(
                 logits_soft_cap=s.softcap,
                 alibi_slopes=slopes,
                 alibi_sqrt=s.alibi == "sqrt",
+                sinks=sinks,
             )
 
         return Runner(run, out, note=note)
 
     pp = ops.prefix_prefill
     features = {"sliding_window": s.window, "logits_soft_cap": s.softcap,
-                "alibi_slopes": slopes, "causal": s.causal}  # fmt: skip
+                "alibi_slopes": slopes, "causal": s.causal,
+                "sinks": sinks}  # fmt: skip
     layer = pp.PrefillLayer.of(query=inp.query, key_cache=key_cache, **features)
     config = None
     if prefill_config_fields:
@@ -657,6 +669,14 @@ def alibi_slopes(s: Shape, device) -> torch.Tensor | None:
     return torch.exp2(-8.0 * heads / s.num_q_heads)
 
 
+def sink_logits(s: Shape, device) -> torch.Tensor | None:
+    """fp32 sink logits of the shape's query heads, spread over [-2, 2] (the scale
+    of the scores), or None without sinks."""
+    if not s.sinks:
+        return None
+    return torch.linspace(-2.0, 2.0, s.num_q_heads, device=device)
+
+
 def step_kv(inp: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V ``[tokens, kv_heads, head_size]`` of a ``kv_from_step`` point (its
     cache holds one-key pages in token order)."""
@@ -702,6 +722,7 @@ def caller_fa3(s: Shape, inp: Inputs) -> Runner:
             "v_descale": inp.v_scale.expand(shape),
         }
     out = torch.empty_like(inp.query)
+    sinks = sink_logits(s, inp.query.device)
 
     def run(i):
         stock.flash_attn_varlen_func(
@@ -718,6 +739,7 @@ def caller_fa3(s: Shape, inp: Inputs) -> Runner:
             block_table=inp.block_tables[i],
             window_size=stock_window(s),
             softcap=s.softcap or 0.0,
+            s_aux=sinks,
             fa_version=3,
             **descales,
         )
@@ -767,6 +789,7 @@ def caller_stock_triton(s: Shape, inp: Inputs) -> Runner:
         quant_mode = stock.KVQuantMode.FP8_PER_TENSOR
 
     slopes = alibi_slopes(s, inp.query.device)
+    sinks = sink_logits(s, inp.query.device)
 
     def run(i):
         stock.unified_attention(
@@ -794,6 +817,7 @@ def caller_stock_triton(s: Shape, inp: Inputs) -> Runner:
             softmax_segm_max=segm_max,
             softmax_segm_expsum=segm_sum,
             kv_quant_mode=quant_mode,
+            sinks=sinks,
         )
 
     return Runner(run, out, note=f"3D below {threshold} seqs")
@@ -837,6 +861,7 @@ def reference_rows(s: Shape, inp: Inputs) -> list[tuple[slice, torch.Tensor]]:
             logits_soft_cap=s.softcap,
             alibi_slopes=alibi_slopes(s, inp.query.device),
             alibi_sqrt=s.alibi == "sqrt",
+            sinks=sink_logits(s, inp.query.device),
             causal=s.causal,
         )
         checked.append((slice(end - rows, end), ref))
@@ -1396,7 +1421,8 @@ def main() -> None:
         "--native",
         action="store_true",
         help="the layers our kernels took over from stock's Triton backend "
-        "(NATIVE_POINTS: head size 100, ALiBi-sqrt, cross-attention, fp8_e5m2), "
+        "(NATIVE_POINTS: head size 100, ALiBi-sqrt, cross-attention, fp8_e5m2, "
+        "gpt-oss's sinks), "
         "against it and FA3 where FA3 takes them",
     )
     p.add_argument("--tiny", action="store_true", help="tiny shapes (smoke run)")
@@ -1529,6 +1555,7 @@ def main() -> None:
             fields += [f"alibi={s.alibi}"] if s.alibi else []
             fields += [] if s.causal else ["causal=False"]
             fields += ["kv_from_step=True"] if s.kv_from_step else []
+            fields += ["sinks=True"] if s.sinks else []
             print(" ".join(fields))
         print(f"{len(shapes)} points")
         return

@@ -470,6 +470,45 @@ def test_native_sweep_times_each_feature_our_kernels_took_over(monkeypatch, caps
         "prefill",
         "decode",
     }
+    # gpt-oss: sinks (head 64, group 8) in prefill and decode, with a window too.
+    sinks = [p for p in points if p.get("sinks") == "True"]
+    assert {p["kernel"] for p in sinks} == {"prefill", "decode"}
+    assert {(p["head_size"], p["group"]) for p in sinks} == {("64", "8")}
+    assert {p["window"] for p in sinks} == {"None", "128"}
+
+
+@pytest.mark.parametrize("kernel", ["prefill", "decode"])
+def test_sinks_reach_our_kernels_and_the_reference(kernel, monkeypatch):
+    """A sinks point: our kernels (the interpreter here) and the bench's fp32
+    reference take the same sink logits, so they agree; without the sinks the
+    reference differs (the check would see a dropped sink)."""
+    from tests.kernels.interpreter_compat import install
+    from vllm.attention.ops import hardware, prefix_prefill
+    from vllm.attention.ops import triton_paged_decode_attention_2d as dec
+    from vllm.attention.ops.reference import ref_paged_attention
+
+    install()  # the interpreter's bf16 dot, as in the kernel tests
+    # The modules import_modules puts on bk.ops, as it would without a stock site.
+    for name in ("choose_decode_splits", "decode_workspace_shape", "WORKSPACE_DTYPE",
+                 "paged_decode_attention", "MAX_DECODE_SPLITS", "decode_wave_rule",
+                 "WaveRule", "config_for", "AttentionInputs"):  # fmt: skip
+        monkeypatch.setattr(bk.ops, name, getattr(dec, name), raising=False)
+    monkeypatch.setattr(bk.ops, "hardware", hardware, raising=False)
+    monkeypatch.setattr(bk.ops, "prefix_prefill", prefix_prefill, raising=False)
+    monkeypatch.setattr(bk.ops, "ref_paged_attention", ref_paged_attention,
+                        raising=False)  # fmt: skip
+    q_len = 1 if kernel == "decode" else 7
+    shape = bk.Shape(kernel, "m", 2, q_len, 20, 4, 2, 64, 16, sinks=True)
+    inp = bk.build_inputs(shape, "cpu", rotate=False)
+    sinks = bk.sink_logits(shape, "cpu")
+    assert sinks.dtype == torch.float32 and sinks.shape == (4,)
+    assert bk.sink_logits(dataclasses.replace(shape, sinks=False), "cpu") is None
+    runner = bk.caller_ours(shape, inp)
+    runner.run(0)
+    checked = bk.reference_rows(shape, inp)
+    assert bk.max_abs_err(runner.output, checked) < 2e-2
+    plain = bk.reference_rows(dataclasses.replace(shape, sinks=False), inp)
+    assert bk.max_abs_err(runner.output, plain) > 5e-2
 
 
 def test_fa3_skips_what_it_does_not_take(monkeypatch):
