@@ -722,7 +722,8 @@ def caller_fa3(s: Shape, inp: Inputs) -> Runner:
             "v_descale": inp.v_scale.expand(shape),
         }
     out = torch.empty_like(inp.query)
-    sinks = sink_logits(s, inp.query.device)
+    # FA3's sinks argument, passed only with sinks (as vLLM's FlashAttention backend).
+    sinks = {} if not s.sinks else {"s_aux": sink_logits(s, inp.query.device)}
 
     def run(i):
         stock.flash_attn_varlen_func(
@@ -739,9 +740,9 @@ def caller_fa3(s: Shape, inp: Inputs) -> Runner:
             block_table=inp.block_tables[i],
             window_size=stock_window(s),
             softcap=s.softcap or 0.0,
-            s_aux=sinks,
             fa_version=3,
             **descales,
+            **sinks,
         )
 
     return Runner(run, out, note="num_splits=0 (FA3 heuristic)")
