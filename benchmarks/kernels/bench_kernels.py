@@ -1089,6 +1089,12 @@ def import_modules(stock_site: str | None) -> dict:
         stock.fa3_reason = stock.triton_reason = (
             f"stock vLLM not found at --stock-site {stock_site}"
         )
+    return {**files, **import_ours()}
+
+
+def import_ours() -> dict:
+    """Put our kernels and the reference on ``ops`` (from whatever ``vllm`` resolves
+    to: the checkout, once ``import_modules`` joined it); return their files."""
     from vllm.attention.ops import hardware, prefix_prefill
     from vllm.attention.ops import triton_paged_decode_attention_2d as dec
     from vllm.attention.ops.prefix_prefill import prefix_prefill_attention
@@ -1103,9 +1109,10 @@ def import_modules(stock_site: str | None) -> dict:
     ops.prefix_prefill_attention = prefix_prefill_attention
     ops.prefix_prefill = prefix_prefill
     ops.ref_paged_attention = ref_paged_attention
-    files["ours_decode"] = dec.__file__
-    files["ours_prefill"] = sys.modules[prefix_prefill_attention.__module__].__file__
-    return files
+    return {
+        "ours_decode": dec.__file__,
+        "ours_prefill": sys.modules[prefix_prefill_attention.__module__].__file__,
+    }
 
 
 def environment(args, files) -> dict:

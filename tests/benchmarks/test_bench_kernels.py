@@ -483,20 +483,11 @@ def test_sinks_reach_our_kernels_and_the_reference(kernel, monkeypatch):
     reference take the same sink logits, so they agree; without the sinks the
     reference differs (the check would see a dropped sink)."""
     from tests.kernels.interpreter_compat import install
-    from vllm.attention.ops import hardware, prefix_prefill
-    from vllm.attention.ops import triton_paged_decode_attention_2d as dec
-    from vllm.attention.ops.reference import ref_paged_attention
 
     install()  # the interpreter's bf16 dot, as in the kernel tests
-    # The modules import_modules puts on bk.ops, as it would without a stock site.
-    for name in ("choose_decode_splits", "decode_workspace_shape", "WORKSPACE_DTYPE",
-                 "paged_decode_attention", "MAX_DECODE_SPLITS", "decode_wave_rule",
-                 "WaveRule", "config_for", "AttentionInputs"):  # fmt: skip
-        monkeypatch.setattr(bk.ops, name, getattr(dec, name), raising=False)
-    monkeypatch.setattr(bk.ops, "hardware", hardware, raising=False)
-    monkeypatch.setattr(bk.ops, "prefix_prefill", prefix_prefill, raising=False)
-    monkeypatch.setattr(bk.ops, "ref_paged_attention", ref_paged_attention,
-                        raising=False)  # fmt: skip
+    # Our kernels on a namespace of this test's own, as import_modules puts them.
+    monkeypatch.setattr(bk, "ops", bk._Namespace())
+    bk.import_ours()
     q_len = 1 if kernel == "decode" else 7
     shape = bk.Shape(kernel, "m", 2, q_len, 20, 4, 2, 64, 16, sinks=True)
     inp = bk.build_inputs(shape, "cpu", rotate=False)
