@@ -302,7 +302,8 @@ def memory_flat(samples, args, reasons) -> dict:
         )
         if len(mem["steps"]) > MEMORY_STEPS_TOLD:
             steps += f" and {len(mem['steps']) - MEMORY_STEPS_TOLD} more steps"
-        whose = " of the server's processes" if mem["source"] != "the whole GPU" else ""
+        own = mem["source"] == run_soak.SERVER_MEMORY
+        whose = f" of {run_soak.SERVER_MEMORY}" if own else ""
         reasons.append(f"GPU memory{whose} grew {mem['growth_mib']} MiB after the "
                        "settle time" + (f": {steps}" if steps else ""))  # fmt: skip
     return mem

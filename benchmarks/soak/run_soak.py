@@ -267,6 +267,10 @@ def scrape_metrics(port: int) -> dict[str, float]:
     return out
 
 
+# memory_verdict's "source": the server processes' own memory, or the whole GPU's.
+SERVER_MEMORY, WHOLE_GPU_MEMORY = "the server's processes", "the whole GPU"
+
+
 def memory_verdict(
     samples: list[dict], settle_s: float, max_growth_mib: int
 ) -> dict[str, object]:
@@ -305,7 +309,7 @@ def memory_verdict(
             busiest = running if busiest is None else max(busiest, running)
     return {
         "checked": True,
-        "source": "the server's processes" if own else "the whole GPU",
+        "source": SERVER_MEMORY if own else WHOLE_GPU_MEMORY,
         "after_settle_mib": baseline,
         "end_mib": end,
         "max_mib": max(m for _, m in mem),
