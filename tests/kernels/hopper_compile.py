@@ -254,7 +254,7 @@ MAX_GLUON_STACK_BYTES = 8
 TIMED = "[timed H200 table entry]"
 # Marks the portable builds behind table entries that run the Gluon kernel on
 # Hopper: the key's heuristic config, which the portable kernel runs only for what
-# the Gluon kernel refuses (ALiBi, sinks, non-causal, a KV split). They may spill
+# the Gluon kernel refuses (ALiBi, non-causal, a KV split). They may spill
 # as much as the timed tiles.
 GLUON_FALLBACK = "[Gluon entry, portable fallback]"
 # Head sizes whose rows are not 16-byte multiples: no TMA, no cp.async alignment.
@@ -618,6 +618,13 @@ def hopper_kernel_cases():
                 f"{name} window soft-cap",
                 kernel,
                 {**kwargs, "USE_WINDOW": True, "USE_SOFTCAP": True},
+            )
+            # Sinks (gpt-oss: with a window on every other layer).
+            sinks = {"sinks_ptr": torch.empty(8), "USE_SINKS": True}
+            yield (
+                f"{name} window sinks",
+                kernel,
+                {**kwargs, "USE_WINDOW": True, **sinks},
             )
 
 

@@ -91,7 +91,8 @@ def _tile(**fields):
         ({"dtype": torch.float8_e5m2}, _tile(fp8_qk=True), "float8_e4m3fn"),
         ({"dtype": torch.float8_e4m3fnuz}, _tile(fp8_qk=True), "float8_e4m3fn"),
         ({}, {"alibi_slopes": torch.ones(8)}, "ALiBi"),
-        ({}, {"sinks": torch.ones(8)}, "sinks"),
+        ({}, {"sinks": torch.ones(8)}, None),  # gpt-oss: sinks and a window
+        ({}, {"sinks": torch.ones(8), "sliding_window": 128}, None),
         ({}, {"logits_soft_cap": 30.0}, None),
         ({}, _tile(num_stages=1), "2 stages"),
         ({"block_size": 16}, {}, None),  # a 128-key tile in eight TMA boxes
@@ -148,7 +149,10 @@ def test_launch_takes_the_gluon_kernel_only_where_it_applies(pretend_hopper):
     assert _launch_kernels(GLUON_TILE, sliding_window=64) == [
         hopper.hopper_prefill_kernel
     ]
-    assert _launch_kernels(GLUON_TILE, sinks=torch.ones(8)) == portable
+    assert _launch_kernels(GLUON_TILE, sinks=torch.ones(8)) == [
+        hopper.hopper_prefill_kernel
+    ]
+    assert _launch_kernels(GLUON_TILE, alibi_slopes=torch.ones(8)) == portable
     no_flag = dataclasses.replace(GLUON_TILE, gluon=False)
     assert _launch_kernels(no_flag) == portable
     # An explicit split runs in the portable kernel, which takes splits.
@@ -279,7 +283,7 @@ def test_valid_gluon_configs_are_two_warpgroups_of_64_rows():
 
 def test_shipped_gluon_entries_run_the_gluon_kernel(pretend_hopper):
     """Every table entry that sets ``gluon`` is one the Gluon kernel takes for
-    its key's shape (on Hopper, without ALiBi, sinks or a split): no
+    its key's shape (on Hopper, without ALiBi or a split): no
     shipped entry falls back to the portable kernel unnoticed."""
     import json
 
@@ -338,6 +342,11 @@ GPU_CASES = [
     (256, 2, 64, TILE_64, [(300, 300), (70, 1000)], None, 50.0),
     (256, 2, 64, TILE_64, [(300, 700), (129, 640)], 200, 50.0),
     (128, 4, 64, GLUON_TILE, [(513, 2000), (37, 100)], None, 5.0),
+    # Sinks (gpt-oss: head 64, group 8, a window of 128 on every other layer),
+    # alone and with a soft-cap.
+    (64, 8, 16, GLUON_TILE, [(1, 1), (300, 300), (129, 1000)], 128, None, True),
+    (64, 8, 16, GLUON_TILE, [(77, 300), (513, 513)], None, None, True),
+    (128, 4, 64, GLUON_TILE, [(513, 2000), (37, 100)], None, 5.0, True),
 ]
 
 
@@ -347,7 +356,7 @@ def _check_on_hopper(case, q_dtype, cache_dtype=None, tolerance=None):
     randn K/V quantised with per-tensor scales; ``tolerance="fp8-grid"`` puts the
     query on the fp8 grid first, so its quantisation is exact (head size 64)."""
     head_size, group, block_size, config, seqs, *features = case
-    window, soft_cap = (*features, None, None)[:2]
+    window, soft_cap, with_sinks = (*features, None, None, False)[:3]
     batch = make_paged_batch(
         seqs=seqs,
         num_q_heads=2 * group,
@@ -359,10 +368,17 @@ def _check_on_hopper(case, q_dtype, cache_dtype=None, tolerance=None):
         seed=group,
         device=DEVICE,
     )
+    # Sinks of either sign and of the scores' size (gpt-oss's are learned logits).
+    generator = torch.Generator().manual_seed(group)
+    sinks = (
+        (2 * torch.randn(2 * group, generator=generator)).to(DEVICE)
+        if with_sinks
+        else None
+    )
     if tolerance == "fp8-grid":
         put_query_on_fp8_grid(batch, cache_dtype, head_size)
         tolerance = None
-    assert _refusal(batch.query, batch.kv_cache, config) is None
+    assert _refusal(batch.query, batch.kv_cache, config, sinks=sinks) is None
     output = torch.full_like(batch.query, float("nan"))
     prefix_prefill_attention(
         query=batch.query,
@@ -378,6 +394,7 @@ def _check_on_hopper(case, q_dtype, cache_dtype=None, tolerance=None):
         v_scale=batch.v_scale,
         sliding_window=window,
         logits_soft_cap=soft_cap,
+        sinks=sinks,
         config=config,
         num_splits=1,
     )
@@ -386,6 +403,7 @@ def _check_on_hopper(case, q_dtype, cache_dtype=None, tolerance=None):
         softmax_scale=head_size**-0.5,
         sliding_window=window,
         logits_soft_cap=soft_cap,
+        sinks=sinks,
     )
     dtype, atol, rtol = tolerance or TOLERANCES[q_dtype]
     assert_close(output, expected, dtype=dtype, atol=atol, rtol=rtol)
@@ -414,6 +432,7 @@ GPU_FP8_CASES = [
     ),
     (64, 1, 64, dataclasses.replace(FP8_TILE, num_stages=3), [(257, 257), (33, 999)]),
     (96, 1, 64, FP8_TILE, [(300, 300), (129, 1000)]),
+    (64, 8, 16, FP8_TILE, [(300, 300), (129, 1000)], 128, None, True),  # sinks
     (
         256,
         2,

@@ -773,8 +773,8 @@ def hopper_kernel_refusal(
         )
     if layer.head_size not in GLUON_HEAD_SIZES:
         return f"head size {layer.head_size} is not one of {GLUON_HEAD_SIZES}"
-    if layer.alibi or layer.sinks:
-        return "ALiBi and sinks run in the portable kernel"
+    if layer.alibi:
+        return "ALiBi runs in the portable kernel"
     if not layer.causal:
         return "non-causal attention runs in the portable kernel"
     refusal = gluon_config_refusal(config)

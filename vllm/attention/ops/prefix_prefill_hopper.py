@@ -4,8 +4,8 @@
 The same contract as ``prefix_prefill.py`` (query rows over the paged KV cache,
 causal, the new tokens' K/V already in the cache) for the common case: a 16-bit
 cache of the query's dtype or an e4m3 cache with the config's ``fp8_qk``, head size
-64, 96, 128 or 256, a sliding window or none, a soft-cap or none, no ALiBi or
-sinks, K/V tiles that are whole slices of pages, no KV split. Everything else
+64, 96, 128 or 256, a sliding window or none, a soft-cap or none, sinks or none,
+no ALiBi, K/V tiles that are whole slices of pages, no KV split. Everything else
 runs in the portable Triton kernel; the launch plan
 (``prefix_prefill.plan_prefill``) is the one place that chooses, from the launch
 config's ``gluon`` flag and ``prefix_prefill.hopper_kernel_refusal``, before it
@@ -48,6 +48,9 @@ never overlap. Gluon states the schedule explicitly:
   ``scale_scores_log2`` spends an exponential and a divide);
   tiles from the first one that reaches the causal diagonal are masked (keys past
   the row's position or the sequence end), earlier ones are not.
+* Sinks (one logit per head with no value): each row's softmax state starts at
+  its head's sink, ``m = sink * log2(e)`` and ``l = 1``, as the portable kernel's
+  ``init_softmax_state``; the sink is not scaled by the softmax scale.
 * Value rows past the sequence end in the last tile are zeroed in shared memory
   before P.V (a free cache slot may hold NaN, and 0 * NaN is NaN): the first
   consumer zeroes them, the second waits on a barrier for it.
@@ -310,7 +313,8 @@ def _consumer(
     args, STRIDE_Q_TOKEN: gl.constexpr, STRIDE_Q_HEAD: gl.constexpr,
     STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
     GROUP_SIZE: gl.constexpr, HEAD_SIZE: gl.constexpr, USE_WINDOW: gl.constexpr,
-    USE_SOFTCAP: gl.constexpr, FP8_MAX: gl.constexpr, WG: gl.constexpr,
+    USE_SOFTCAP: gl.constexpr, USE_SINKS: gl.constexpr, FP8_MAX: gl.constexpr,
+    WG: gl.constexpr,
 ):  # fmt: skip
     """One consumer warpgroup: 64 query rows from ``row0 + 64 * WG``. Its q.k and
     p.v are issued in turns with the other warpgroup's (``_turn``), so one's
@@ -319,7 +323,7 @@ def _consumer(
     (
         query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty,
         v_empty, tail_bar, q_start, q_len, seq_len, row0, kv_head, first_tile,
-        steps, scale_log2, softcap, sliding_window, fp8_args,
+        steps, scale_log2, softcap, sliding_window, fp8_args, sinks_ptr,
     ) = args  # fmt: skip
     M: gl.constexpr = _WG_ROWS
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -377,9 +381,20 @@ def _consumer(
     fence_async_shared()
     _cta_barrier()  # the warpgroup's own barrier inside a partition
 
-    pos = context + (first_row + gl.arange(0, M, layout=ROW_S)) // GROUP_SIZE
-    m_i = gl.full([M], -float("inf"), gl.float32, ROW_S)
-    l_i = gl.zeros([M], gl.float32, ROW_S)
+    rows_s = first_row + gl.arange(0, M, layout=ROW_S)
+    pos = context + rows_s // GROUP_SIZE
+    if USE_SINKS:
+        # A sink is a logit with no value: the row's state starts at it (log2
+        # units, not scaled by the softmax scale), with a denominator of 1.
+        sink_head = kv_head * GROUP_SIZE + rows_s % GROUP_SIZE
+        sink = gl.load(
+            sinks_ptr + sink_head, mask=rows_s // GROUP_SIZE < q_len, other=0.0
+        )
+        m_i = sink.to(gl.float32) * LOG2E
+        l_i = gl.full([M], 1.0, gl.float32, ROW_S)
+    else:
+        m_i = gl.full([M], -float("inf"), gl.float32, ROW_S)
+        l_i = gl.zeros([M], gl.float32, ROW_S)
     s_init = gl.zeros([M, BLOCK_N], gl.float32, S_LAYOUT)
     o = gl.zeros([M, HEAD_PAD], gl.float32, O_LAYOUT)
 
@@ -474,15 +489,16 @@ def _consumer(
 @gluon.jit(do_not_specialize=["seq_start", "num_seqs"])
 def hopper_prefill_kernel(
     query_ptr, output_ptr, k_desc, v_desc, block_table_ptr, query_start_loc_ptr,
-    seq_lens_ptr, k_scale_ptr, v_scale_ptr, softmax_scale, softcap, sliding_window,
-    block_table_stride, seq_start, num_seqs, STRIDE_Q_TOKEN: gl.constexpr,
+    seq_lens_ptr, k_scale_ptr, v_scale_ptr, sinks_ptr, softmax_scale, softcap,
+    sliding_window, block_table_stride, seq_start, num_seqs,
+    STRIDE_Q_TOKEN: gl.constexpr,
     STRIDE_Q_HEAD: gl.constexpr, STRIDE_O_TOKEN: gl.constexpr,
     STRIDE_O_HEAD: gl.constexpr,
     NUM_KV_HEADS: gl.constexpr, GROUP_SIZE: gl.constexpr, HEAD_SIZE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
     ROWS_PER_HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr,
-    FP8_MAX: gl.constexpr, num_warps: gl.constexpr,
+    USE_SINKS: gl.constexpr, FP8_MAX: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(STAGES >= 2)
     gl.static_assert(num_warps == 4)
@@ -546,18 +562,18 @@ def hopper_prefill_kernel(
             query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty,
             v_empty, tail_bar.index(0), q_start, q_len, seq_len, row0,
             kv_head, first_tile, steps, scale_log2, capping, sliding_window,
-            fp8_args,
+            fp8_args, sinks_ptr,
         )  # fmt: skip
         # fmt: off
         gl.warp_specialize(
             [
                 (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
                              STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE, USE_WINDOW,
-                             USE_SOFTCAP, FP8_MAX,
+                             USE_SOFTCAP, USE_SINKS, FP8_MAX,
                              0)),
                 (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
                              STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE, USE_WINDOW,
-                             USE_SOFTCAP, FP8_MAX,
+                             USE_SOFTCAP, USE_SINKS, FP8_MAX,
                              1)),
                 (_producer, (k_desc, v_desc, k_smem, v_smem, k_bars, v_bars,
                              k_empty, v_empty, table_row_ptr, kv_head, first_tile,
@@ -600,6 +616,7 @@ def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
         seq_lens_ptr=inputs.seq_lens,
         k_scale_ptr=inputs.k_scale,  # None for a 16-bit cache
         v_scale_ptr=inputs.v_scale,
+        sinks_ptr=inputs.sinks,  # None without sinks
         sliding_window=int(inputs.sliding_window or 0),
         block_table_stride=inputs.block_table.stride(0),
         seq_start=plan.seq_start,
@@ -619,6 +636,7 @@ def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
         STAGES=config.num_stages,
         USE_WINDOW=bool(inputs.sliding_window),
         USE_SOFTCAP=softcap_enabled(inputs.logits_soft_cap),
+        USE_SINKS=inputs.sinks is not None,
         FP8_MAX=fp8_max(key_cache.dtype),
         num_warps=config.num_warps,
     )

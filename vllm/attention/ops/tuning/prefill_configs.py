@@ -118,8 +118,9 @@ class PrefillConfig:
         runs while the other's q.k and p.v occupy the tensor cores
         (FlashAttention-3's ping-pong); within a warpgroup, p.v of one key tile
         overlaps the softmax of the next. Honoured where that kernel applies
-        (``hopper_kernel_refusal``: sm_90, a 16-bit cache, head size 64, 128 or
-        256, no soft-cap, ALiBi or sinks, no KV split); elsewhere the portable
+        (``hopper_kernel_refusal``: sm_90, a 16-bit cache of the query's dtype or
+        an e4m3 one with ``fp8_qk``, head size 64, 96, 128 or 256, causal, no
+        ALiBi, no KV split); elsewhere the portable
         kernel runs the same config, with the same result. The launch plan
         (``prefix_prefill.plan_prefill``) chooses the kernel first and then the
         split count for that kernel.
@@ -317,8 +318,8 @@ def entry_refusal(fields: dict, config: PrefillConfig) -> str | None:
     """Why a table entry cannot be what its key's launches run (None: it can): a
     field the kernel that runs them would ignore, or tiles no kernel takes. A
     ``gluon`` entry names the Hopper kernel's launch only (``gluon_entry_refusal``);
-    the key's launches that kernel does not take (ALiBi, sinks, non-causal, a KV
-    split) run the portable kernel with the key's heuristic config."""
+    the key's launches that kernel does not take (ALiBi, non-causal, a KV split)
+    run the portable kernel with the key's heuristic config."""
     head_size, kv_dtype = fields["head_size"], fields["kv_dtype"]
     refusal = tile_refusal(config)
     if refusal is not None:
