@@ -20,10 +20,13 @@ again). Runs with ``--matrix`` write their records with
 The record (``--out``): per arm its tree, commit and options; ``summary`` per arm
 (points, runs, the median over points of each point's median ratio to FA3 over
 the runs, the worst and best point, and the largest ratio of our max-abs error
-against the fp32 reference to FA3's); ``paired`` (each arm against ``--baseline``:
-per point, the ratio of the two arms' median ratios; its median, min and max and
-the number of points where the arm is faster); ``points`` with every run's
-numbers; the GPU, driver and versions of the first run; ``complete``.
+against the fp32 reference to FA3's; ``points_without_fa3``, those where FA3 did
+not run); ``paired`` (each arm against ``--baseline``: per point, the ratio of the
+two arms' median ratios to FA3, or, at a point where FA3 did not run (a feature it
+lacks), of their median throughputs; its median, min and max, the number of points
+where the arm is faster, and ``by_throughput``, how many points were paired
+without FA3); ``points`` with every run's numbers (FA3's note where it did not
+run); the GPU, driver and versions of the first run; ``complete``.
 ``--collect`` only writes the record from the runs already in ``--work-dir``;
 ``--dry-run`` prints the commands.
 """
@@ -106,38 +109,50 @@ def point_fields(key: tuple) -> dict:
 
 def summarize(arms: dict, runs: dict, baseline: str | None) -> dict:
     """``summary``, ``paired`` and ``points`` of the record from ``runs``
-    (``{(arm, round): bench JSON}``)."""
+    (``{(arm, round): bench JSON}``). A point counts where ours ran; its ratio
+    to FA3 where FA3 ran too."""
     per_arm: dict[str, dict[tuple, list]] = {arm: {} for arm in arms}
     for (arm, rnd), data in sorted(runs.items()):
         for rec in data.get("records", []):
-            if rec.get("ratio_vs_fa3") is None:
+            if not rec.get("ours"):
                 continue
             err = rec.get("max_abs_err") or {}
             rms = rec.get("rms_err") or {}
-            per_arm[arm].setdefault(point_key(rec), []).append({
+            notes = rec.get("notes") or {}
+            run = {
                 "run": rnd,
-                "ratio_vs_fa3": rec["ratio_vs_fa3"],
-                "ours": rec.get("ours"),
+                "ratio_vs_fa3": rec.get("ratio_vs_fa3"),
+                "ours": rec["ours"],
                 "fa3": rec.get("fa3"),
                 "unit": rec.get("unit"),
                 "max_abs_err_ours": err.get("ours"),
                 "max_abs_err_fa3": err.get("fa3"),
                 "rms_err_ours": rms.get("ours"),
                 "rms_err_fa3": rms.get("fa3"),
-                "notes_ours": (rec.get("notes") or {}).get("ours"),
-            })  # fmt: skip
-    medians = {
-        arm: {
-            k: statistics.median(r["ratio_vs_fa3"] for r in v) for k, v in pts.items()
+                "notes_ours": notes.get("ours"),
+            }
+            if rec.get("ratio_vs_fa3") is None:
+                run["notes_fa3"] = notes.get("fa3")
+            per_arm[arm].setdefault(point_key(rec), []).append(run)
+
+    def median_of(field: str) -> dict:
+        """Per arm and point, the median of ``field`` over the runs that have it."""
+        return {
+            arm: {
+                k: statistics.median(vals)
+                for k, v in pts.items()
+                if (vals := [r[field] for r in v if r[field] is not None])
+            }
+            for arm, pts in per_arm.items()
         }
-        for arm, pts in per_arm.items()
-    }
+
+    medians, throughputs = median_of("ratio_vs_fa3"), median_of("ours")
     summary = {}
     for arm, pts in per_arm.items():
-        if not pts:
-            summary[arm] = {"points": 0}
-            continue
         meds = list(medians[arm].values())
+        if not meds:
+            summary[arm] = {"points": 0, "points_without_fa3": len(pts)}
+            continue
         errs, rms = (
             [
                 r[f"{stat}_ours"] / r[f"{stat}_fa3"]
@@ -147,7 +162,8 @@ def summarize(arms: dict, runs: dict, baseline: str | None) -> dict:
             for stat in ("max_abs_err", "rms_err")
         )  # fmt: skip
         summary[arm] = {
-            "points": len(pts),
+            "points": len(meds),
+            "points_without_fa3": len(pts) - len(meds),
             "runs": sorted({r["run"] for v in pts.values() for r in v}),
             "median_ratio_vs_fa3": round(statistics.median(meds), 4),
             "worst_ratio_vs_fa3": round(min(meds), 4),
@@ -160,8 +176,13 @@ def summarize(arms: dict, runs: dict, baseline: str | None) -> dict:
         for arm in arms:
             if arm == baseline:
                 continue
-            common = medians[arm].keys() & medians[baseline].keys()
-            ratios = [medians[arm][k] / medians[baseline][k] for k in common]
+            ratios, by_throughput = [], 0
+            for k in per_arm[arm].keys() & per_arm[baseline].keys():
+                if k in medians[arm] and k in medians[baseline]:
+                    ratios.append(medians[arm][k] / medians[baseline][k])
+                else:  # FA3 missing in one arm: ours against ours (same unit)
+                    ratios.append(throughputs[arm][k] / throughputs[baseline][k])
+                    by_throughput += 1
             if not ratios:
                 continue
             paired[f"{arm}/{baseline}"] = {
@@ -170,10 +191,13 @@ def summarize(arms: dict, runs: dict, baseline: str | None) -> dict:
                 "min": round(min(ratios), 4),
                 "max": round(max(ratios), 4),
                 "faster_points": sum(r > 1 for r in ratios),
+                "by_throughput": by_throughput,
             }
     points = [
         {"arm": arm, **point_fields(key),
-         "median_ratio_vs_fa3": round(medians[arm][key], 4), "runs": v}
+         "median_ratio_vs_fa3": (round(medians[arm][key], 4)
+                                 if key in medians[arm] else None),
+         "runs": v}
         for arm, pts in per_arm.items() for key, v in pts.items()
     ]  # fmt: skip
     return {"summary": summary, "paired": paired, "points": points}

@@ -13,9 +13,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "kernels" / "ab_arms.py"
 
-# A bench that logs its call and writes one record per point. Its ratio to FA3 is
-# the tree's SPEED file times 0.9 with "--slow" among its options; ours' error is
-# twice FA3's. "--fail" makes it exit 1.
+# A bench that logs its call and writes one record per point. Its ratio to FA3 (and
+# ours' throughput / 100) is the tree's SPEED file times 0.9 with "--slow" among its
+# options, times the point's own speed; ours' error is twice FA3's. FA3 does not run
+# at the third point. "--fail" makes it exit 1.
 FAKE_BENCH = """
 import json, os, sys
 from pathlib import Path
@@ -28,13 +29,17 @@ if "--fail" in argv and "--out" not in argv:
     sys.exit(1)
 speed = float((tree / "SPEED").read_text()) * (0.9 if "--slow" in argv else 1.0)
 records = []
-for i, point_speed in enumerate((1.0, 0.5)):
+for i, point_speed in enumerate((1.0, 0.5, 0.25)):
+    no_fa3 = i == 2  # a feature FA3 lacks
     records.append({"kernel": "prefill", "q_len": 512 * (i + 1), "kv_len": 512,
-                    "group": 4, "head_size": 128, "ratio_vs_fa3": speed * point_speed,
-                    "ours": 100.0, "fa3": 100.0, "unit": "TFLOP/s",
-                    "max_abs_err": {"ours": 2e-4, "fa3": 1e-4},
-                    "rms_err": {"ours": 3e-5, "fa3": 2e-5},
-                    "notes": {"ours": "kernel gluon"}})
+                    "group": 4, "head_size": 128,
+                    "ratio_vs_fa3": None if no_fa3 else speed * point_speed,
+                    "ours": 100.0 * speed * point_speed,
+                    "fa3": None if no_fa3 else 100.0, "unit": "TFLOP/s",
+                    "max_abs_err": {"ours": 2e-4, "fa3": None if no_fa3 else 1e-4},
+                    "rms_err": {"ours": 3e-5, "fa3": None if no_fa3 else 2e-5},
+                    "notes": {"ours": "kernel gluon",
+                              "fa3": "failed: no sinks" if no_fa3 else ""}})
 data = {"gpu": "FAKE GPU", "driver": "1", "torch": "t", "triton": "tr",
         "versions": {}, "records": records}
 if "--out" in argv:
@@ -91,15 +96,21 @@ def test_interleaved_runs_summary_and_pairing(tmp_path, matrix):
     assert rec["complete"] and rec["gpu"] == "FAKE GPU"
     s = rec["summary"]
     assert s["old"]["median_ratio_vs_fa3"] == 0.75  # points at 1.0 and 0.5
+    assert s["old"]["points_without_fa3"] == 1
     assert (
         s["new"]["worst_ratio_vs_fa3"] == 0.55 and s["new"]["best_ratio_vs_fa3"] == 1.1
     )
     assert s["new"]["runs"] == [1, 2] and s["new"]["points"] == 2
     assert s["slow"]["worst_err_ratio_vs_fa3"] == 2.0
     assert s["slow"]["worst_rms_err_ratio_vs_fa3"] == 1.5
+    # The point without FA3 pairs the arms' own throughputs.
     assert rec["paired"]["new/old"] == {
-        "points": 2, "median": 1.1, "min": 1.1, "max": 1.1, "faster_points": 2
+        "points": 3, "median": 1.1, "min": 1.1, "max": 1.1, "faster_points": 3,
+        "by_throughput": 1,
     }  # fmt: skip
+    (no_fa3,) = [p for p in rec["points"] if p["arm"] == "old" and p["q_len"] == 1536]
+    assert no_fa3["median_ratio_vs_fa3"] is None
+    assert no_fa3["runs"][0]["notes_fa3"] == "failed: no sinks"
     assert rec["paired"]["slow/old"]["median"] == pytest.approx(0.99)
     assert rec["paired"]["slow/old"]["faster_points"] == 0
     assert rec["arms"]["slow"]["extra_args"] == "--slow --prefill-config block_n=64"
@@ -119,7 +130,10 @@ def test_a_failed_run_leaves_the_record_incomplete(tmp_path):
     assert res.returncode == 1
     assert "round 1 bad: FAILED" in res.stdout
     rec = json.loads(out.read_text())
-    assert not rec["complete"] and rec["summary"]["bad"] == {"points": 0}
+    assert not rec["complete"] and rec["summary"]["bad"] == {
+        "points": 0,
+        "points_without_fa3": 0,
+    }
     assert (tmp_path / "work" / "bad-r1.log").exists()
     # Its partial output is gone: a rerun runs it again (and fails again).
     assert not (tmp_path / "work" / "bad-r1.json").exists()
