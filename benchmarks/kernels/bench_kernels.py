@@ -1355,14 +1355,21 @@ def summary_markdown(records: list[dict]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def in_query_dtype(s: Shape, dtype: str) -> Shape:
+    """The point with queries of ``dtype``; a 16-bit cache takes it too (vLLM's
+    ``auto`` cache dtype is the model's), an fp8 cache stays."""
+    kv = s.kv_dtype if s.kv_dtype.startswith("float8") else dtype
+    return replace(s, dtype=dtype, kv_dtype=kv)
+
+
 def selected_shapes(args) -> list[Shape]:
     """The points of the chosen sweep (--matrix, --tiny, --quick or the default),
     pruned by --kernels, --kv-dtypes, --groups, --head-sizes, --block-sizes,
-    --query-lens."""
+    --query-lens, in the query dtype of --dtype."""
     kv_names = {"bf16": "bfloat16", "fp8": "float8_e4m3fn"}
     query_lens = args.query_lens
     if args.matrix:
-        return [
+        shapes = [
             s
             for s in matrix_shapes(
                 kernels=args.kernels,
@@ -1373,16 +1380,18 @@ def selected_shapes(args) -> list[Shape]:
             )
             if not query_lens or s.query_len in query_lens
         ]
-    return [
-        s
-        for s in sweep(args)
-        if s.kernel in args.kernels
-        and (not query_lens or s.query_len in query_lens)
-        and ("fp8" if s.kv_dtype.startswith("float8") else "bf16") in args.kv_dtypes
-        and (not args.groups or s.num_q_heads // s.num_kv_heads in args.groups)
-        and (not args.head_sizes or s.head_size in args.head_sizes)
-        and (not args.block_sizes or s.block_size in args.block_sizes)
-    ]
+    else:
+        shapes = [
+            s
+            for s in sweep(args)
+            if s.kernel in args.kernels
+            and (not query_lens or s.query_len in query_lens)
+            and ("fp8" if s.kv_dtype.startswith("float8") else "bf16") in args.kv_dtypes
+            and (not args.groups or s.num_q_heads // s.num_kv_heads in args.groups)
+            and (not args.head_sizes or s.head_size in args.head_sizes)
+            and (not args.block_sizes or s.block_size in args.block_sizes)
+        ]
+    return [in_query_dtype(s, args.dtype) for s in shapes]
 
 
 def config_field(item: str) -> tuple[str, int | bool]:
@@ -1499,6 +1508,13 @@ def main() -> None:
         default=["bf16", "fp8"],
         choices=["bf16", "fp8"],
         help="measure only the points with these KV-cache dtypes",
+    )
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float16"],
+        help="query dtype of every point (a model's dtype); the 16-bit KV cache "
+        "(--kv-dtypes bf16) takes it too",
     )
     p.add_argument(
         "--stock-site",

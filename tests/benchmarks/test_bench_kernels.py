@@ -426,6 +426,29 @@ def test_query_lens_option_keeps_only_those_points(monkeypatch, capsys):
     assert chunks == [line for line, q in zip(every, q_lens) if q == "2048"]
 
 
+def test_dtype_option_puts_the_points_in_that_query_dtype(monkeypatch, capsys):
+    """--dtype float16: every point's query in fp16, a 16-bit cache with it (an fp8
+    cache stays fp8); the same points as bf16 otherwise."""
+    argv = ["--matrix", "full", "--list", "--kernels", "prefill", "--groups", "4",
+            "--head-sizes", "128", "--block-sizes", "64"]  # fmt: skip
+
+    def points(*extra):
+        out = _main(monkeypatch, capsys, *argv, *extra)
+        return [dict(f.split("=") for f in line.split())
+                for line in out.strip().splitlines()[:-1]]  # fmt: skip
+
+    bf16, fp16 = points(), points("--dtype", "float16")
+    assert {p["dtype"] for p in bf16} == {"bfloat16"}
+    assert {p["dtype"] for p in fp16} == {"float16"}
+    assert {p["kv_cache_dtype"] for p in fp16} == {"float16", "float8_e4m3fn"}
+    rename = {"bfloat16": "float16"}
+    assert fp16 == [
+        {**p, "dtype": "float16", "kv_cache_dtype": rename.get(p["kv_cache_dtype"],
+                                                                p["kv_cache_dtype"])}
+        for p in bf16
+    ]  # fmt: skip
+
+
 def test_decode_batches_sweep_one_context_many_batches(monkeypatch, capsys):
     out = _main(monkeypatch, capsys, "--decode-batches", "40", "77", "--list",
                 "--decode-context", "1000", "--block-sizes", "16")  # fmt: skip
