@@ -17,16 +17,17 @@ so rerunning the command resumes; a failed run's output is removed, so it runs
 again). Runs with ``--matrix`` write their records with
 ``--out``; others into a folder of their own (``--results-dir``).
 
-The record (``--out``): per arm its tree, commit and options; ``summary`` per arm
-(points, runs, the median over points of each point's median ratio to FA3 over
-the runs, the worst and best point, and the largest ratio of our max-abs error
-against the fp32 reference to FA3's; ``points_without_fa3``, those where FA3 did
-not run); ``paired`` (each arm against ``--baseline``: per point, the ratio of the
-two arms' median ratios to FA3, or, at a point where FA3 did not run (a feature it
-lacks), of their median throughputs; its median, min and max, the number of points
-where the arm is faster, and ``by_throughput``, how many points were paired
-without FA3); ``points`` with every run's numbers (FA3's note where it did not
-run); the GPU, driver and versions of the first run; ``complete``.
+The record (``--out``): per arm its tree, commit (``--arm-commit NAME=SHA`` where
+the tree has no git metadata, else git's, else ``$BENCH_COMMIT``) and options;
+``summary`` per arm (points, runs, the median over points of each point's median
+ratio to FA3 over the runs, the worst and best point, and the largest ratio of our
+max-abs error against the fp32 reference to FA3's; ``points_without_fa3``, those
+where FA3 did not run); ``paired`` (each arm against ``--baseline``: per point, the
+ratio of the two arms' median ratios to FA3, or, at a point where FA3 did not run (a
+feature it lacks), of their median throughputs; its median, min and max, the number
+of points where the arm is faster, and ``by_throughput``, how many points were
+paired without FA3); ``points`` with every run's numbers (FA3's note where it did
+not run); the GPU, driver and versions of the first run; ``complete``.
 ``--collect`` only writes the record from the runs already in ``--work-dir``;
 ``--dry-run`` prints the commands.
 """
@@ -215,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         "--arm-args", action="append", default=[], metavar="NAME=ARGS",
         help="bench options of one arm only (shell words)",
     )  # fmt: skip
+    ap.add_argument(
+        "--arm-commit", action="append", default=[], metavar="NAME=SHA",
+        help="the commit an arm's tree holds, where git cannot tell (a git "
+        "archive, a copy without .git)",
+    )  # fmt: skip
     ap.add_argument("--baseline", help="the arm the others are paired with")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--stock-site", help="folder holding stock vLLM (for FA3)")
@@ -230,8 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     extra = {
         k: shlex.split(v) for k, v in parse_named(args.arm_args, "--arm-args").items()
     }
-    for name in extra.keys() - arms.keys():
-        raise SystemExit(f"--arm-args {name}: no such arm ({', '.join(arms)})")
+    given_commits = parse_named(args.arm_commit, "--arm-commit")
+    for option, names in (("--arm-args", extra), ("--arm-commit", given_commits)):
+        for name in names.keys() - arms.keys():
+            raise SystemExit(f"{option} {name}: no such arm ({', '.join(arms)})")
     if args.baseline is not None and args.baseline not in arms:
         raise SystemExit(f"--baseline {args.baseline}: no such arm ({', '.join(arms)})")
     trees = {name: Path(tree).resolve() for name, tree in arms.items()}
@@ -243,8 +251,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks import harness
 
-    # A copied tree without git metadata: $BENCH_COMMIT names it.
-    commits = {name: harness.tree_commit(tree) for name, tree in trees.items()}
+    # As given (--arm-commit); else git's; a copied tree without git metadata:
+    # $BENCH_COMMIT names it.
+    commits = {
+        name: given_commits.get(name) or harness.tree_commit(tree)
+        for name, tree in trees.items()
+    }
     commits = {
         name: os.environ.get("BENCH_COMMIT", c) if c == "unknown" else c
         for name, c in commits.items()

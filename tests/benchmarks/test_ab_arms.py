@@ -168,3 +168,25 @@ def test_dry_run_prints_the_commands(tmp_path):
 def test_bad_arms_are_refused(tmp_path, args, message):
     res = _run(tmp_path, *args, "--out", str(tmp_path / "o.json"))
     assert res.returncode != 0 and message in res.stderr
+
+
+def test_an_arm_commit_given_is_recorded_and_passed_to_its_runs(tmp_path):
+    """--arm-commit names the commit of a tree git cannot tell (a git archive):
+    the record and that arm's runs ($BENCH_COMMIT) get it; the other arms keep
+    $BENCH_COMMIT; an unknown arm name stops the script."""
+    a, b = _tree(tmp_path, "a", 1.0), _tree(tmp_path, "b", 1.0)
+    out = tmp_path / "ab.json"
+    arms = ["--arm", f"main={a}", "--arm", f"exp={b}"]
+    res = _run(tmp_path, *arms, "--arm-commit", "exp=abc123", "--rounds", "1",
+               "--out", str(out), "--", "--matrix", "full")  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    rec = json.loads(out.read_text())
+    assert rec["arms"]["exp"]["commit"] == "abc123"
+    assert rec["arms"]["main"]["commit"] == "c0"
+    assert {c["tree"]: c["commit"] for c in _calls(tmp_path)} == {
+        "a": "c0",
+        "b": "abc123",
+    }
+    res = _run(tmp_path, *arms, "--arm-commit", "other=abc", "--out", str(out),
+               "--", "--matrix", "full")  # fmt: skip
+    assert res.returncode != 0 and "--arm-commit other: no such arm" in res.stderr
