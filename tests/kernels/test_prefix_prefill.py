@@ -1335,16 +1335,21 @@ def test_a_gluon_program_counts_as_a_whole_sm(on_hopper):
 
 @pytest.mark.parametrize(
     "feature",
-    [{"alibi": True}, {"sinks": True}, {"causal": False}],
-    ids=["alibi", "sinks", "non_causal"],
+    [{"alibi": True}, {"causal": False}],
+    ids=["alibi", "non_causal"],
 )
 def test_the_kernel_is_chosen_before_its_split_count(monkeypatch, feature):
     """A layer the Gluon kernel does not take runs in the portable kernel under
     the portable kernel's split decision, not under one made for Gluon programs:
-    the same launch that stays whole in the Gluon kernel splits here."""
+    the same launch that stays whole in the Gluon kernel (sinks included) splits
+    here."""
     ws = PrefillConfig(128, 64, 4, 3, use_tma=True, gluon=True)
     monkeypatch.setattr(prefix_prefill, "is_hopper", lambda device: True)
     assert _plan(ws).kernel == "gluon"
+    assert (_plan(ws, sinks=True).kernel, _plan(ws, sinks=True).num_splits) == (
+        "gluon",
+        1,
+    )
     plan = _plan(ws, **feature)
     assert (plan.kernel, plan.num_splits) == ("triton", 2)
     assert plan.config == PrefillConfig(128, 64, 4, 2, use_tma=True)
