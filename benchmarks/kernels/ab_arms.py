@@ -27,7 +27,8 @@ ratio of the two arms' median ratios to FA3, or, at a point where FA3 did not ru
 feature it lacks), of their median throughputs; its median, min and max, the number
 of points where the arm is faster, and ``by_throughput``, how many points were
 paired without FA3); ``points`` with every run's numbers (FA3's note where it did
-not run); the GPU, driver and versions of the first run; ``complete``.
+not run); ``not_run``, the points where ours did not run, each with the bench's
+notes (why); the GPU, driver and versions of the first run; ``complete``.
 ``--collect`` only writes the record from the runs already in ``--work-dir``;
 ``--dry-run`` prints the commands.
 """
@@ -113,9 +114,14 @@ def summarize(arms: dict, runs: dict, baseline: str | None) -> dict:
     (``{(arm, round): bench JSON}``). A point counts where ours ran; its ratio
     to FA3 where FA3 ran too."""
     per_arm: dict[str, dict[tuple, list]] = {arm: {} for arm in arms}
+    not_run = []  # points where ours did not run, with why
     for (arm, rnd), data in sorted(runs.items()):
         for rec in data.get("records", []):
             if not rec.get("ours"):
+                notes = rec.get("notes") or {}
+                not_run.append({"arm": arm, "run": rnd, **point_fields(point_key(rec)),
+                                "notes_ours": notes.get("ours"),
+                                "notes_fa3": notes.get("fa3")})  # fmt: skip
                 continue
             err = rec.get("max_abs_err") or {}
             rms = rec.get("rms_err") or {}
@@ -201,7 +207,8 @@ def summarize(arms: dict, runs: dict, baseline: str | None) -> dict:
          "runs": v}
         for arm, pts in per_arm.items() for key, v in pts.items()
     ]  # fmt: skip
-    return {"summary": summary, "paired": paired, "points": points}
+    return {"summary": summary, "paired": paired, "points": points,
+            "not_run": not_run}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         print(name, json.dumps(row))
     for name, row in record["paired"].items():
         print(name, json.dumps(row))
+    for row in record["not_run"]:
+        print("not run:", json.dumps(row))
     return 0 if record["complete"] else 1
 
 

@@ -40,6 +40,11 @@ for i, point_speed in enumerate((1.0, 0.5, 0.25)):
                     "rms_err": {"ours": 3e-5, "fa3": None if no_fa3 else 2e-5},
                     "notes": {"ours": "kernel gluon",
                               "fa3": "failed: no sinks" if no_fa3 else ""}})
+if "--ours-fails" in argv:  # a fourth point where ours does not run
+    records.append({"kernel": "prefill", "q_len": 4096, "kv_len": 4096, "group": 4,
+                    "head_size": 128, "ratio_vs_fa3": None, "ours": None,
+                    "fa3": 100.0, "notes": {"ours": "failed: no such config",
+                                            "fa3": ""}})
 data = {"gpu": "FAKE GPU", "driver": "1", "torch": "t", "triton": "tr",
         "versions": {}, "records": records}
 if "--out" in argv:
@@ -190,3 +195,24 @@ def test_an_arm_commit_given_is_recorded_and_passed_to_its_runs(tmp_path):
     res = _run(tmp_path, *arms, "--arm-commit", "other=abc", "--out", str(out),
                "--", "--matrix", "full")  # fmt: skip
     assert res.returncode != 0 and "--arm-commit other: no such arm" in res.stderr
+
+
+def test_a_point_where_ours_did_not_run_is_listed_with_why(tmp_path):
+    """A point where our kernel did not run pairs nothing and counts nowhere, but
+    the record lists it, per arm and run, with the bench's note."""
+    a = _tree(tmp_path, "a", 1.0)
+    out = tmp_path / "ab.json"
+    res = _run(tmp_path, "--arm", f"main={a}", "--arm", f"exp={a}",
+               "--arm-args", "exp=--ours-fails", "--baseline", "main",
+               "--rounds", "1", "--out", str(out),
+               "--", "--matrix", "full")  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    rec = json.loads(out.read_text())
+    assert (
+        rec["summary"]["exp"]["points"] == 2
+    )  # the third has no FA3, the fourth no ours
+    assert rec["paired"]["exp/main"]["points"] == 3
+    (row,) = rec["not_run"]
+    assert (row["arm"], row["run"], row["q_len"]) == ("exp", 1, 4096)
+    assert row["notes_ours"] == "failed: no such config"
+    assert "not run:" in res.stdout
