@@ -117,15 +117,14 @@ def summarize(arms: dict, runs: dict, baseline: str | None) -> dict:
     not_run = []  # points where ours did not run, with why
     for (arm, rnd), data in sorted(runs.items()):
         for rec in data.get("records", []):
+            notes = rec.get("notes") or {}
             if not rec.get("ours"):
-                notes = rec.get("notes") or {}
                 not_run.append({"arm": arm, "run": rnd, **point_fields(point_key(rec)),
                                 "notes_ours": notes.get("ours"),
                                 "notes_fa3": notes.get("fa3")})  # fmt: skip
                 continue
             err = rec.get("max_abs_err") or {}
             rms = rec.get("rms_err") or {}
-            notes = rec.get("notes") or {}
             run = {
                 "run": rnd,
                 "ratio_vs_fa3": rec.get("ratio_vs_fa3"),

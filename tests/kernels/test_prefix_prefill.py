@@ -1346,10 +1346,8 @@ def test_the_kernel_is_chosen_before_its_split_count(monkeypatch, feature):
     ws = PrefillConfig(128, 64, 4, 3, use_tma=True, gluon=True)
     monkeypatch.setattr(prefix_prefill, "is_hopper", lambda device: True)
     assert _plan(ws).kernel == "gluon"
-    assert (_plan(ws, sinks=True).kernel, _plan(ws, sinks=True).num_splits) == (
-        "gluon",
-        1,
-    )
+    with_sinks = _plan(ws, sinks=True)
+    assert (with_sinks.kernel, with_sinks.num_splits) == ("gluon", 1)
     plan = _plan(ws, **feature)
     assert (plan.kernel, plan.num_splits) == ("triton", 2)
     assert plan.config == PrefillConfig(128, 64, 4, 2, use_tma=True)
