@@ -392,8 +392,8 @@ def test_choose_decode_splits():
 
 def test_decode_planner_is_wave_aware_where_the_data_says():
     """fp8 and bf16 caches on sm_90 (and the CPU interpreter, which plans as an
-    H200) take the tuning data's wave-aware split rule; fp16 caches keep the
-    default rule. Llama-3.1-8B heads, 132 SMs: fp8 (3 programs per SM, any count)
+    H200) take the tuning data's wave-aware split rule, fp16 caches bf16's.
+    Llama-3.1-8B heads, 132 SMs: fp8 (3 programs per SM, any count)
     splits batch 64 (512 programs, 1.3 waves of 396) in 3 and keeps batch 96
     (768, 1.94 waves) whole; bf16 (4 per SM, powers of two) keeps batch 64 (one
     wave of 528) whole and splits batch 77 (616 programs, 1.17 waves) in 2."""
@@ -415,16 +415,17 @@ def test_decode_planner_is_wave_aware_where_the_data_says():
     assert (bf16_rule.programs_per_sm, bf16_rule.any_count) == (4, False)
     bf16, fp16 = planner(torch.bfloat16), planner(torch.float16)
     assert [bf16.plan(n)[0] for n in (64, 77, 96, 102, 128)] == [1, 2, 2, 1, 1]
-    assert fp16.plan(77)[0] == 1
+    assert dc.wave_rule(kv_dtype=torch.float16, hopper=True) == bf16_rule
+    assert fp16.plan(77)[0] == 2
     for n in range(1, 257):
-        for plan, rule in ((fp8, fp8_rule), (bf16, bf16_rule), (fp16, None)):
+        for plan, rule in ((fp8, fp8_rule), (bf16, bf16_rule), (fp16, bf16_rule)):
             want = choose_decode_splits(
                 num_seqs=n, num_kv_heads=8, num_sms=132, wave=rule
             )
             assert plan.plan(n)[0] == want, (n, rule)
     # Not on other GPUs, nor for a dtype the data does not list.
     assert dc.wave_rule(kv_dtype=torch.float8_e4m3fn, hopper=False) is None
-    assert dc.wave_rule(kv_dtype=torch.float16, hopper=True) is None
+    assert dc.wave_rule(kv_dtype=torch.float32, hopper=True) is None
 
 
 @pytest.mark.parametrize("batch_invariant", [False, True])

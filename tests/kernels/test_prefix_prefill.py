@@ -1087,6 +1087,62 @@ def test_a_table_with_two_entries_of_one_class_is_refused(tmp_path, monkeypatch)
         tables.clear_caches()
 
 
+def test_fp16_queries_take_the_bf16_entry_their_table_lacks(tmp_path, monkeypatch):
+    """A key of fp16 queries without its own entry takes the bf16 key's (its fp16
+    cache follows the query, an fp8 cache stays); its own entry wins; bf16 never
+    takes an fp16 entry, and a key in neither takes the heuristic."""
+    import json
+
+    from vllm.attention.ops.tuning import tables
+    from vllm.attention.ops.tuning.prefill_configs import heuristic_prefill_config
+
+    fields = {"head_size": 128, "group": 4, "block_size": 64, "max_query_len": 4096}
+    tile = {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2,
+            "use_tma": True}  # fmt: skip
+    bf16 = {**tile, "num_stages": 3}
+    fp8 = {**tile, "fp8_qk": True}
+    own = {**tile, "block_n": 32}
+    entries = [
+        {**fields, "q_dtype": "bfloat16", "kv_dtype": "bfloat16", "config": bf16},
+        {**fields, "q_dtype": "bfloat16", "kv_dtype": "fp8", "config": fp8},
+        {**fields, "q_dtype": "float16", "kv_dtype": "float16",
+         "max_query_len": 16384, "config": own},
+        {**fields, "q_dtype": "float16", "kv_dtype": "float16",
+         "head_size": 64, "config": tile},
+    ]  # fmt: skip
+    (tmp_path / "prefix_prefill_Test_GPU.json").write_text(
+        json.dumps({"provenance": {"gpu": "Test GPU"}, "configs": entries})
+    )
+    monkeypatch.setattr(tables, "TUNING_DIR", tmp_path)
+    tables.clear_caches()
+
+    def lookup(q, kv, **changes):
+        key = {**fields, "q_dtype": q, "kv_dtype": kv, **changes}
+        return PREFILL_TABLE.lookup(gpu_name="Test GPU", **key)
+
+    try:
+        assert lookup(torch.float16, torch.float16) == PrefillConfig(**bf16)
+        assert lookup(torch.float16, torch.float8_e4m3fn) == PrefillConfig(**fp8)
+        assert lookup(torch.float16, torch.float16, max_query_len=9000) == (
+            PrefillConfig(**own)
+        )
+
+        def heuristic(**changes):
+            key = {**fields, "kv_dtype": "bfloat16", **changes}
+            return heuristic_prefill_config(**key, is_hip=False)
+
+        # bf16 does not borrow fp16's entry; a key in neither dtype takes the
+        # heuristic (the entries above differ from it).
+        assert lookup(torch.bfloat16, torch.bfloat16, head_size=64) == heuristic(
+            head_size=64
+        )
+        assert heuristic(head_size=64) != PrefillConfig(**tile)
+        assert lookup(torch.float16, torch.float16, group=1) == heuristic(group=1)
+        assert heuristic(group=1) not in (PrefillConfig(**bf16), PrefillConfig(**own))
+    finally:
+        tables.clear_caches()
+
+
 @pytest.mark.parametrize(
     "key, config, match",
     [

@@ -283,8 +283,9 @@ def test_valid_gluon_configs_are_two_warpgroups_of_64_rows():
 
 def test_shipped_gluon_entries_run_the_gluon_kernel(pretend_hopper):
     """Every table entry that sets ``gluon`` is one the Gluon kernel takes for
-    its key's shape (on Hopper, without ALiBi or a split): no
-    shipped entry falls back to the portable kernel unnoticed."""
+    its key's shape (on Hopper, without ALiBi or a split), and a bf16 entry for
+    the fp16 queries it stands in for: no shipped entry falls back to the
+    portable kernel unnoticed."""
     import json
 
     from vllm.attention.ops.tuning import tables
@@ -311,6 +312,11 @@ def test_shipped_gluon_entries_run_the_gluon_kernel(pretend_hopper):
             query = query.to(dtypes[fields["q_dtype"]])
             assert _refusal(query, cache, config) is None, (path.name, key, config)
             entries += 1
+            if fields["q_dtype"] == "bfloat16":  # fp16 queries take it too
+                if fields["kv_dtype"] == "bfloat16":
+                    cache = cache.to(torch.float16)
+                assert _refusal(query.to(torch.float16), cache, config) is None, (
+                    path.name, key, config, "fp16")  # fmt: skip
     assert entries > 0
 
 

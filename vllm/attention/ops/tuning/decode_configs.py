@@ -114,7 +114,7 @@ class WaveRule:
 #   0.89x -> 0.96x FA3 and batch 96 0.98x -> 0.99x on an H100, batch 77 x 1.5k
 #   0.91x -> 1.03x on an H200; batches 64, 102 and 128 stay unsplit, as measured
 #   fastest).
-# fp16 caches keep the default rule until measured. test_paged_decode's compile test
+# fp16 caches take bf16's rule (wave_rule). test_paged_decode's compile test
 # checks the counts against the builds.
 WAVE_RULES = {
     "fp8": WaveRule(programs_per_sm=3, program_overhead=0.05, any_count=True),
@@ -125,10 +125,12 @@ WAVE_RULES = {
 def wave_rule(*, kv_dtype, hopper: bool) -> WaveRule | None:
     """The ``WaveRule`` for ``choose_decode_splits`` (None: the default rule):
     ``WAVE_RULES`` on sm_90 (``hopper``; CPU interpreter runs pretend to be an H200,
-    as for the SM count), None elsewhere."""
+    as for the SM count), an fp16 cache taking bf16's (``tables.DTYPE_STAND_INS``:
+    the same build, registers and residency), None elsewhere."""
     if not hopper:
         return None
-    return WAVE_RULES.get(tables.dtype_name(kv_dtype))
+    name = tables.dtype_name(kv_dtype)
+    return WAVE_RULES.get(name, WAVE_RULES.get(tables.DTYPE_STAND_INS.get(name)))
 
 
 DECODE_TABLE = tables.TuningTable(

@@ -148,7 +148,8 @@ class TuningTable:
 
     def lookup(self, *, gpu_name: str, is_hip: bool = False, **fields):
         """Config for one launch: the GPU's table entry for the key of ``fields``,
-        else the heuristic. Runs on every launch, so the answer is memoised on the
+        else for its stand-in key (fp16 queries: the bf16 entry), else the
+        heuristic. Runs on every launch, so the answer is memoised on the
         arguments as given (a hit costs one dict probe, no key building)."""
         return _lookup(self, gpu_name, is_hip, **fields)
 
@@ -193,11 +194,32 @@ def _load(table: TuningTable, gpu_name: str) -> dict:
     return parsed
 
 
+# A key of fp16 queries that its GPU's table lacks takes the entry of the same key in
+# bf16 (a 16-bit cache of the query's dtype follows it; an fp8 cache stays): both run
+# the same tiles on the same tensor-core rate, and tables are tuned in bf16.
+DTYPE_STAND_INS = {"float16": "bfloat16"}
+
+
+def stand_in_key(table: TuningTable, key: tuple) -> tuple | None:
+    """The key whose entry stands in for ``key`` (DTYPE_STAND_INS), or None."""
+    named = dict(zip(table.key_fields, key))
+    q_dtype = named.get("q_dtype")
+    if q_dtype not in DTYPE_STAND_INS:
+        return None
+    named["q_dtype"] = DTYPE_STAND_INS[q_dtype]
+    if named.get("kv_dtype") == q_dtype:
+        named["kv_dtype"] = named["q_dtype"]
+    return tuple(named.values())
+
+
 # Sized for every max_query_len a server sees (one entry each per model shape).
 @functools.lru_cache(maxsize=16384)
 def _lookup(table: TuningTable, gpu_name: str, is_hip: bool, **fields):
     key = table.key(**fields)
-    config = _load(table, gpu_name).get(key)
+    entries = _load(table, gpu_name)
+    config = entries.get(key)
+    if config is None and (stand_in := stand_in_key(table, key)) is not None:
+        config = entries.get(stand_in)
     if config is None:
         normalised = dict(zip(table.key_fields, key))
         config = table.heuristic(
