@@ -670,11 +670,13 @@ def alibi_slopes(s: Shape, device) -> torch.Tensor | None:
 
 
 def sink_logits(s: Shape, device) -> torch.Tensor | None:
-    """fp32 sink logits of the shape's query heads, spread over [-2, 2] (the scale
-    of the scores), or None without sinks."""
+    """bf16 sink logits of the shape's query heads, spread over [-2, 2] (the scale
+    of the scores), or None without sinks. bf16 as vLLM holds them (the model's
+    dtype) and as FA3 takes them (it rejects any other ``s_aux`` dtype); every
+    caller and the reference read the same values."""
     if not s.sinks:
         return None
-    return torch.linspace(-2.0, 2.0, s.num_q_heads, device=device)
+    return torch.linspace(-2.0, 2.0, s.num_q_heads, device=device).to(torch.bfloat16)
 
 
 def step_kv(inp: Inputs) -> tuple[torch.Tensor, torch.Tensor]:

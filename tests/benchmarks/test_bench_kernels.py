@@ -515,7 +515,7 @@ def test_sinks_reach_our_kernels_and_the_reference(kernel, monkeypatch):
     shape = bk.Shape(kernel, "m", 2, q_len, 20, 4, 2, 64, 16, sinks=True)
     inp = bk.build_inputs(shape, "cpu", rotate=False)
     sinks = bk.sink_logits(shape, "cpu")
-    assert sinks.dtype == torch.float32 and sinks.shape == (4,)
+    assert sinks.dtype == torch.bfloat16 and sinks.shape == (4,)
     assert bk.sink_logits(dataclasses.replace(shape, sinks=False), "cpu") is None
     runner = bk.caller_ours(shape, inp)
     runner.run(0)
@@ -535,6 +535,27 @@ def test_fa3_skips_what_it_does_not_take(monkeypatch):
     ):
         with pytest.raises(bk.Skip, match=why):
             bk.caller_fa3(dataclasses.replace(base, **changes), inp=None)
+
+
+def test_fa3_takes_the_sinks_in_bf16(monkeypatch):
+    """FA3 rejects sinks (``s_aux``) in any dtype but bf16: the bench hands it
+    the same bf16 logits as our kernel, so a sinks point has an FA3 time."""
+    seen = {}
+
+    def flash_attn_varlen_func(**kw):
+        seen.update(kw)
+
+    monkeypatch.setattr(
+        bk.stock, "flash_attn_varlen_func", flash_attn_varlen_func, raising=False
+    )
+    shape = bk.Shape("prefill", "m", 1, 16, 16, 4, 2, 64, 16, sinks=True)
+    inp = bk.build_inputs(shape, "cpu", rotate=False)
+    bk.caller_fa3(shape, inp).run(0)
+    assert seen["s_aux"].dtype == torch.bfloat16
+    assert torch.equal(seen["s_aux"], bk.sink_logits(shape, "cpu"))
+    seen.clear()
+    bk.caller_fa3(dataclasses.replace(shape, sinks=False), inp).run(0)
+    assert "s_aux" not in seen
 
 
 def _fake_callers(monkeypatch, measured, *, fail=()):
