@@ -5,7 +5,8 @@
 Faults, from the environment:
 ``FAKE_REL_SERVE_FAIL=1``: crash at startup (``=ARG``: only a server with ARG in
 its arguments).
-``FAKE_REL_5XX=n``: the n-th completion request gets HTTP 500 (once).
+``FAKE_REL_5XX=n[,m...]``: the n-th (and m-th ...) completion request gets HTTP
+500 (several, so that one reaches a client that did not cancel it first).
 ``FAKE_REL_ERROR_LINE=1``: log one vLLM-style ERROR line at the first completion.
 ``FAKE_REL_LATE_JIT=1``: log vLLM's JIT-monitor warning at the first completion.
 ``FAKE_REL_WRONG=ARG``: a server with ARG in its arguments (``!ARG``: without it)
@@ -114,7 +115,8 @@ class Handler(BaseHTTPRequestHandler):
                 print(ERROR_LINE, flush=True)
             if os.environ.get("FAKE_REL_LATE_JIT"):
                 print(JIT_LINE, flush=True)
-        if self.path != "/v1/completions" or str(n) == os.environ.get("FAKE_REL_5XX"):
+        fail_at = os.environ.get("FAKE_REL_5XX", "").split(",")
+        if self.path != "/v1/completions" or str(n) in fail_at:
             return self._reply(500, {"error": "fake internal error"})
         prompt, max_tokens = req["prompt"], req.get("max_tokens") or 16
         limit = int(_arg(argv, "--max-model-len"))
