@@ -115,8 +115,7 @@ class WaveRule:
 #   0.91x -> 1.03x on an H200; batches 64, 102 and 128 stay unsplit, as measured
 #   fastest).
 # fp16 caches take bf16's rule (wave_rule; batch 77 x 8k 0.89x -> 0.96x FA3 on an
-# H100). test_paged_decode's compile test
-# checks the counts against the builds.
+# H100). test_paged_decode's compile test checks the counts against the builds.
 WAVE_RULES = {
     "fp8": WaveRule(programs_per_sm=3, program_overhead=0.05, any_count=True),
     "bfloat16": WaveRule(programs_per_sm=4),
