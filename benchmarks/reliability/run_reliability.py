@@ -335,6 +335,7 @@ def open_loop(ctx: Ctx, live, rate: float, cancel_frac: float):
                 req.cancel, req.cancel_at = "mid_decode", rng.randint(1, max(1, mt - 1))
         return req
 
+    warm_up(ctx, live)
     together = ctx.lockstep.wait()
     if together is not None:
         live.info["load_started_together"] = together
@@ -346,6 +347,41 @@ def open_loop(ctx: Ctx, live, rate: float, cancel_frac: float):
     ))  # fmt: skip
     ctx.results += res
     return res, samples, load
+
+
+def warm_up(ctx: Ctx, live) -> None:
+    """``--warmup-requests`` ShareGPT-like requests at once, before an open loop
+    starts its clock: the server runs the largest batches it will take (vLLM's
+    default ``max_num_seqs`` is 1024 on GPUs of 70 GiB or more) while the load
+    comes up. vLLM empties PyTorch's allocator cache after CUDA-graph capture, so
+    the first batch larger than any before it allocates its activations from the
+    device and keeps them cached; without a warm-up that step lands in the measured
+    minutes at whatever moment the Poisson load first peaks. The results count
+    with the scenario's requests (a failed one fails it); their outputs are not
+    compared."""
+    a = ctx.args
+    if not a.warmup_requests:
+        return
+    reqs = []
+    for i in range(a.warmup_requests):
+        # a seed of its own: the open loop's prompts must not hit their prefixes
+        prompt, mt = sharegpt_like(random.Random(f"warmup-{a.seed}-{i}"),
+                                   a.max_model_len)  # fmt: skip
+        reqs.append(client.Req(f"warmup{i}", prompt, mt))
+    t0 = time.monotonic()
+    res = ctx.batch(live, reqs)
+    live.info["warmup"] = {**client.tally(res),
+                           "seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
+
+
+def warmup_failures(live, reasons: list) -> dict | None:
+    """The warm-up's tally (None without one); its failed requests fail the
+    scenario like the open loop's."""
+    warm = live.info.get("warmup")
+    if warm and warm["failed"]:
+        reasons.append(f"{warm['failed']} warm-up requests did not complete, e.g. "
+                       f"{warm['failure_examples'][0]}")  # fmt: skip
+    return warm
 
 
 def load_sent(load: dict, reasons: list) -> None:
@@ -365,10 +401,12 @@ def abort_storm(ctx: Ctx) -> tuple[dict, dict, list]:
     with ctx.server("plain", plain(ctx.args)) as live:
         res, samples, load = open_loop(ctx, live, 2 * rate(ctx), ctx.args.cancel_frac)
     all_complete(res, reasons)
+    warm = warmup_failures(live, reasons)
     load_sent(load, reasons)
     mem = memory_flat(samples, ctx.args, reasons)
-    nums = {"rate": 2 * rate(ctx), "load": load, "server": server_load(samples),
-            "memory": mem, "samples": samples}  # fmt: skip
+    nums = {"rate": 2 * rate(ctx), "warmup": warm, "load": load,
+            "server": server_load(samples), "memory": mem,
+            "samples": samples}  # fmt: skip
     return nums, outputs(res), reasons
 
 
@@ -615,6 +653,7 @@ def soak(ctx: Ctx) -> tuple[dict, dict, list]:
     with ctx.server("plain", plain(a)) as live:
         res, samples, load = open_loop(ctx, live, 0.8 * rate(ctx), a.soak_cancel_frac)
     all_complete(res, reasons)
+    warm = warmup_failures(live, reasons)
     load_sent(load, reasons)
     server = server_load(samples)
     saturated(load, server, reasons)
@@ -624,7 +663,7 @@ def soak(ctx: Ctx) -> tuple[dict, dict, list]:
     late = live.info.get("late_jit_compiles", [])
     if late:
         reasons.append(f"Triton compiled while serving: {', '.join(late[:5])}")
-    nums = {"rate": 0.8 * rate(ctx), "load": load, "server": server,
+    nums = {"rate": 0.8 * rate(ctx), "warmup": warm, "load": load, "server": server,
             "throughput": tput, "memory": memory_flat(samples, a, reasons),
             "samples": samples}  # fmt: skip
     return nums, outputs(res), reasons
@@ -709,6 +748,8 @@ def parse_args(argv):
     add("--drain-s", type=float, default=300.0, help="wait for in-flight requests")
     add("--sample-s", type=float, default=10.0)
     add("--settle-s", type=float, default=60.0, help="memory baseline after this")
+    add("--warmup-requests", type=int, default=1024,
+        help="sent at once before abort-storm's and soak's load (0: none)")  # fmt: skip
     add("--max-growth-mib", type=int, default=256)
     add("--cancel-frac", type=float, default=0.3)
     add("--soak-cancel-frac", type=float, default=0.05)

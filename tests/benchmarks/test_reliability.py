@@ -22,7 +22,7 @@ SMALL = [
     "--drain-s", "10", "--sample-s", "0.3", "--settle-s", "0", "--window-s", "0.5",
     "--max-throughput-change", "10", "--max-model-len", "512", "--max-tokens", "16",
     "--num-requests", "12", "--prefix-groups", "1", "--spec-prompt-lens", "64,300",
-    "--startup-timeout-s", "20",
+    "--startup-timeout-s", "20", "--warmup-requests", "3",
 ]  # fmt: skip
 
 
@@ -67,10 +67,15 @@ def test_all_scenarios_pass_on_a_healthy_server(tmp_path):
         assert rec["commit"] and "gpu" in rec and "driver" in rec, name
         assert all("--host 127.0.0.1" in s["command"] for s in rec["servers"])
     storm = recs["abort-storm-TRITON_ATTN-fork"]
+    for name in ("abort-storm", "soak"):  # the warm-up ran before each open loop
+        warm = recs[f"{name}-TRITON_ATTN-fork"]["numbers"]["warmup"]
+        assert warm["sent"] == warm["completed"] == 3 and not warm["failed"], name
     assert storm["requests"]["cancelled"] > 0 and storm["requests"]["completed"] > 0
     assert storm["numbers"]["samples"] and storm["numbers"]["memory"]
     load = storm["numbers"]["load"]
-    assert load["sent"] == storm["requests"]["sent"] > 0 and load["asked_rate"] == 40
+    # the scenario's requests: the warm-up's and the open loop's
+    assert load["sent"] + 3 == storm["requests"]["sent"] and load["sent"] > 0
+    assert load["asked_rate"] == 40
     assert load["max_send_lag_s"] < 1 and load["not_sent_at_cap"] == 0
     pre = recs["preemption-TRITON_ATTN-fork"]
     assert pre["numbers"]["preemptions"] > 0
@@ -143,7 +148,10 @@ def test_consecutive_uses_of_one_configuration_share_a_server(tmp_path):
             "ngram vs no speculation",
         ),
         ("soak", {"FAKE_REL_LATE_JIT": "1"}, "Triton compiled while serving"),
-        ("soak", {"FAKE_REL_5XX": "2"}, "did not complete"),
+        # the 5th completion: the open loop's 2nd, after the 3 of the warm-up
+        ("soak", {"FAKE_REL_5XX": "5"}, "non-cancelled requests did not complete"),
+        ("soak", {"FAKE_REL_5XX": "1"}, "1 warm-up requests did not complete"),
+        ("abort-storm", {"FAKE_REL_5XX": "2"}, "warm-up requests did not complete"),
     ],
 )
 def test_each_rule_can_fail(tmp_path, scenario, env, reason):
