@@ -512,6 +512,7 @@ def caller_ours(
     decode_config=None,
     decode_max_splits=None,
     decode_programs_per_sm=None,
+    decode_wave_fields=None,
     decode_num_splits=None,
     decode_config_fields=None,
     prefill_num_splits=None,
@@ -519,7 +520,8 @@ def caller_ours(
 ) -> Runner:
     """Our kernels; ``decode_config`` overrides the decode tuning table (the decode
     tuner's candidates), ``decode_max_splits`` the split cap, ``decode_num_splits``
-    forces a split count instead of ``choose_decode_splits``', and
+    forces a split count instead of ``choose_decode_splits``',
+    ``decode_wave_fields`` (a dict) replaces fields of its ``WaveRule``, and
     ``decode_config_fields`` (a dict) replaces fields of the config the launch
     would pick (``config_for``: its table entry or the heuristic). Prefill gets the
     sequences' KV length as ``max_seq_len``, as in the backend, so it splits its keys
@@ -539,6 +541,11 @@ def caller_ours(
             wave = ops.WaveRule(programs_per_sm=decode_programs_per_sm)
         else:
             wave = None
+        if decode_wave_fields:
+            if wave is None:
+                raise Skip("--decode-wave-rule: this launch has no WaveRule to "
+                           "change; give --decode-programs-per-sm N")  # fmt: skip
+            wave = replace(wave, **decode_wave_fields)
         splits = decode_num_splits or ops.choose_decode_splits(
             num_seqs=s.batch,
             num_kv_heads=s.num_kv_heads,
@@ -928,6 +935,7 @@ def measure_point(s: Shape, args) -> dict:
                     inp,
                     decode_max_splits=args.decode_max_splits,
                     decode_programs_per_sm=args.decode_programs_per_sm,
+                    decode_wave_fields=args.decode_wave_rule,
                     decode_num_splits=args.decode_num_splits,
                     decode_config_fields=args.decode_config,
                     prefill_num_splits=args.prefill_num_splits,
@@ -1411,17 +1419,37 @@ def config_field(item: str) -> tuple[str, int | bool]:
     return name, int(value)
 
 
+def wave_field(item: str) -> tuple[str, int | bool | float]:
+    """``FIELD=VALUE`` of ``--decode-wave-rule``: as ``config_field``, or a float
+    (``program_overhead=0.15``)."""
+    name, _, value = item.partition("=")
+    try:
+        return config_field(item)
+    except argparse.ArgumentTypeError:
+        try:
+            return name, float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: expected FIELD=VALUE with a number or true/false value "
+                "(e.g. max_splits=64 or program_overhead=0.15)"
+            ) from None
+
+
 def config_fields(pairs, config_cls, flag: str = "--prefill-config") -> dict:
-    """``flag``'s pairs as fields of ``config_cls`` (bool fields from 0/1 too);
+    """``flag``'s pairs as fields of ``config_cls`` (bool fields from 0/1 too,
+    float fields from ints too);
     ValueError names a name that is not a field."""
     kinds = {f.name: f.type for f in fields(config_cls)}
     unknown = sorted({name for name, _ in pairs} - set(kinds))
     if unknown:
         raise ValueError(f"{flag}: no field {unknown}; fields: {sorted(kinds)}")
-    return {
-        name: bool(value) if kinds[name] in (bool, "bool") else int(value)
-        for name, value in pairs
-    }
+
+    def typed(name, value):
+        if kinds[name] in (bool, "bool"):
+            return bool(value)
+        return float(value) if kinds[name] in (float, "float") else int(value)
+
+    return {name: typed(name, value) for name, value in pairs}
 
 
 def main() -> None:
@@ -1496,6 +1524,16 @@ def main() -> None:
         "WaveRule(N); e.g. 4 for the bf16 sm_90 build, 3 for fp8), 0 for the rule "
         "without it; default: what the backend uses (decode_wave_rule: the tuning "
         "data's WaveRule where the wave-aware rule was measured faster, on sm_90)",
+    )
+    p.add_argument(
+        "--decode-wave-rule",
+        nargs="+",
+        type=wave_field,
+        default=[],
+        metavar="FIELD=VALUE",
+        help="replace these fields of our decode's WaveRule (the backend's, or "
+        "--decode-programs-per-sm's), e.g. max_splits=64 or any_count=1 "
+        "program_overhead=0.15; to measure a split rule against FA3 in the same run",
     )
     p.add_argument(
         "--kernels",
@@ -1591,6 +1629,7 @@ def main() -> None:
         ignored = [flag for flag, value in (
             ("--decode-max-splits", args.decode_max_splits),
             ("--decode-programs-per-sm", args.decode_programs_per_sm),
+            ("--decode-wave-rule", args.decode_wave_rule or None),
         ) if value is not None]  # fmt: skip
         if ignored:
             p.error(f"--decode-num-splits forces the split count: {ignored} would "
@@ -1610,6 +1649,9 @@ def main() -> None:
         )
         args.decode_config = config_fields(
             args.decode_config, ops.DecodeConfig, "--decode-config"
+        )
+        args.decode_wave_rule = config_fields(
+            args.decode_wave_rule, ops.WaveRule, "--decode-wave-rule"
         )
     except ValueError as e:
         p.error(str(e))
@@ -1666,6 +1708,8 @@ def main() -> None:
         suffix += f"-prefill-splits{args.prefill_num_splits}"
     for name, value in {**args.prefill_config, **args.decode_config}.items():
         suffix += f"-{name}{int(value)}"
+    for name, value in args.decode_wave_rule.items():
+        suffix += f"-wave-{name}{value:g}"
     path = out_dir / f"{stamp}-{result['commit']}{suffix}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print()

@@ -601,6 +601,7 @@ def test_matrix_run_writes_each_point_and_resumes(monkeypatch, tmp_path):
         callers=list(bk.CALLERS),
         decode_max_splits=None,
         decode_programs_per_sm=None,
+        decode_wave_rule={},
         decode_num_splits=None,
         decode_config={},
         prefill_num_splits=None,
@@ -880,6 +881,64 @@ def test_config_options_parse_and_check_fields():
     assert got == {"early_convert": True}
     with pytest.raises(ValueError, match=r"--decode-config: no field \['split_head'\]"):
         bk.config_fields([("split_head", 1)], dc.DecodeConfig, "--decode-config")
+    # --decode-wave-rule: numbers of any kind, each as its WaveRule field's type
+    assert bk.wave_field("program_overhead=0.15") == ("program_overhead", 0.15)
+    assert bk.wave_field("max_splits=64") == ("max_splits", 64)
+    with pytest.raises(argparse.ArgumentTypeError, match="FIELD=VALUE"):
+        bk.wave_field("max_splits=many")
+    got = bk.config_fields(
+        [("any_count", 1), ("program_overhead", 0), ("max_splits", 64)],
+        dc.WaveRule, "--decode-wave-rule",
+    )  # fmt: skip
+    assert got == {"any_count": True, "program_overhead": 0.0, "max_splits": 64}
+    assert [type(v) for v in got.values()] == [bool, float, int]
+
+
+def test_ours_decode_replaces_fields_of_its_wave_rule(monkeypatch):
+    """--decode-wave-rule changes the WaveRule that choose_decode_splits gets (the
+    backend's, or --decode-programs-per-sm's); with no rule to change, ours does
+    not run at the point and says why."""
+    rules = []
+
+    def choose(**kw):
+        rules.append(kw["wave"])
+        return 2
+
+    backend_rule = dc.WaveRule(programs_per_sm=3, any_count=True)
+    for name, value in (
+        ("choose_decode_splits", choose),
+        ("decode_wave_rule", lambda **kw: backend_rule),
+        ("decode_workspace_shape", lambda **kw: (kw["num_splits"],)),
+        ("WORKSPACE_DTYPE", torch.float32),
+        ("MAX_DECODE_SPLITS", 64),
+        ("paged_decode_attention", lambda **kw: None),
+        ("AttentionInputs", lambda **kw: kw),
+        ("WaveRule", dc.WaveRule),
+        ("hardware", SimpleNamespace(num_sms=lambda d: 132)),
+    ):
+        monkeypatch.setattr(bk.ops, name, value, raising=False)
+    shape = bk.Shape("decode", "m", 4, 1, 8192, 32, 8, 128, 16, kv_dtype="fp8")
+    inp = SimpleNamespace(
+        query=torch.zeros(4, 32, 128),
+        kv_cache=torch.zeros(1, 2, 8, 16, 128),
+        block_tables=[None],
+        seq_lens=None,
+        softmax_scale=0.1,
+        k_scale=None,
+        v_scale=None,
+    )
+    bk.caller_ours(shape, inp, decode_wave_fields={"max_splits": 64}).run(0)
+    bk.caller_ours(shape, inp, decode_programs_per_sm=4,
+                   decode_wave_fields={"any_count": True}).run(0)  # fmt: skip
+    bk.caller_ours(shape, inp).run(0)
+    assert rules == [
+        dataclasses.replace(backend_rule, max_splits=64),
+        dc.WaveRule(programs_per_sm=4, any_count=True),
+        backend_rule,
+    ]
+    with pytest.raises(bk.Skip, match="no WaveRule"):
+        bk.caller_ours(shape, inp, decode_programs_per_sm=0,
+                       decode_wave_fields={"max_splits": 64})  # fmt: skip
 
 
 def test_ours_prefill_takes_the_picked_config_with_the_given_fields(monkeypatch):
@@ -996,6 +1055,10 @@ def test_ours_decode_forced_splits_and_config_fields(monkeypatch):
         (["--decode-num-splits", "0"], "must be at least 1"),
         (["--decode-num-splits", "4", "--decode-max-splits", "8"], "would do nothing"),
         (["--decode-num-splits", "4", "--decode-programs-per-sm", "3"], "per-sm"),
+        (
+            ["--decode-num-splits", "4", "--decode-wave-rule", "max_splits=64"],
+            "--decode-wave-rule",
+        ),  # fmt: skip
     ],
 )
 def test_forced_decode_splits_refuse_options_they_override(extra, message):

@@ -7,6 +7,7 @@ each with and without split-KV. GPU with GPU_FULL=1: the cross product
 (``test_decode_full_matrix``), int64 offsets and CUDA-graph replay.
 """
 
+import dataclasses
 import itertools
 import json
 import math
@@ -282,10 +283,8 @@ def test_wave_aware_split_rule_past_the_target():
     SMs, 4 resident bf16 programs per SM: 77 sequences are 616 programs, 1.17 waves
     of 528); grids under the target keep the default rule, and without a rule
     nothing past the target splits."""
-    from vllm.attention.ops.triton_paged_decode_attention_2d import (
-        MAX_WAVE_SPLITS,
-        fewest_waves,
-    )
+    from vllm.attention.ops.triton_paged_decode_attention_2d import fewest_waves
+    from vllm.attention.ops.tuning.decode_configs import MAX_WAVE_SPLITS
 
     rule = dc.WaveRule(programs_per_sm=4)
     assert not rule.any_count
@@ -317,10 +316,8 @@ def test_wave_aware_split_rule_with_any_count():
     every count up to MAX_WAVE_SPLITS, also under the target, wherever that many
     splits fill a wave: 16 sequences (128 programs) split in 3, one full wave of
     384 where 4 splits would start a second; smaller grids keep the default rule."""
-    from vllm.attention.ops.triton_paged_decode_attention_2d import (
-        MAX_WAVE_SPLITS,
-        fewest_waves,
-    )
+    from vllm.attention.ops.triton_paged_decode_attention_2d import fewest_waves
+    from vllm.attention.ops.tuning.decode_configs import MAX_WAVE_SPLITS
 
     rule = dc.WaveRule(programs_per_sm=3, program_overhead=0.05, any_count=True)
     resident = 3 * 132
@@ -353,6 +350,31 @@ def test_wave_aware_split_rule_with_any_count():
         )
         == 2
     )
+
+
+def test_wave_rule_cap_reaches_small_batches():
+    """A ``WaveRule`` whose ``max_splits`` is the decode cap (64) fills one wave at
+    the batches under the target that 8 splits cannot fill (e4m3, 8 KV heads:
+    batch 4 gets 12 splits, 384 programs in one wave of 396, where the target rule
+    gives 16, 512 programs in 1.3 waves); from the batches that 8 splits fill
+    upwards it chooses what the shipped cap of 8 chooses."""
+    fp8 = dc.WAVE_RULES["fp8"]
+    wide = dataclasses.replace(fp8, max_splits=MAX_DECODE_SPLITS)
+
+    def splits(num_seqs, rule):
+        return choose_decode_splits(
+            num_seqs=num_seqs, num_kv_heads=8, num_sms=132, wave=rule
+        )
+
+    assert {b: splits(b, fp8) for b in range(1, 7)} == {
+        1: 64, 2: 32, 3: 32, 4: 16, 5: 16, 6: 16}  # fmt: skip
+    assert {b: splits(b, wide) for b in range(1, 7)} == {
+        1: 49, 2: 24, 3: 16, 4: 12, 5: 9, 6: 8}  # fmt: skip
+    for num_seqs in range(7, 600):
+        assert splits(num_seqs, wide) == splits(num_seqs, fp8), num_seqs
+    # the call's cap still holds
+    assert choose_decode_splits(num_seqs=1, num_kv_heads=8, num_sms=132,
+                                max_splits=32, wave=wide) == 32  # fmt: skip
 
 
 def test_choose_decode_splits():

@@ -103,9 +103,6 @@ SPLIT_LIMIT = 256
 # program streams K/V with a few tiles in flight; several resident programs per SM
 # are needed to keep enough bytes in flight to saturate HBM.
 SPLIT_TARGET_WAVES = 3
-# The most splits the wave-aware rule (choose_decode_splits with a ``WaveRule``)
-# may choose.
-MAX_WAVE_SPLITS = 8
 
 WORKSPACE_DTYPE = torch.float32
 
@@ -378,7 +375,7 @@ def choose_decode_splits(
 
     ``wave`` (the kernel build's ``WaveRule``; None: not known) makes the rule
     wave-aware (``fewest_waves``) for grids past the target and, with
-    ``wave.any_count``, for every grid that ``MAX_WAVE_SPLITS`` splits bring to a
+    ``wave.any_count``, for every grid that ``wave.max_splits`` splits bring to a
     full wave: a grid that fills the GPU 1.2 times otherwise runs a second, mostly
     idle wave of whole programs.
     """
@@ -386,7 +383,7 @@ def choose_decode_splits(
     target = SPLIT_TARGET_WAVES * max(1, num_sms)
     if wave is not None:
         resident = wave.programs_per_sm * max(1, num_sms)
-        cap = min(max_splits, MAX_WAVE_SPLITS)
+        cap = min(max_splits, wave.max_splits)
         if work >= target or (wave.any_count and work * cap >= resident):
             return fewest_waves(work=work, resident=resident, max_splits=cap, wave=wave)
     if work >= target:
