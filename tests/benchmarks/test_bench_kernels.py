@@ -894,6 +894,36 @@ def test_config_options_parse_and_check_fields():
     assert [type(v) for v in got.values()] == [bool, float, int]
 
 
+def _fake_decode(monkeypatch, batch, **fakes):
+    """The decode ops that ``caller_ours`` reaches, faked (``fakes`` by name
+    replace the defaults), and a decode point of ``batch`` sequences over an fp8
+    cache with its inputs."""
+    defaults = {
+        "choose_decode_splits": lambda **kw: 2,
+        "decode_wave_rule": lambda **kw: None,
+        "decode_workspace_shape": lambda **kw: (kw["num_splits"],),
+        "WORKSPACE_DTYPE": torch.float32,
+        "MAX_DECODE_SPLITS": 64,
+        "paged_decode_attention": lambda **kw: None,
+        "AttentionInputs": lambda **kw: kw,
+        "WaveRule": dc.WaveRule,
+        "hardware": SimpleNamespace(num_sms=lambda d: 132),
+    }
+    for name, value in {**defaults, **fakes}.items():
+        monkeypatch.setattr(bk.ops, name, value, raising=False)
+    shape = bk.Shape("decode", "m", batch, 1, 8192, 32, 8, 128, 16, kv_dtype="fp8")
+    inp = SimpleNamespace(
+        query=torch.zeros(batch, 32, 128),
+        kv_cache=torch.zeros(1, 2, 8, 16, 128),
+        block_tables=[None],
+        seq_lens=None,
+        softmax_scale=0.1,
+        k_scale=None,
+        v_scale=None,
+    )
+    return shape, inp
+
+
 def test_ours_decode_replaces_fields_of_its_wave_rule(monkeypatch):
     """--decode-wave-rule changes the WaveRule that choose_decode_splits gets (the
     backend's, or --decode-programs-per-sm's); with no rule to change, ours does
@@ -905,27 +935,11 @@ def test_ours_decode_replaces_fields_of_its_wave_rule(monkeypatch):
         return 2
 
     backend_rule = dc.WaveRule(programs_per_sm=3, any_count=True)
-    for name, value in (
-        ("choose_decode_splits", choose),
-        ("decode_wave_rule", lambda **kw: backend_rule),
-        ("decode_workspace_shape", lambda **kw: (kw["num_splits"],)),
-        ("WORKSPACE_DTYPE", torch.float32),
-        ("MAX_DECODE_SPLITS", 64),
-        ("paged_decode_attention", lambda **kw: None),
-        ("AttentionInputs", lambda **kw: kw),
-        ("WaveRule", dc.WaveRule),
-        ("hardware", SimpleNamespace(num_sms=lambda d: 132)),
-    ):
-        monkeypatch.setattr(bk.ops, name, value, raising=False)
-    shape = bk.Shape("decode", "m", 4, 1, 8192, 32, 8, 128, 16, kv_dtype="fp8")
-    inp = SimpleNamespace(
-        query=torch.zeros(4, 32, 128),
-        kv_cache=torch.zeros(1, 2, 8, 16, 128),
-        block_tables=[None],
-        seq_lens=None,
-        softmax_scale=0.1,
-        k_scale=None,
-        v_scale=None,
+    shape, inp = _fake_decode(
+        monkeypatch,
+        4,
+        choose_decode_splits=choose,
+        decode_wave_rule=lambda **kw: backend_rule,
     )
     bk.caller_ours(shape, inp, decode_wave_fields={"max_splits": 64}).run(0)
     bk.caller_ours(shape, inp, decode_programs_per_sm=4,
@@ -1010,27 +1024,12 @@ def test_ours_decode_forced_splits_and_config_fields(monkeypatch):
         chosen.append(kw)
         return 2
 
-    for name, value in (
-        ("choose_decode_splits", choose),
-        ("decode_wave_rule", lambda **kw: None),
-        ("decode_workspace_shape", lambda **kw: (kw["num_splits"],)),
-        ("WORKSPACE_DTYPE", torch.float32),
-        ("MAX_DECODE_SPLITS", 64),
-        ("paged_decode_attention", launch),
-        ("config_for", pick),
-        ("AttentionInputs", lambda **kw: kw),
-        ("hardware", SimpleNamespace(num_sms=lambda d: 132)),
-    ):
-        monkeypatch.setattr(bk.ops, name, value, raising=False)
-    shape = bk.Shape("decode", "m", 32, 1, 8192, 32, 8, 128, 16, kv_dtype="fp8")
-    inp = SimpleNamespace(
-        query=torch.zeros(32, 32, 128),
-        kv_cache=torch.zeros(1, 2, 8, 16, 128),
-        block_tables=[None],
-        seq_lens=None,
-        softmax_scale=0.1,
-        k_scale=None,
-        v_scale=None,
+    shape, inp = _fake_decode(
+        monkeypatch,
+        32,
+        choose_decode_splits=choose,
+        paged_decode_attention=launch,
+        config_for=pick,
     )
     forced = bk.caller_ours(shape, inp, decode_num_splits=4)
     forced.run(0)
