@@ -201,12 +201,11 @@ def _is_correct(config, small, head_size) -> bool:
 
 def _gluon_candidate(config):
     """The one candidate per tile (and ``fp8_qk``: an fp8 key needs it set, a
-    16-bit one unset) that a ``gluon`` sweep times: the Gluon kernel loads by TMA,
-    starts longest first and has none of the portable kernel's other knobs
-    (``prefill_configs.gluon_entry_refusal``)."""
-    return dataclasses.replace(
-        config, use_tma=True, longest_first=True, split_head=False
-    )
+    16-bit one unset; ``split_head``, where the validity filter lets the Gluon
+    kernel split the head) that a ``gluon`` sweep times: the Gluon kernel loads
+    by TMA, starts longest first and has none of the portable kernel's other
+    knobs (``prefill_configs.gluon_entry_refusal``)."""
+    return dataclasses.replace(config, use_tma=True, longest_first=True)
 
 
 def _candidates(head_size, kv_dtype, group, block_size, space):

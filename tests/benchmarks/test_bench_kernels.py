@@ -211,6 +211,15 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
     # An fp8 key: the Gluon kernel takes it with q.k on fp8 tensor cores only.
     got = list(tune._candidates(128, torch.float8_e4m3fn, 4, 64, gluon_space))
     assert got == [PrefillConfig(128, 128, 4, 2, True, fp8_qk=True, gluon=True)]
+    # Head size 96 on a 16-bit cache: padded and split (split_head), the only
+    # head size the Gluon kernel splits; never split on an fp8 cache.
+    got = list(tune._candidates(96, torch.bfloat16, 4, 64, gluon_space))
+    assert got == [
+        PrefillConfig(128, 128, 4, 2, True, gluon=True),
+        PrefillConfig(128, 128, 4, 2, True, split_head=True, gluon=True),
+    ]
+    got = list(tune._candidates(96, torch.float8_e4m3fn, 4, 64, gluon_space))
+    assert got == [PrefillConfig(128, 128, 4, 2, True, fp8_qk=True, gluon=True)]
 
 
 def test_tuning_always_times_the_heuristic_and_the_previous_entry(monkeypatch):

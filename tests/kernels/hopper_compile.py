@@ -222,6 +222,12 @@ def ptx_summary(compiled) -> dict:
         "wgmma_e4m3": ptx.count("e4m3.e4m3"),
         # The Gluon kernel's soft-cap: one MUFU tanh per score.
         "tanh": ptx.count("tanh.approx.f32"),
+        # The Gluon kernel's waits for its wgmma commit groups (how many each
+        # leaves in flight), and its 32-column products (split_head's second part).
+        "wgmma_waits": sorted(
+            {int(n) for n in re.findall(r"wgmma\.wait_group\S* (\d+)", ptx)}
+        ),
+        "wgmma_n32": len(re.findall(r"wgmma\.mma_async\S*\.m64n32k", ptx)),
         "mma_sync": ptx.count("mma.sync"),
         "cp_async": ptx.count("cp.async"),
         "tma": ptx.count("cp.async.bulk.tensor"),
@@ -586,46 +592,61 @@ def hopper_kernel_cases():
     fp8 = torch.float8_e4m3fn
     caches = [(torch.bfloat16, 16), (torch.bfloat16, 64), (torch.bfloat16, 128)]
     caches.append((fp8, 64))
-    for head_size, head_tiles in tiles.items():
-        for (block_n, num_stages), (cache_dtype, block_size) in itertools.product(
-            head_tiles, caches
-        ):
-            is_fp8 = cache_dtype == fp8
-            tile = PrefillConfig(128, block_n, 4, num_stages, gluon=True, fp8_qk=is_fp8)
-            query = torch.empty((64, 8, head_size), dtype=torch.bfloat16)
-            cache = torch.empty((8, 2, 2, block_size, head_size), dtype=cache_dtype)
-            scales = torch.ones(1) if is_fp8 else None
-            # The plan of an sm_90 device (these CPU tensors stand in).
-            with mock.patch.object(pp, "is_hopper", lambda device: True):
-                ((kernel, _, kwargs),) = prefill_launches(
-                    query=query, key_cache=cache[:, 0], value_cache=cache[:, 1],
-                    output=torch.empty_like(query),
-                    block_table=torch.zeros((4, 37), dtype=torch.int32),
-                    query_start_loc=torch.zeros(5, dtype=torch.int32),
-                    seq_lens=torch.zeros(4, dtype=torch.int32),
-                    max_query_len=16, softmax_scale=0.1, config=tile,
-                    k_scale=scales, v_scale=scales,
-                )  # fmt: skip
-            name = f"hopper d{head_size}-bs{block_size}-128x{block_n}-s{num_stages}"
-            name += " fp8" if is_fp8 else ""
-            assert kernel is hopper.hopper_prefill_kernel, name
-            yield name, kernel, kwargs
-            # A sliding window: masks at its edge, the loop from its first tile.
-            yield f"{name} window", kernel, {**kwargs, "USE_WINDOW": True}
-            # Soft-cap (Gemma-2: with and without a window).
-            yield f"{name} soft-cap", kernel, {**kwargs, "USE_SOFTCAP": True}
-            yield (
-                f"{name} window soft-cap",
-                kernel,
-                {**kwargs, "USE_WINDOW": True, "USE_SOFTCAP": True},
-            )
-            # Sinks (gpt-oss: with a window on every other layer).
-            sinks = {"sinks_ptr": torch.empty(8), "USE_SINKS": True}
-            yield (
-                f"{name} window sinks",
-                kernel,
-                {**kwargs, "USE_WINDOW": True, **sinks},
-            )
+    cases = [
+        (head_size, tile, cache, False)
+        for head_size, head_tiles in tiles.items()
+        for tile, cache in itertools.product(head_tiles, caches)
+    ]
+    # split_head: head size 96 as unpadded column tiles of 64 and 32 (16-bit
+    # caches only; one in fp16), in 2 and 3 stages.
+    split_caches = [*caches[:3], (torch.float16, 64)]
+    cases += [
+        (96, tile, cache, True)
+        for tile, cache in itertools.product([(128, 2), (128, 3)], split_caches)
+    ]
+    for head_size, (block_n, num_stages), (cache_dtype, block_size), split in cases:
+        is_fp8 = cache_dtype == fp8
+        tile = PrefillConfig(
+            128, block_n, 4, num_stages, use_tma=True, split_head=split, gluon=True,
+            fp8_qk=is_fp8,
+        )  # fmt: skip
+        q_dtype = torch.bfloat16 if is_fp8 else cache_dtype
+        query = torch.empty((64, 8, head_size), dtype=q_dtype)
+        cache = torch.empty((8, 2, 2, block_size, head_size), dtype=cache_dtype)
+        scales = torch.ones(1) if is_fp8 else None
+        # The plan of an sm_90 device (these CPU tensors stand in).
+        with mock.patch.object(pp, "is_hopper", lambda device: True):
+            ((kernel, _, kwargs),) = prefill_launches(
+                query=query, key_cache=cache[:, 0], value_cache=cache[:, 1],
+                output=torch.empty_like(query),
+                block_table=torch.zeros((4, 37), dtype=torch.int32),
+                query_start_loc=torch.zeros(5, dtype=torch.int32),
+                seq_lens=torch.zeros(4, dtype=torch.int32),
+                max_query_len=16, softmax_scale=0.1, config=tile,
+                k_scale=scales, v_scale=scales,
+            )  # fmt: skip
+        name = f"hopper d{head_size}-bs{block_size}-128x{block_n}-s{num_stages}"
+        name += " fp8" if is_fp8 else " fp16" if cache_dtype == torch.float16 else ""
+        name += " split-head" if split else ""
+        assert kernel is hopper.hopper_prefill_kernel, name
+        assert kwargs["SPLIT_HEAD"] == split, name
+        yield name, kernel, kwargs
+        # A sliding window: masks at its edge, the loop from its first tile.
+        yield f"{name} window", kernel, {**kwargs, "USE_WINDOW": True}
+        # Soft-cap (Gemma-2: with and without a window).
+        yield f"{name} soft-cap", kernel, {**kwargs, "USE_SOFTCAP": True}
+        yield (
+            f"{name} window soft-cap",
+            kernel,
+            {**kwargs, "USE_WINDOW": True, "USE_SOFTCAP": True},
+        )
+        # Sinks (gpt-oss: with a window on every other layer).
+        sinks = {"sinks_ptr": torch.empty(8), "USE_SINKS": True}
+        yield (
+            f"{name} window sinks",
+            kernel,
+            {**kwargs, "USE_WINDOW": True, **sinks},
+        )
 
 
 def _cache_write_cases(*cache_dtypes):
@@ -654,6 +675,7 @@ def main() -> int:
     through bf16, fp8 q.k runs on e4m3 wgmma exactly where asked, no shape up to
     head size 128 spills registers (except timed table entries), and the MI300 one
     uses MFMA."""
+    from vllm.attention.ops.hardware import HOPPER_SMEM_BYTES_PER_PROGRAM
     from vllm.attention.ops.paged_cache_write import _paged_cache_write_kernel
     from vllm.attention.ops.prefix_prefill import _prefix_prefill_kernel
     from vllm.attention.ops.triton_attention_common import merge_splits_kernel
@@ -701,13 +723,22 @@ def main() -> int:
             # TMA loads, wgmma and no serialisation of the asynchronous wgmma
             # (the overlap of softmax and the next q.k is the kernel's point), q.k
             # on e4m3 wgmma exactly for fp8 caches, tanh.approx exactly with
-            # soft-cap; up to head size 128 no spills beyond a stray register.
+            # soft-cap; up to head size 128 no spills beyond a stray register;
+            # shared memory within an sm_90 program's.
             good = summary["wgmma"] > 0 and summary["tma"] > 0 and not serialized
             is_fp8 = kwargs["FP8_MAX"] > 0
             good &= (summary["wgmma_e4m3"] > 0) == is_fp8
             good &= (summary["tanh"] > 0) == kwargs["USE_SOFTCAP"]
             stack_bytes = summary.get("stack_bytes", 0)
             good &= stack_bytes <= MAX_GLUON_STACK_BYTES or kwargs["HEAD_SIZE"] > 128
+            good &= summary["shared_bytes"] <= HOPPER_SMEM_BYTES_PER_PROGRAM
+            # The q.k wait leaves exactly the p.v groups in flight: one padded,
+            # two split (o and o_hi); split_head has its 32-column accumulator's
+            # wgmma (its builds keep at most the stray register above: the fp16
+            # ones without a feature spill one 4-byte register, Triton 3.8).
+            split = kwargs["SPLIT_HEAD"]
+            good &= summary["wgmma_waits"] == ([0, 2] if split else [0, 1])
+            good &= (summary["wgmma_n32"] > 0) == split
             ok &= good
             print(f"{'ok ' if good else 'BAD'} {name}: {summary} {serialized=}")
     for name, kwargs in _cache_write_cases():

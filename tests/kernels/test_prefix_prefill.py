@@ -1161,6 +1161,14 @@ def test_fp16_queries_take_the_bf16_entry_their_table_lacks(tmp_path, monkeypatc
         # The Gluon kernel loads a tile of more keys than a page as page boxes.
         ({}, {"gluon": True, "use_tma": True, "block_n": 128, "num_stages": 2}, None),
         ({"head_size": 96}, {"split_head": True, "use_tma": True}, None),
+        # The Gluon kernel splits head 96 on 16-bit caches only.
+        ({"head_size": 96}, {"gluon": True, "use_tma": True, "split_head": True}, None),
+        (
+            {"head_size": 96, "kv_dtype": "fp8"},
+            {"gluon": True, "use_tma": True, "split_head": True, "fp8_qk": True},
+            "16-bit caches only",
+        ),
+        ({}, {"gluon": True, "use_tma": True, "split_head": True}, "not 128"),
     ],
 )
 def test_a_table_entry_a_kernel_would_ignore_is_refused(

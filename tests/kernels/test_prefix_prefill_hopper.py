@@ -84,6 +84,17 @@ def _tile(**fields):
         ({"head_size": 256, "group": 1}, {}, None),
         ({"head_size": 96}, {}, None),
         ({"head_size": 80}, {}, "head size 80"),
+        # split_head: head 96 as 64 + 32 on 16-bit caches; not on an fp8 cache,
+        # nor at head sizes that do not split (or that the kernel does not split).
+        ({"head_size": 96}, _tile(split_head=True), None),
+        (
+            {"head_size": 96, "dtype": torch.float8_e4m3fn},
+            _tile(split_head=True, fp8_qk=True),
+            "16-bit caches only",
+        ),
+        ({"head_size": 128}, _tile(split_head=True), "not 128 (no split)"),
+        ({"head_size": 64}, _tile(split_head=True), "not 64 (no split)"),
+        ({"head_size": 80}, _tile(split_head=True), "head size 80"),
         ({"dtype": torch.float8_e4m3fn}, {}, "16-bit"),
         # An e4m3 cache runs q.k on fp8 tensor cores: only with fp8_qk.
         ({"dtype": torch.float8_e4m3fn}, _tile(fp8_qk=True), None),
@@ -234,6 +245,66 @@ def test_head_96_runs_in_128_columns_of_zeros_past_the_row(pretend_hopper):
         assert list(desc.block_shape) == [64, 128]
         assert list(desc.shape)[1] == 96 and desc.padding == "zero"
     assert kwargs["ROWS_PER_HEAD"] == 64
+    assert kwargs["SPLIT_HEAD"] is False
+    assert kwargs["k_hi_desc"] is None and kwargs["v_hi_desc"] is None
+
+
+SPLIT_TILE = dataclasses.replace(GLUON_TILE, split_head=True)
+
+
+def test_head_96_split_head_runs_in_64_and_32_column_boxes(pretend_hopper):
+    """split_head on a gluon config at head size 96: the plan keeps the Gluon
+    kernel with the config, and its launch sets SPLIT_HEAD with a descriptor
+    pair per column part of the cache rows of 96: boxes of 64 and 32 columns,
+    each in its own width's shared-memory layout."""
+    query, cache = _tensors(head_size=96, group=1)
+    layer = prefix_prefill.PrefillLayer.of(query=query, key_cache=cache[:, 0])
+    plan = prefix_prefill.plan_prefill(
+        layer=layer, device=query.device, seq_start=0, num_seqs=3, num_tokens=32,
+        max_query_len=100, config=SPLIT_TILE,
+    )  # fmt: skip
+    assert (plan.kernel, plan.config) == ("gluon", SPLIT_TILE)
+    kernel, _, kwargs = _gluon_launch(query, cache, config=SPLIT_TILE)
+    assert kernel is hopper.hopper_prefill_kernel
+    assert kwargs["SPLIT_HEAD"] is True and kwargs["HEAD_SIZE"] == 96
+    for cache_view, lo, hi in (
+        (cache[:, 0], kwargs["k_desc"], kwargs["k_hi_desc"]),
+        (cache[:, 1], kwargs["v_desc"], kwargs["v_hi_desc"]),
+    ):
+        assert list(lo.block_shape) == [64, 64] and list(hi.block_shape) == [64, 32]
+        for desc in (lo, hi):
+            assert list(desc.shape)[1] == 96
+            assert desc.base.data_ptr() == cache_view.data_ptr()
+        # 128-byte rows of the first part, 64-byte rows of the second.
+        assert (lo.layout.swizzle_byte_width, hi.layout.swizzle_byte_width) == (
+            128, 64)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "head_size, dtype, match",
+    [
+        (96, torch.float8_e4m3fn, "16-bit caches only"),
+        (128, torch.bfloat16, "not 128 (no split)"),
+        (64, torch.bfloat16, "not 64 (no split)"),
+    ],
+)
+def test_split_head_the_gluon_kernel_does_not_split_runs_the_portable_kernel(
+    pretend_hopper, head_size, dtype, match
+):
+    """A split_head gluon config the Hopper kernel cannot split (an fp8 cache,
+    whose fp16 V copy is padded; a head size that does not split) is refused with
+    the reason, and the plan runs the portable kernel with the key's heuristic
+    config, not the Gluon tiles."""
+    query, cache = _tensors(head_size=head_size, group=1, dtype=dtype)
+    config = dataclasses.replace(SPLIT_TILE, fp8_qk=dtype == torch.float8_e4m3fn)
+    assert match in _refusal(query, cache, config)
+    layer = prefix_prefill.PrefillLayer.of(query=query, key_cache=cache[:, 0])
+    plan = prefix_prefill.plan_prefill(
+        layer=layer, device=query.device, seq_start=0, num_seqs=2, num_tokens=32,
+        max_query_len=16, config=config,
+    )  # fmt: skip
+    assert plan.kernel == "triton"
+    assert plan.config == prefix_prefill.portable_config(layer, query.device, 16)
 
 
 def test_fp8_cache_launch_quantises_the_query_and_reads_fp8_boxes(pretend_hopper):
@@ -278,6 +349,14 @@ def test_valid_gluon_configs_are_two_warpgroups_of_64_rows():
     assert not is_valid_config(fp8, head_size=256, kv_dtype=torch.float8_e4m3fn)
     assert is_valid_config(
         dataclasses.replace(fp8, block_n=64), head_size=256, kv_dtype="fp8"
+    )
+    # split_head: head size 96 on 16-bit caches only.
+    split = dataclasses.replace(GLUON_TILE, split_head=True)
+    assert is_valid_config(split, head_size=96, kv_dtype=torch.bfloat16)
+    assert is_valid_config(split, head_size=96, kv_dtype=torch.float16)
+    assert not is_valid_config(split, head_size=128, kv_dtype=torch.bfloat16)
+    assert not is_valid_config(
+        dataclasses.replace(split, fp8_qk=True), head_size=96, kv_dtype="fp8"
     )
 
 
@@ -470,3 +549,37 @@ def test_fp8_cache_with_the_query_on_the_fp8_grid_is_exact_to_bf16_tolerance():
     _check_on_hopper(
         case, torch.bfloat16, cache_dtype=torch.float8_e4m3fn, tolerance="fp8-grid"
     )
+
+
+SPLIT_TILE_64 = dataclasses.replace(SPLIT_TILE, block_n=64, num_stages=3)
+# Head size 96 as column parts of 64 and 32 (split_head), as GPU_CASES: groups 1,
+# 4 and 8 (Phi-3: 1), pages of 16, 64 and 128, 2 and 3 stages, a window, soft-cap
+# and sinks (with a window and a soft-cap, and alone); a second warpgroup with no
+# row of the query and tails shorter than a page slice.
+GPU_SPLIT_HEAD_CASES = [
+    (96, 1, 64, SPLIT_TILE, [(1, 1), (37, 100), (300, 300), (129, 1000)]),
+    (96, 4, 16, SPLIT_TILE_64, [(77, 300), (513, 513)], 200),
+    (96, 8, 128, SPLIT_TILE, [(1, 70), (300, 300), (129, 640)], None, 30.0),
+    (
+        96,
+        4,
+        64,
+        dataclasses.replace(SPLIT_TILE, num_stages=3),
+        [(513, 2000), (37, 100)],
+        128,
+        5.0,
+        True,
+    ),
+    (96, 1, 16, SPLIT_TILE, [(300, 300), (70, 1000)], None, None, True),
+    (96, 8, 64, SPLIT_TILE_64, [(64, 1000), (250, 250)], 50),
+]
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel runs on sm_90 only")
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("case", GPU_SPLIT_HEAD_CASES, ids=str)
+def test_split_head_matches_reference_on_hopper(case, q_dtype):
+    """The Gluon kernel's SPLIT_HEAD launch (a split_head gluon config at head
+    size 96, which the plan keeps: the launch test above) against the reference,
+    on NaN-poisoned caches."""
+    _check_on_hopper(case, q_dtype)

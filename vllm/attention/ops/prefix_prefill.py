@@ -126,6 +126,7 @@ from vllm.attention.ops.tuning.prefill_configs import (
     PrefillConfig,
     fit_shared_memory,
     gluon_config_refusal,
+    gluon_split_head_refusal,
     heuristic_prefill_config,
     tile_refusal,
 )
@@ -773,6 +774,10 @@ def hopper_kernel_refusal(
         )
     if layer.head_size not in GLUON_HEAD_SIZES:
         return f"head size {layer.head_size} is not one of {GLUON_HEAD_SIZES}"
+    if config.split_head:
+        refusal = gluon_split_head_refusal(layer.head_size, layer.kv_dtype)
+        if refusal is not None:
+            return refusal
     if layer.alibi:
         return "ALiBi runs in the portable kernel"
     if not layer.causal:

@@ -55,9 +55,18 @@ never overlap. Gluon states the schedule explicitly:
   before P.V (a free cache slot may hold NaN, and 0 * NaN is NaN): the first
   consumer zeroes them, the second waits on a barrier for it.
 * The accumulator is divided by the row sums and stored through pointers.
-* Head size 96 runs in 128 columns (``head_pad``): the K/V boxes are 128 wide and
-  TMA reads the columns past the cache row as zeros, the query's are loaded as
-  zeros, and the output's are not stored.
+* Head size 96 runs in one of two ways. Padded (the default): in 128 columns
+  (``head_pad``), the K/V boxes 128 wide, TMA reading the columns past the cache
+  row as zeros; the query's are loaded as zeros and the output's are not stored.
+  Split (constexpr ``SPLIT_HEAD``, the config's ``split_head``, 16-bit caches
+  only): in two unpadded column parts of 64 and 32 (``head_split``), each with its
+  own TMA descriptors (``k_hi_desc``, ``v_hi_desc``: the second part, loaded from
+  column 64) and its own rings of query, K and V tiles; one mbarrier per K (or V)
+  slot expects both parts' bytes. q.k is two async wgmmas into one score tile
+  (``S = Q_lo K_lo^T + Q_hi K_hi^T``), p.v two into two accumulators of 64 and 32
+  columns, so the tensor cores do 3/4 of the padded products' work. Every async
+  wgmma is one commit group; the wait for S leaves both p.v groups in flight
+  (``_consumer``). Opt-in: no tuning table selects it yet.
 * An e4m3 cache (constexpr ``FP8``, from the descriptors' dtype): q.k runs on fp8
   tensor cores. Each consumer rounds its query rows to e4m3 once, with one scale
   for its tile (its largest magnitude maps to the format's largest value, as the
@@ -88,6 +97,7 @@ from vllm.attention.ops.triton_attention_common import (
     cache_descriptor,
     fp8_max,
     head_pad,
+    head_split,
     softcap_enabled,
 )
 from vllm.attention.ops.tuning.prefill_configs import GLUON_BLOCK_M
@@ -126,28 +136,66 @@ def _turn(t, WG: gl.constexpr, PASS: gl.constexpr):
     gl.inline_asm_elementwise(asm, "=r,r", [t], dtype=gl.int32, is_pure=False, pack=1)
 
 
+@gluon.constexpr_function
+def _box_bytes(descs):
+    """Bytes of one box of every column part of the head (``descs``)."""
+    return sum(desc.block_type.nbytes for desc in descs)
+
+
+@gluon.constexpr_function
+def _first_column(descs, part):
+    """The head column at which column part ``part`` (of ``descs``) starts."""
+    return sum(desc.block_type.shape[1] for desc in list(descs)[:part])
+
+
+@gluon.jit
+def _allocate_tiles(descs, COUNT: gl.constexpr, ROWS: gl.constexpr):
+    """``COUNT`` shared-memory tiles of ``ROWS`` rows for each column part of the
+    head (``descs``: the one padded part, or the split head's two), in the layout
+    and width of that part's TMA box; a tuple with one ring per part."""
+    tiles = ()
+    for part in gl.static_range(len(descs)):
+        desc = descs[part]
+        tile = gl.allocate_shared_memory(
+            desc.dtype, [COUNT, ROWS, desc.block_type.shape[1]], desc.layout
+        )
+        tiles = tiles + (tile,)
+    return tiles
+
+
+@gluon.jit
+def _ring_slot(rings, slot):
+    """Slot ``slot`` of each column part's ring (``_allocate_tiles``)."""
+    tiles = ()
+    for part in gl.static_range(len(rings)):
+        tiles = tiles + (rings[part].index(slot),)
+    return tiles
+
+
 @gluon.jit
 def _refill_slot(
-    desc, dst, bar, empty, t, table_row_ptr, kv_head, tile, BLOCK_N: gl.constexpr,
+    descs, dsts, bar, empty, t, table_row_ptr, kv_head, tile, BLOCK_N: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
     ROWS_PER_HEAD: gl.constexpr, STAGES: gl.constexpr,
 ):  # fmt: skip
     """Step ``t`` of the load warp for one cache (K or V): wait until both consumer
-    warpgroups have released the ring slot ``dst`` (``empty``, from the ring's
+    warpgroups have released the ring slot ``dsts`` (``empty``, from the ring's
     second round on), then start the TMA loads of key tile ``tile`` into it: one
-    box of ``BOX_N`` rows per page the tile spans; ``bar`` completes when all its
-    bytes have landed."""
+    box of ``BOX_N`` rows per page the tile spans and column part of the head
+    (``descs`` and ``dsts``: one part, or the split head's two); ``bar`` completes
+    when the bytes of every box of every part have landed."""
     if t >= STAGES:
         mbarrier.wait(empty, (t // STAGES - 1) & 1)
-    BOX_N: gl.constexpr = desc.block_type.shape[0]
-    mbarrier.expect(bar, desc.block_type.nbytes * (BLOCK_N // BOX_N))
+    BOX_N: gl.constexpr = descs[0].block_type.shape[0]
+    mbarrier.expect(bar, _box_bytes(descs) * (BLOCK_N // BOX_N))
     for box in gl.static_range(BLOCK_N // BOX_N):
         key = tile * BLOCK_N + box * BOX_N
         page = gl.load(table_row_ptr + key // BLOCK_SIZE)
         row = page * ROWS_PER_BLOCK + kv_head * ROWS_PER_HEAD + key % BLOCK_SIZE
-        tma.async_copy_global_to_shared(
-            desc, [row, 0], bar, dst.slice(box * BOX_N, BOX_N)
-        )
+        for part in gl.static_range(len(descs)):
+            dst = dsts[part].slice(box * BOX_N, BOX_N)
+            col = _first_column(descs, part)
+            tma.async_copy_global_to_shared(descs[part], [row, col], bar, dst)
 
 
 @gluon.jit
@@ -285,27 +333,109 @@ def _key_tiles(
 
 @gluon.jit
 def _producer(
-    k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty,
+    k_descs, v_descs, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty,
     table_row_ptr, kv_head, first_tile, steps, BLOCK_N: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
     ROWS_PER_HEAD: gl.constexpr, STAGES: gl.constexpr,
 ):  # fmt: skip
     """The load warp: K and V of key tile ``first_tile + t`` into ring slot
     ``t % STAGES``, each once both consumer warpgroups have released that ring's
-    slot from its previous tile (K after q.k, V after p.v)."""
+    slot from its previous tile (K after q.k, V after p.v). ``k_descs``,
+    ``k_smem`` (and V's): a descriptor and a ring per column part of the head."""
     for t in range(steps):
         slot = t % STAGES
         tile = first_tile + t
         _refill_slot(
-            k_desc, k_smem.index(slot), k_bars.index(slot), k_empty.index(slot), t,
-            table_row_ptr, kv_head, tile, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
-            ROWS_PER_HEAD, STAGES,
+            k_descs, _ring_slot(k_smem, slot), k_bars.index(slot),
+            k_empty.index(slot), t, table_row_ptr, kv_head, tile, BLOCK_N,
+            BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD, STAGES,
         )  # fmt: skip
         _refill_slot(
-            v_desc, v_smem.index(slot), v_bars.index(slot), v_empty.index(slot), t,
-            table_row_ptr, kv_head, tile, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
-            ROWS_PER_HEAD, STAGES,
+            v_descs, _ring_slot(v_smem, slot), v_bars.index(slot),
+            v_empty.index(slot), t, table_row_ptr, kv_head, tile, BLOCK_N,
+            BLOCK_SIZE, ROWS_PER_BLOCK, ROWS_PER_HEAD, STAGES,
         )  # fmt: skip
+
+
+@gluon.constexpr_function
+def _io_layout(cols):
+    """The register layout of a warpgroup's ``[64, cols]`` query and output rows
+    (and of a V tile's rows when its tail is zeroed): 16-byte accesses along a
+    row, a warp's threads across ``cols // 8`` of them."""
+    return gl.BlockedLayout([1, 8], [256 // cols, cols // 8], [4, 1], [1, 0])
+
+
+@gluon.jit
+def _head_rows(
+    first_row, q_len, kv_head, GROUP_SIZE: gl.constexpr, M: gl.constexpr,
+    COL0: gl.constexpr, COLS: gl.constexpr, HEAD_SIZE: gl.constexpr,
+):  # fmt: skip
+    """Packed rows ``[first_row, first_row + M)`` and head columns ``[COL0, COL0 +
+    COLS)`` in ``_io_layout(COLS)``: each row's token and query head, the columns,
+    and the elements that exist (rows of the query, columns of the head: a padded
+    part's columns past the head size do not)."""
+    IO_LAYOUT: gl.constexpr = _io_layout(COLS)
+    rows = first_row + gl.arange(0, M, layout=gl.SliceLayout(1, IO_LAYOUT))
+    cols = COL0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, IO_LAYOUT))
+    token = rows // GROUP_SIZE
+    head = kv_head * GROUP_SIZE + rows % GROUP_SIZE
+    valid = gl.expand_dims(token < q_len, 1)
+    if HEAD_SIZE < COL0 + COLS:
+        valid = valid & gl.expand_dims(cols < HEAD_SIZE, 0)
+    return token, head, cols, valid
+
+
+@gluon.jit
+def _row_ptrs(ptr, q_start, io, STRIDE_TOKEN: gl.constexpr, STRIDE_HEAD: gl.constexpr):
+    """Pointers to the elements of ``io`` (``_head_rows``) in a ``[num_tokens,
+    num_q_heads, head_size]`` tensor of these strides, the sequence's query
+    tokens from ``q_start``."""
+    token, head, cols, _ = io
+    offsets = (q_start + token).to(gl.int64) * STRIDE_TOKEN + head * STRIDE_HEAD
+    return ptr + gl.expand_dims(offsets, 1) + gl.expand_dims(cols, 0)
+
+
+@gluon.jit
+def _store_rows(
+    output_ptr, o, l_o, q_start, io, STRIDE_O_TOKEN: gl.constexpr,
+    STRIDE_O_HEAD: gl.constexpr,
+):  # fmt: skip
+    """One column part of the output: the accumulator ``o`` divided by the row
+    sums ``l_o``, stored to the elements of ``io`` (``_head_rows``)."""
+    out = (o / gl.expand_dims(l_o, 1)).to(output_ptr.dtype.element_ty)
+    out = gl.convert_layout(out, _io_layout(o.shape[1]))
+    out_ptrs = _row_ptrs(output_ptr, q_start, io, STRIDE_O_TOKEN, STRIDE_O_HEAD)
+    gl.store(out_ptrs, out, mask=io[3])
+
+
+@gluon.jit
+def _issue_qk(q_smem, k_smem, WG: gl.constexpr, slot, s_init):
+    """Issue S = Q K^T of K ring slot ``slot`` as one async wgmma (one commit
+    group) per column part of the head, into one accumulator: the first part's
+    from zero, the second's onto the first's result, without a wait between
+    (wgmma accumulates in order into the same registers)."""
+    s = warpgroup_mma(
+        q_smem[0].index(WG), k_smem[0].index(slot).permute((1, 0)), s_init,
+        use_acc=False, is_async=True,
+    )  # fmt: skip
+    for part in gl.static_range(1, len(k_smem)):
+        s = warpgroup_mma(
+            q_smem[part].index(WG), k_smem[part].index(slot).permute((1, 0)), s,
+            is_async=True,
+        )  # fmt: skip
+    return s
+
+
+@gluon.jit
+def _zero_keys_past_end(v_ring, slot, key0, seq_len):
+    """Zero the rows of the V tile in ``v_ring``'s slot ``slot`` (keys from
+    ``key0``) past the sequence end, in shared memory."""
+    ROWS: gl.constexpr = v_ring.shape[1]
+    LAYOUT: gl.constexpr = _io_layout(v_ring.shape[2])
+    keys = key0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LAYOUT))
+    v = v_ring.index(slot).load(LAYOUT)
+    v = gl.where(gl.expand_dims(keys < seq_len, 1), v, 0.0)
+    v_ring.index(slot).store(v)
 
 
 @gluon.jit
@@ -314,22 +444,27 @@ def _consumer(
     STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
     GROUP_SIZE: gl.constexpr, HEAD_SIZE: gl.constexpr, USE_WINDOW: gl.constexpr,
     USE_SOFTCAP: gl.constexpr, USE_SINKS: gl.constexpr, FP8_MAX: gl.constexpr,
-    WG: gl.constexpr,
+    SPLIT_HEAD: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """One consumer warpgroup: 64 query rows from ``row0 + 64 * WG``. Its q.k and
     p.v are issued in turns with the other warpgroup's (``_turn``), so one's
     softmax runs while the other's products occupy the tensor cores. ``args``: the
-    values both warpgroups share (``hopper_prefill_kernel``)."""
+    values both warpgroups share (``hopper_prefill_kernel``); ``q_smem``,
+    ``k_smem`` and ``v_smem`` hold one ring per column part of the head. With
+    ``SPLIT_HEAD`` there are two parts (``lo`` and ``hi`` columns): q.k sums one
+    product per part into one score tile, and p.v runs into one accumulator per
+    part, ``o`` (the first ``lo`` columns) and ``o_hi``."""
     (
         query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty,
         v_empty, tail_bar, q_start, q_len, seq_len, row0, kv_head, first_tile,
         steps, scale_log2, softcap, sliding_window, fp8_args, sinks_ptr,
     ) = args  # fmt: skip
     M: gl.constexpr = _WG_ROWS
-    STAGES: gl.constexpr = k_smem.shape[0]
-    BLOCK_N: gl.constexpr = k_smem.shape[1]
-    HEAD_PAD: gl.constexpr = k_smem.shape[2]
-    FP8: gl.constexpr = k_smem.dtype.is_fp8()
+    STAGES: gl.constexpr = k_smem[0].shape[0]
+    BLOCK_N: gl.constexpr = k_smem[0].shape[1]
+    # The first column part: the whole (padded) head, or the split head's lo.
+    HEAD_PAD: gl.constexpr = k_smem[0].shape[2]
+    FP8: gl.constexpr = k_smem[0].dtype.is_fp8()
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0],
         warps_per_cta=[4, 1],
@@ -341,12 +476,21 @@ def _consumer(
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(
         operand_index=0, parent=O_LAYOUT, k_width=2
     )
-    IO_LAYOUT: gl.constexpr = gl.BlockedLayout(
-        [1, 8], [256 // HEAD_PAD, HEAD_PAD // 8], [4, 1], [1, 0]
-    )
-    ROW_IO: gl.constexpr = gl.SliceLayout(1, IO_LAYOUT)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
-    P_DTYPE: gl.constexpr = gl.float16 if FP8 else k_smem.dtype
+    P_DTYPE: gl.constexpr = gl.float16 if FP8 else k_smem[0].dtype
+    if SPLIT_HEAD:
+        HEAD_HI: gl.constexpr = k_smem[1].shape[2]
+        O_HI_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_HI, 16]
+        )
+        # P as the operand of the second accumulator's wgmma, and the row
+        # factors in its rows: the same registers as for the first (an A
+        # operand's and a row's place in a wgmma do not depend on its N), which
+        # ``assert_trivial`` checks when the kernel is traced.
+        P_HI_LAYOUT: gl.constexpr = gl.DotOperandLayout(
+            operand_index=0, parent=O_HI_LAYOUT, k_width=2
+        )
+        ROW_HI: gl.constexpr = gl.SliceLayout(1, O_HI_LAYOUT)
 
     first_row = row0 + WG * M
     context = seq_len - q_len
@@ -354,30 +498,30 @@ def _consumer(
         q_len, seq_len, first_row, sliding_window, M, GROUP_SIZE, BLOCK_N, USE_WINDOW
     )
 
-    rows = first_row + gl.arange(0, M, layout=ROW_IO)
-    cols = gl.arange(0, HEAD_PAD, layout=gl.SliceLayout(0, IO_LAYOUT))
-    token = rows // GROUP_SIZE
-    head = kv_head * GROUP_SIZE + rows % GROUP_SIZE
-    # The elements of the query and output rows that exist: rows of the query,
-    # columns of the head (padded heads: not the zero columns past it).
-    io_valid = gl.expand_dims(token < q_len, 1)
-    if HEAD_SIZE < HEAD_PAD:
-        io_valid = io_valid & gl.expand_dims(cols < HEAD_SIZE, 0)
-    q_offsets = (q_start + token).to(gl.int64) * STRIDE_Q_TOKEN + head * STRIDE_Q_HEAD
+    io = _head_rows(first_row, q_len, kv_head, GROUP_SIZE, M, 0, HEAD_PAD, HEAD_SIZE)
     q = gl.load(
-        query_ptr + gl.expand_dims(q_offsets, 1) + gl.expand_dims(cols, 0),
-        mask=io_valid,
+        _row_ptrs(query_ptr, q_start, io, STRIDE_Q_TOKEN, STRIDE_Q_HEAD),
+        mask=io[3],
         other=0.0,
     )
     if FP8:
         v16_smem, k_scale, v_scale = fp8_args
-        q, q_scale = _query_to_fp8(q, FP8_MAX, k_smem.dtype)
+        q, q_scale = _query_to_fp8(q, FP8_MAX, k_smem[0].dtype)
         if USE_SOFTCAP:
             softcap = (softcap[0] * (q_scale * k_scale), softcap[1])
         else:
             scale_log2 = scale_log2 * (q_scale * k_scale)
-    q_tile = q_smem.index(WG)
-    q_tile.store(q)
+    q_smem[0].index(WG).store(q)
+    if SPLIT_HEAD:
+        io_hi = _head_rows(
+            first_row, q_len, kv_head, GROUP_SIZE, M, HEAD_PAD, HEAD_HI, HEAD_SIZE
+        )
+        q_hi = gl.load(
+            _row_ptrs(query_ptr, q_start, io_hi, STRIDE_Q_TOKEN, STRIDE_Q_HEAD),
+            mask=io_hi[3],
+            other=0.0,
+        )
+        q_smem[1].index(WG).store(q_hi)
     fence_async_shared()
     _cta_barrier()  # the warpgroup's own barrier inside a partition
 
@@ -397,14 +541,14 @@ def _consumer(
         l_i = gl.zeros([M], gl.float32, ROW_S)
     s_init = gl.zeros([M, BLOCK_N], gl.float32, S_LAYOUT)
     o = gl.zeros([M, HEAD_PAD], gl.float32, O_LAYOUT)
+    if SPLIT_HEAD:
+        o_hi = gl.zeros([M, HEAD_HI], gl.float32, O_HI_LAYOUT)
 
     if WG == 1:
         _turn(0, WG, PASS=True)  # warpgroup 0 issues first
     _turn(0, WG, PASS=False)
     mbarrier.wait(k_bars.index(0), 0)
-    s = warpgroup_mma(
-        q_tile, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True
-    )
+    s = _issue_qk(q_smem, k_smem, WG, 0, s_init)
     if (WG == 0) | (steps > 1):
         _turn(0, WG, PASS=True)
     s = warpgroup_mma_wait(0, deps=[s])
@@ -416,39 +560,52 @@ def _consumer(
     )  # fmt: skip
     if FP8:
         v16 = v16_smem.index(WG)
-        _values_to_fp16(v_smem, v_bars, v_empty, v16, 0, first_tile, seq_len)
+        _values_to_fp16(v_smem[0], v_bars, v_empty, v16, 0, first_tile, seq_len)
     for t in range(1, steps):
         # Issue q.k of tile t and p.v of tile t - 1 in this warpgroup's turn.
         cur = t % STAGES
         prev = (t - 1) % STAGES
         _turn(t, WG, PASS=False)
         mbarrier.wait(k_bars.index(cur), (t // STAGES) & 1)
-        s_tok = warpgroup_mma(
-            q_tile, k_smem.index(cur).permute((1, 0)), s_init, use_acc=False,
-            is_async=True,
-        )  # fmt: skip
+        s_tok = _issue_qk(q_smem, k_smem, WG, cur, s_init)
         if FP8:
             o_tok = warpgroup_mma(p, v16, o, is_async=True)
         else:
             mbarrier.wait(v_bars.index(prev), ((t - 1) // STAGES) & 1)
-            o_tok = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
+            o_tok = warpgroup_mma(p, v_smem[0].index(prev), o, is_async=True)
+            if SPLIT_HEAD:
+                p_hi = gl.convert_layout(p, P_HI_LAYOUT, assert_trivial=True)
+                o_hi_tok = warpgroup_mma(
+                    p_hi, v_smem[1].index(prev), o_hi, is_async=True
+                )
         if (WG == 0) | (t < steps - 1):
             # Warpgroup 1 passed one turn ahead at the start; it keeps the last.
             _turn(t, WG, PASS=True)
-        # The softmax of tile t runs while p.v of tile t - 1 is in flight.
-        s = warpgroup_mma_wait(1, deps=[s_tok])
+        # The softmax of tile t runs while p.v of tile t - 1 is in flight. Each
+        # async wgmma above is one commit group; in issue order: q.k (1 group,
+        # or split 2: lo, then hi onto it), then p.v (1, or split 2: ``o``, then
+        # ``o_hi``). Groups complete in order, so waiting until at most as many
+        # groups as p.v issued are outstanding completes all of q.k and leaves
+        # all of p.v in flight: wait(1) padded, wait(2) split.
+        s = warpgroup_mma_wait(2 if SPLIT_HEAD else 1, deps=[s_tok])
         mbarrier.arrive(k_empty.index(cur))
         p_next, alpha, m_i, l_i = _softmax_step(
             s, m_i, l_i, first_tile + t, first_masked, window_full, pos, seq_len,
             sliding_window, scale_log2, softcap, S_LAYOUT, P_LAYOUT, O_LAYOUT,
             P_DTYPE, BLOCK_N, USE_WINDOW, USE_SOFTCAP,
         )  # fmt: skip
-        o, p = warpgroup_mma_wait(0, deps=[o_tok, p])
+        if SPLIT_HEAD:
+            o, o_hi, p, p_hi = warpgroup_mma_wait(0, deps=[o_tok, o_hi_tok, p, p_hi])
+        else:
+            o, p = warpgroup_mma_wait(0, deps=[o_tok, p])
         if FP8:  # p.v of tile t - 1 has read the copy: tile t's goes in
-            _values_to_fp16(v_smem, v_bars, v_empty, v16, t, first_tile + t, seq_len)
+            _values_to_fp16(v_smem[0], v_bars, v_empty, v16, t, first_tile + t, seq_len)
         else:
             mbarrier.arrive(v_empty.index(prev))
         o = o * gl.expand_dims(alpha, 1)
+        if SPLIT_HEAD:
+            alpha_hi = gl.convert_layout(alpha, ROW_HI, assert_trivial=True)
+            o_hi = o_hi * gl.expand_dims(alpha_hi, 1)
         p = p_next
 
     if FP8:  # the copy holds the last tile, its keys past the end zeroed
@@ -461,36 +618,39 @@ def _consumer(
             # Zero the value rows past the sequence end (see the module doc): one
             # warpgroup writes, the other waits for it.
             if WG == 0:
-                v_rows = last * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROW_IO)
-                v = v_smem.index(cur).load(IO_LAYOUT)
-                v = gl.where(gl.expand_dims(v_rows < seq_len, 1), v, 0.0)
-                v_smem.index(cur).store(v)
+                for part in gl.static_range(len(v_smem)):
+                    _zero_keys_past_end(v_smem[part], cur, last * BLOCK_N, seq_len)
                 fence_async_shared()
                 _cta_barrier()
                 mbarrier.arrive(tail_bar)
             else:
                 mbarrier.wait(tail_bar, 0)
-        o_tok = warpgroup_mma(p, v_smem.index(cur), o, is_async=True)
-    o, p = warpgroup_mma_wait(0, deps=[o_tok, p])
+        o_tok = warpgroup_mma(p, v_smem[0].index(cur), o, is_async=True)
+        if SPLIT_HEAD:
+            p_hi = gl.convert_layout(p, P_HI_LAYOUT, assert_trivial=True)
+            o_hi_tok = warpgroup_mma(p_hi, v_smem[1].index(cur), o_hi, is_async=True)
+    if SPLIT_HEAD:
+        o, o_hi, p, p_hi = warpgroup_mma_wait(0, deps=[o_tok, o_hi_tok, p, p_hi])
+    else:
+        o, p = warpgroup_mma_wait(0, deps=[o_tok, p])
 
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_LAYOUT))
     if FP8:
         l_o = l_o / v_scale
-    out = (o / gl.expand_dims(l_o, 1)).to(output_ptr.dtype.element_ty)
-    out = gl.convert_layout(out, IO_LAYOUT)
-    o_offsets = (q_start + token).to(gl.int64) * STRIDE_O_TOKEN + head * STRIDE_O_HEAD
-    gl.store(
-        output_ptr + gl.expand_dims(o_offsets, 1) + gl.expand_dims(cols, 0),
-        out,
-        mask=io_valid,
-    )
+    _store_rows(output_ptr, o, l_o, q_start, io, STRIDE_O_TOKEN, STRIDE_O_HEAD)
+    if SPLIT_HEAD:
+        l_hi = gl.convert_layout(l_o, ROW_HI, assert_trivial=True)
+        _store_rows(
+            output_ptr, o_hi, l_hi, q_start, io_hi, STRIDE_O_TOKEN, STRIDE_O_HEAD
+        )
 
 
 @gluon.jit(do_not_specialize=["seq_start", "num_seqs"])
 def hopper_prefill_kernel(
-    query_ptr, output_ptr, k_desc, v_desc, block_table_ptr, query_start_loc_ptr,
-    seq_lens_ptr, k_scale_ptr, v_scale_ptr, sinks_ptr, softmax_scale, softcap,
-    sliding_window, block_table_stride, seq_start, num_seqs,
+    query_ptr, output_ptr, k_desc, v_desc, k_hi_desc, v_hi_desc, block_table_ptr,
+    query_start_loc_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr, sinks_ptr,
+    softmax_scale, softcap, sliding_window, block_table_stride, seq_start,
+    num_seqs,
     STRIDE_Q_TOKEN: gl.constexpr,
     STRIDE_Q_HEAD: gl.constexpr, STRIDE_O_TOKEN: gl.constexpr,
     STRIDE_O_HEAD: gl.constexpr,
@@ -498,12 +658,16 @@ def hopper_prefill_kernel(
     BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
     ROWS_PER_HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr,
-    USE_SINKS: gl.constexpr, FP8_MAX: gl.constexpr, num_warps: gl.constexpr,
+    USE_SINKS: gl.constexpr, FP8_MAX: gl.constexpr, SPLIT_HEAD: gl.constexpr,
+    num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(STAGES >= 2)
     gl.static_assert(num_warps == 4)
     gl.static_assert(BLOCK_M == 2 * _WG_ROWS)
-    HEAD_PAD: gl.constexpr = k_desc.block_type.shape[1]  # head_size's power of two
+    gl.static_assert(not (SPLIT_HEAD and k_desc.dtype.is_fp8()))  # 16-bit only
+    # The first column part's width: the head size's power of two, or the split
+    # head's first part.
+    HEAD_PAD: gl.constexpr = k_desc.block_type.shape[1]
     seq, kv_head, q_start, q_len, row0 = _program_rows(
         query_start_loc_ptr, seq_start, num_seqs, NUM_KV_HEADS, BLOCK_M
     )
@@ -516,15 +680,18 @@ def hopper_prefill_kernel(
         steps = num_tiles - first_tile
         table_row_ptr = block_table_ptr + seq.to(gl.int64) * block_table_stride
 
-        q_smem = gl.allocate_shared_memory(
-            k_desc.dtype, [2, _WG_ROWS, HEAD_PAD], k_desc.layout
-        )
-        k_smem = gl.allocate_shared_memory(
-            k_desc.dtype, [STAGES, BLOCK_N, HEAD_PAD], k_desc.layout
-        )
-        v_smem = gl.allocate_shared_memory(
-            v_desc.dtype, [STAGES, BLOCK_N, HEAD_PAD], v_desc.layout
-        )
+        # One ring of each per column part of the head: the padded head, or the
+        # split head's two parts (``k_hi_desc``: its second), each part in its
+        # own boxes' width and layout.
+        if SPLIT_HEAD:
+            k_descs = (k_desc, k_hi_desc)
+            v_descs = (v_desc, v_hi_desc)
+        else:
+            k_descs = (k_desc,)
+            v_descs = (v_desc,)
+        q_smem = _allocate_tiles(k_descs, 2, _WG_ROWS)
+        k_smem = _allocate_tiles(k_descs, STAGES, BLOCK_N)
+        v_smem = _allocate_tiles(v_descs, STAGES, BLOCK_N)
         bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
         k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
@@ -569,13 +736,13 @@ def hopper_prefill_kernel(
             [
                 (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
                              STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE, USE_WINDOW,
-                             USE_SOFTCAP, USE_SINKS, FP8_MAX,
+                             USE_SOFTCAP, USE_SINKS, FP8_MAX, SPLIT_HEAD,
                              0)),
                 (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
                              STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE, USE_WINDOW,
-                             USE_SOFTCAP, USE_SINKS, FP8_MAX,
+                             USE_SOFTCAP, USE_SINKS, FP8_MAX, SPLIT_HEAD,
                              1)),
-                (_producer, (k_desc, v_desc, k_smem, v_smem, k_bars, v_bars,
+                (_producer, (k_descs, v_descs, k_smem, v_smem, k_bars, v_bars,
                              k_empty, v_empty, table_row_ptr, kv_head, first_tile,
                              steps, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
                              ROWS_PER_HEAD, STAGES)),
@@ -593,22 +760,39 @@ def _box_layout(box: tuple[int, int], dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(box), _GL_DTYPE[dtype])
 
 
+def _descriptors(cache: torch.Tensor, boxes: list) -> list:
+    """TMA descriptors of ``cache`` (a K or V cache) in ``boxes``, one per column
+    part of the head."""
+    return [
+        cache_descriptor(
+            cache, box, TensorDescriptor, layout=_box_layout(box, cache.dtype)
+        )
+        for box in boxes
+    ]
+
+
 def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
     """``(kernel, grid, keyword arguments)`` of the launch of ``plan``
     (``prefix_prefill.PrefillPlan``, made for this kernel: ``plan.kernel ==
-    "gluon"``, which ``hopper_kernel_refusal`` allowed) on ``inputs``."""
+    "gluon"``, which ``hopper_kernel_refusal`` allowed) on ``inputs``. The head
+    is one column part of ``head_pad`` columns, or with the config's
+    ``split_head`` the two of ``head_split`` (a descriptor pair each)."""
     query, key_cache, output = inputs.query, inputs.key_cache, inputs.output
     config, head_size = plan.config, query.shape[2]
     block_size = key_cache.shape[2]
-    box = (min(config.block_n, block_size), head_pad(head_size))
-    layout = _box_layout(box, key_cache.dtype)
+    split = head_split(head_size) if config.split_head else None
+    box_n = min(config.block_n, block_size)
+    boxes = [(box_n, columns) for columns in split or (head_pad(head_size),)]
+    k_descs = _descriptors(key_cache, boxes)
+    v_descs = _descriptors(inputs.value_cache, boxes)
     kwargs = dict(
         query_ptr=query,
         output_ptr=output,
-        k_desc=cache_descriptor(key_cache, box, TensorDescriptor, layout=layout),
-        v_desc=cache_descriptor(
-            inputs.value_cache, box, TensorDescriptor, layout=layout
-        ),
+        k_desc=k_descs[0],
+        v_desc=v_descs[0],
+        # The split head's second part (None: one part).
+        k_hi_desc=k_descs[1] if split else None,
+        v_hi_desc=v_descs[1] if split else None,
         block_table_ptr=inputs.block_table,
         softmax_scale=float(inputs.softmax_scale),
         softcap=float(inputs.logits_soft_cap or 0.0),
@@ -638,6 +822,7 @@ def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
         USE_SOFTCAP=softcap_enabled(inputs.logits_soft_cap),
         USE_SINKS=inputs.sinks is not None,
         FP8_MAX=fp8_max(key_cache.dtype),
+        SPLIT_HEAD=split is not None,
         num_warps=config.num_warps,
     )
     return hopper_prefill_kernel, (plan.programs,), kwargs

@@ -52,13 +52,16 @@ SPLIT_HEAD_SIZES = (96,)
 # consumer warpgroups of 64 rows on 4 warps each (the kernel adds the second
 # warpgroup and its load warp), K/V tiles of 64 or 128 keys in a ring of at least
 # 2 stages, head sizes whose tiles are whole wgmma operands (96 in 128 columns,
-# zero-padded). One rule, read by the sweep's validity filter (``is_valid_config``)
-# and by the launch plan (``prefix_prefill.hopper_kernel_refusal``).
+# zero-padded, or with ``split_head`` on a 16-bit cache in two unpadded column
+# tiles of 64 and 32: ``GLUON_SPLIT_HEAD_SIZES``, opt-in, not yet measured on a
+# GPU). One rule, read by the sweep's validity filter (``is_valid_config``) and by
+# the launch plan (``prefix_prefill.hopper_kernel_refusal``).
 GLUON_BLOCK_M = 128
 GLUON_NUM_WARPS = 4
 GLUON_BLOCK_NS = (64, 128)
 GLUON_MIN_STAGES = 2
 GLUON_HEAD_SIZES = (64, 96, 128, 256)
+GLUON_SPLIT_HEAD_SIZES = (96,)
 
 # The sweep of a tuning run (candidates violating `is_valid_config` are skipped).
 PREFILL_CONFIG_SPACE = {
@@ -109,7 +112,9 @@ class PrefillConfig:
         into one score tile, p.v two dots into two accumulators, and K/V are two
         loads (two TMA boxes). For head size 96 the dots do 3/4 of the padded
         tile's multiply-adds and the accumulator is 96 columns instead of 128.
-        Only where ``head_split`` applies.
+        Only where ``head_split`` applies; with ``gluon``, only where the Hopper
+        kernel splits the head (``gluon_split_head_refusal``: head size 96 on a
+        16-bit cache; opt-in, not yet measured on a GPU).
     gluon: run the launch in the Hopper kernel written in Gluon
         (``prefix_prefill_hopper.py``) with these tiles: a load warp fills a ring
         of ``num_stages`` TMA slots, and two consumer warpgroups of 64 rows each
@@ -173,7 +178,10 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         and not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 64)
         and not (config.fp8_qk and dtype_name(kv_dtype) != "fp8")
         and not (config.split_head and head_split(head_size) is None)
-        and not (config.gluon and gluon_entry_refusal(config, kv_dtype) is not None)
+        and not (
+            config.gluon
+            and gluon_entry_refusal(config, kv_dtype, head_size) is not None
+        )
     )
 
 
@@ -195,22 +203,46 @@ def gluon_config_refusal(config: PrefillConfig) -> str | None:
     return None
 
 
-def gluon_entry_refusal(config: PrefillConfig, kv_dtype) -> str | None:
+def gluon_split_head_refusal(head_size: int, kv_dtype) -> str | None:
+    """Why the Hopper kernel cannot carry a head of ``head_size`` on a
+    ``kv_dtype`` cache in two unpadded column tiles (``split_head``; None: it
+    can): it splits 16-bit caches only (its fp8 path converts V into one fp16
+    copy per consumer, of the padded width) and only the head sizes of
+    ``GLUON_SPLIT_HEAD_SIZES`` (96 = 64 + 32)."""
+    if dtype_name(kv_dtype) == "fp8":
+        return (
+            "the Hopper kernel splits the head (split_head) for 16-bit caches "
+            "only, not an fp8 one: unset split_head"
+        )
+    if head_size not in GLUON_SPLIT_HEAD_SIZES:
+        return (
+            f"the Hopper kernel splits head sizes {GLUON_SPLIT_HEAD_SIZES} "
+            f"(split_head), not {head_size} ({head_split(head_size) or 'no split'})"
+        )
+    return None
+
+
+def gluon_entry_refusal(config: PrefillConfig, kv_dtype, head_size: int) -> str | None:
     """Why ``config`` cannot name a launch of the Hopper kernel on a ``kv_dtype``
-    cache (None: it can): its tiles (``gluon_config_refusal``), or fields that
-    kernel does not have. It always loads K/V by TMA (a tile of more keys than a
-    page as several boxes) and starts the longest programs first, with the head
-    in one column tile, and on an fp8 cache runs q.k on fp8 tensor cores; a
-    launch it does not take runs the portable kernel with the key's heuristic
-    config (``prefix_prefill.portable_config``), not with these fields."""
+    cache at ``head_size`` (None: it can): its tiles (``gluon_config_refusal``),
+    or fields that kernel does not have. It always loads K/V by TMA (a tile of
+    more keys than a page as several boxes) and starts the longest programs
+    first, splits the head only where ``gluon_split_head_refusal`` allows, and on
+    an fp8 cache runs q.k on fp8 tensor cores; a launch it does not take runs the
+    portable kernel with the key's heuristic config
+    (``prefix_prefill.portable_config``), not with these fields."""
     refusal = gluon_config_refusal(config)
     if refusal is not None:
         return refusal
-    if not (config.use_tma and config.longest_first) or config.split_head:
+    if not (config.use_tma and config.longest_first):
         return (
-            "the Hopper kernel loads K/V by TMA and starts longest first, with "
-            "the head in one tile: set use_tma and longest_first, not split_head"
+            "the Hopper kernel loads K/V by TMA and starts longest first: set "
+            "use_tma and longest_first"
         )
+    if config.split_head:
+        refusal = gluon_split_head_refusal(head_size, kv_dtype)
+        if refusal is not None:
+            return refusal
     if dtype_name(kv_dtype) == "fp8" and not config.fp8_qk:
         return (
             "the Hopper kernel never takes an fp8 cache without fp8_qk (its q.k "
@@ -325,7 +357,7 @@ def entry_refusal(fields: dict, config: PrefillConfig) -> str | None:
     if refusal is not None:
         return refusal
     if config.gluon:
-        refusal = gluon_entry_refusal(config, kv_dtype)
+        refusal = gluon_entry_refusal(config, kv_dtype, head_size)
         if refusal is not None:
             return f"gluon is set but {refusal}"
         cache_ok = kv_dtype in (fields["q_dtype"], "fp8")
