@@ -353,13 +353,14 @@ def test_wave_aware_split_rule_with_any_count():
 
 
 def test_wave_rule_cap_reaches_small_batches():
-    """A ``WaveRule`` whose ``max_splits`` is the decode cap (64) fills one wave at
-    the batches under the target that 8 splits cannot fill (e4m3, 8 KV heads:
+    """fp8's ``WaveRule``, whose ``max_splits`` is the decode cap (64), fills one
+    wave at the batches under the target that 8 splits cannot fill (8 KV heads:
     batch 4 gets 12 splits, 384 programs in one wave of 396, where the target rule
     gives 16, 512 programs in 1.3 waves); from the batches that 8 splits fill
-    upwards it chooses what the shipped cap of 8 chooses."""
-    fp8 = dc.WAVE_RULES["fp8"]
-    wide = dataclasses.replace(fp8, max_splits=MAX_DECODE_SPLITS)
+    upwards it chooses what a cap of 8 chooses."""
+    wide = dc.WAVE_RULES["fp8"]
+    assert wide.max_splits == MAX_DECODE_SPLITS
+    fp8 = dataclasses.replace(wide, max_splits=dc.MAX_WAVE_SPLITS)
 
     def splits(num_seqs, rule):
         return choose_decode_splits(

@@ -99,7 +99,7 @@ class WaveRule:
     rule chooses (the call's cap still holds). With ``any_count`` a larger cap
     reaches smaller batches: at 64, an e4m3 batch of 4 sequences x 8 KV heads
     gets 12 splits, one wave of 384 programs, where the target rule's 16 make 512,
-    1.3 waves of 396 (not measured yet; the shipped rules keep 8).
+    1.3 waves of 396.
     """
 
     programs_per_sm: int
@@ -118,7 +118,12 @@ class WaveRule:
 #   batch 16 x 32k 0.73x -> 0.98x, batch 128 x 8k 0.91x -> 1.00x; batches 96-256 x
 #   1k at 1.05x-1.17x). Batch 8 gets 6 (x 32k: 0.99x FA3, 4 and 8 splits 0.80x and
 #   0.74x). The rule as a whole at 32k, batches 8-256: 0.98x FA3 median, worst 0.94x
-#   (batch 40, unsplit: a wave 81% full, where 2 splits gave 0.97x).
+#   (batch 40, unsplit: a wave 81% full, where 2 splits gave 0.97x). Up to 64
+#   splits (max_splits), so that batches 1-6 fill one wave too (49, 24, 16, 12, 9
+#   and 8 splits where the target rule gave 64, 32, 32, 16, 16 and 16): faster at
+#   all 12 points of batches 1-6 at 8k and 32k contexts (H200, two rounds; at 32k
+#   0.84x -> 0.97x FA3 at the median, worst 0.72x -> 0.93x; at 8k 1.02x -> 1.12x,
+#   worst 0.86x -> 0.99x); from batch 7 up the counts are those of a cap of 8.
 # - bf16: 118 registers, 4 per SM, powers of two past the target (batch 77 x 8k
 #   0.89x -> 0.96x FA3 and batch 96 0.98x -> 0.99x on an H100, batch 77 x 1.5k
 #   0.91x -> 1.03x on an H200; batches 64, 102 and 128 stay unsplit, as measured
@@ -126,7 +131,9 @@ class WaveRule:
 # fp16 caches take bf16's rule (wave_rule; batch 77 x 8k 0.89x -> 0.96x FA3 on an
 # H100). test_paged_decode's compile test checks the counts against the builds.
 WAVE_RULES = {
-    "fp8": WaveRule(programs_per_sm=3, program_overhead=0.05, any_count=True),
+    "fp8": WaveRule(
+        programs_per_sm=3, program_overhead=0.05, any_count=True, max_splits=64
+    ),
     "bfloat16": WaveRule(programs_per_sm=4),
 }
 
