@@ -62,6 +62,17 @@ def _refusal(query, cache, config=GLUON_TILE, **features):
     return prefix_prefill.hopper_kernel_refusal(layer, config, query.device)
 
 
+def _plan(query, cache, config, num_seqs=2, max_query_len=16):
+    """The layer of ``query`` over ``cache`` and its plan of one batch of 32
+    tokens with ``config``."""
+    layer = prefix_prefill.PrefillLayer.of(query=query, key_cache=cache[:, 0])
+    plan = prefix_prefill.plan_prefill(
+        layer=layer, device=query.device, seq_start=0, num_seqs=num_seqs,
+        num_tokens=32, max_query_len=max_query_len, config=config,
+    )  # fmt: skip
+    return layer, plan
+
+
 @pytest.fixture
 def pretend_hopper(monkeypatch):
     monkeypatch.setattr(prefix_prefill, "is_hopper", lambda device: True)
@@ -182,11 +193,7 @@ def test_a_gluon_plan_on_pages_that_are_not_rows_runs_the_portable_kernel(
     query, cache = _tensors()
     padded = torch.empty((6, 2 * 2 * 64 * 128 + 8), dtype=cache.dtype)
     padded = padded[:, : cache[0].numel()].view(cache.shape)
-    layer = prefix_prefill.PrefillLayer.of(query=query, key_cache=cache[:, 0])
-    plan = prefix_prefill.plan_prefill(
-        layer=layer, device=query.device, seq_start=0, num_seqs=2, num_tokens=32,
-        max_query_len=16, config=GLUON_TILE,
-    )  # fmt: skip
+    _, plan = _plan(query, cache, GLUON_TILE)
     assert plan.kernel == "gluon"
     inputs = AttentionInputs(
         query=query, key_cache=padded[:, 0], value_cache=padded[:, 1],
@@ -258,11 +265,7 @@ def test_head_96_split_head_runs_in_64_and_32_column_boxes(pretend_hopper):
     pair per column part of the cache rows of 96: boxes of 64 and 32 columns,
     each in its own width's shared-memory layout."""
     query, cache = _tensors(head_size=96, group=1)
-    layer = prefix_prefill.PrefillLayer.of(query=query, key_cache=cache[:, 0])
-    plan = prefix_prefill.plan_prefill(
-        layer=layer, device=query.device, seq_start=0, num_seqs=3, num_tokens=32,
-        max_query_len=100, config=SPLIT_TILE,
-    )  # fmt: skip
+    _, plan = _plan(query, cache, SPLIT_TILE, num_seqs=3, max_query_len=100)
     assert (plan.kernel, plan.config) == ("gluon", SPLIT_TILE)
     kernel, _, kwargs = _gluon_launch(query, cache, config=SPLIT_TILE)
     assert kernel is hopper.hopper_prefill_kernel
@@ -298,11 +301,7 @@ def test_split_head_the_gluon_kernel_does_not_split_runs_the_portable_kernel(
     query, cache = _tensors(head_size=head_size, group=1, dtype=dtype)
     config = dataclasses.replace(SPLIT_TILE, fp8_qk=dtype == torch.float8_e4m3fn)
     assert match in _refusal(query, cache, config)
-    layer = prefix_prefill.PrefillLayer.of(query=query, key_cache=cache[:, 0])
-    plan = prefix_prefill.plan_prefill(
-        layer=layer, device=query.device, seq_start=0, num_seqs=2, num_tokens=32,
-        max_query_len=16, config=config,
-    )  # fmt: skip
+    layer, plan = _plan(query, cache, config)
     assert plan.kernel == "triton"
     assert plan.config == prefix_prefill.portable_config(layer, query.device, 16)
 

@@ -131,6 +131,7 @@ class WaveRule:
 # fp16 caches take bf16's rule (wave_rule; batch 77 x 8k 0.89x -> 0.96x FA3 on an
 # H100). test_paged_decode's compile test checks the counts against the builds.
 WAVE_RULES = {
+    # max_splits: the decode cap (MAX_DECODE_SPLITS, which a test checks)
     "fp8": WaveRule(
         programs_per_sm=3, program_overhead=0.05, any_count=True, max_splits=64
     ),
