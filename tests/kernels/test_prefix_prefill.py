@@ -1146,7 +1146,7 @@ def test_fp16_queries_take_the_bf16_entry_their_table_lacks(tmp_path, monkeypatc
 @pytest.mark.parametrize(
     "key, config, match",
     [
-        ({}, {"block_m": 64, "num_warps": 4, "gluon": True}, "128 rows on 4 warps"),
+        ({}, {"block_m": 64, "num_warps": 4, "gluon": True}, "128 or 192 rows on 4"),
         ({"head_size": 80}, {"gluon": True, "use_tma": True}, "never takes"),
         ({"kv_dtype": "fp8"}, {"gluon": True, "use_tma": True}, "never takes"),
         ({}, {"gluon": True}, "loads K/V by TMA"),
@@ -1156,6 +1156,10 @@ def test_fp16_queries_take_the_bf16_entry_their_table_lacks(tmp_path, monkeypatc
         ({"block_size": 32}, {"use_tma": True}, "not slices of 32-key pages"),
         ({}, {"use_tma": True, "block_n": 128}, "not slices of 64-key pages"),
         ({}, {"block_n": 48}, "powers of two"),
+        # 192 rows: three consumer warpgroups of the Gluon kernel, at head 64.
+        ({}, {"block_m": 192}, "powers of two"),
+        ({"head_size": 64}, {"block_m": 192, "gluon": True, "use_tma": True}, None),
+        ({}, {"block_m": 192, "gluon": True, "use_tma": True}, "head size 128"),
         ({}, {}, None),  # the controls: what the H200 table ships
         ({}, {"gluon": True, "use_tma": True}, None),
         # The Gluon kernel loads a tile of more keys than a page as page boxes.

@@ -120,8 +120,18 @@ def _tile(**fields):
         ({"block_size": 16}, {}, None),  # a 128-key tile in eight TMA boxes
         ({}, _tile(block_n=32), "32-key tiles"),
         ({"head_size": 256, "block_size": 16}, _tile(block_n=64), None),
-        ({}, _tile(num_warps=8), "128 rows on 4 warps (two consumer warpgroups"),
+        ({}, _tile(num_warps=8), "128 or 192 rows on 4 warps (consumer warpgroups"),
         ({}, _tile(block_m=64), "not 64 on 4"),
+        ({}, _tile(block_m=256), "not 256 on 4"),
+        # Three consumer warpgroups (192 rows): head 64 on 16-bit caches only.
+        ({"head_size": 64}, _tile(block_m=192), None),
+        ({"head_size": 64}, {**_tile(block_m=192), "sinks": torch.ones(8)}, None),
+        ({}, _tile(block_m=192), "not head size 128 on a bfloat16 cache"),
+        (
+            {"head_size": 64, "dtype": torch.float8_e4m3fn},
+            _tile(block_m=192, fp8_qk=True),
+            "not head size 64 on a fp8 cache",
+        ),
     ],
 )
 def test_refusal_names_what_the_portable_kernel_keeps(
@@ -328,12 +338,20 @@ def test_fp8_cache_launch_quantises_the_query_and_reads_fp8_boxes(pretend_hopper
     assert kwargs["k_scale_ptr"] is None and kwargs["FP8_MAX"] == 0.0
 
 
-def test_valid_gluon_configs_are_two_warpgroups_of_64_rows():
+def test_valid_gluon_configs_are_warpgroups_of_64_rows():
     ok = dict(head_size=128, kv_dtype=torch.bfloat16)
     assert is_valid_config(GLUON_TILE, **ok)
     assert is_valid_config(dataclasses.replace(GLUON_TILE, block_n=64), **ok)
     assert not is_valid_config(dataclasses.replace(GLUON_TILE, num_warps=8), **ok)
     assert not is_valid_config(dataclasses.replace(GLUON_TILE, block_m=64), **ok)
+    # Three consumer warpgroups: 192 rows at head 64 on 16-bit caches.
+    three = dataclasses.replace(GLUON_TILE, block_m=192)
+    assert is_valid_config(three, head_size=64, kv_dtype=torch.bfloat16)
+    assert not is_valid_config(three, **ok)
+    assert not is_valid_config(
+        dataclasses.replace(three, fp8_qk=True), head_size=64, kv_dtype="fp8"
+    )
+    assert not is_valid_config(dataclasses.replace(GLUON_TILE, block_m=256), **ok)
     assert not is_valid_config(dataclasses.replace(GLUON_TILE, num_stages=1), **ok)
     assert not is_valid_config(dataclasses.replace(GLUON_TILE, block_n=32), **ok)
     # Fields the Gluon kernel does not have (it loads by TMA, longest first).
@@ -399,6 +417,7 @@ def test_shipped_gluon_entries_run_the_gluon_kernel(pretend_hopper):
 
 
 TILE_64 = dataclasses.replace(GLUON_TILE, block_n=64)
+TILE_192 = dataclasses.replace(GLUON_TILE, block_m=192)
 # (head size, group, page size, config, (query_len, kv_len) rows, sliding window,
 # soft-cap)
 GPU_CASES = [
@@ -431,6 +450,14 @@ GPU_CASES = [
     (64, 8, 16, GLUON_TILE, [(1, 1), (300, 300), (129, 1000)], 128, None, True),
     (64, 8, 16, GLUON_TILE, [(77, 300), (513, 513)], None, None, True),
     (128, 4, 64, GLUON_TILE, [(513, 2000), (37, 100)], None, 5.0, True),
+    # Three consumer warpgroups (192 rows, head 64): a third warpgroup with no row
+    # of the query, programs of one key tile, tails shorter than a page slice, a
+    # window, sinks (gpt-oss), a soft-cap.
+    (64, 1, 64, TILE_192, [(1, 1), (100, 100), (130, 1000), (700, 700)]),
+    (64, 4, 64, TILE_192, [(37, 100), (513, 2000), (48, 48)]),
+    (64, 8, 16, TILE_192, [(1, 1), (300, 300), (129, 1000)], 128, None, True),
+    (64, 8, 64, TILE_192, [(77, 300), (513, 513)], None, None, True),
+    (64, 2, 128, dataclasses.replace(TILE_192, num_stages=3), [(257, 257)], 50, 5.0),
 ]
 
 

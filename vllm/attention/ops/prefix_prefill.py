@@ -782,7 +782,7 @@ def hopper_kernel_refusal(
         return "ALiBi runs in the portable kernel"
     if not layer.causal:
         return "non-causal attention runs in the portable kernel"
-    refusal = gluon_config_refusal(config)
+    refusal = gluon_config_refusal(config, layer.head_size, layer.kv_dtype)
     if refusal is not None:
         return refusal
     box = min(config.block_n, layer.block_size)

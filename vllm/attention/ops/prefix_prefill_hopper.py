@@ -28,13 +28,14 @@ never overlap. Gluon states the schedule explicitly:
   each is released on its own: a K slot once q.k of its tile is done, a V slot
   once p.v is, so the next K tile loads while the last p.v still runs.
 * A program forks (``gl.warp_specialize``) into a load warp (``_producer``: TMA
-  into the ring, each slot refilled once both consumers have released it) and
-  two consumer warpgroups of 64 rows (``_consumer``). A consumer loads its query
+  into the ring, each slot refilled once every consumer has released it) and
+  two or three consumer warpgroups of 64 rows (``_consumer``; three at head 64,
+  FlashAttention-3's 192-row tile there). A consumer loads its query
   rows once into shared memory in the wgmma operand layout; its step t::
 
       wait for its turn
       issue S(t) = Q K(t)^T, then O += P(t-1) V(t-1)   (async wgmma)
-      let the other warpgroup issue
+      let the next warpgroup issue
       wait S(t); release K(t); softmax of S(t) -> P(t), alpha  (overlaps P(t-1) V(t-1))
       wait O; release V(t-1); O = alpha * O
 
@@ -100,11 +101,14 @@ from vllm.attention.ops.triton_attention_common import (
     head_split,
     softcap_enabled,
 )
-from vllm.attention.ops.tuning.prefill_configs import GLUON_BLOCK_M
+from vllm.attention.ops.tuning.prefill_configs import (
+    GLUON_WG_ROWS,
+    GLUON_WORKER_REGISTERS,
+)
 
 # Query rows per consumer warpgroup: a wgmma instruction covers 64 rows of 4 warps;
-# a program's GLUON_BLOCK_M rows are two consumer warpgroups.
-_WG_ROWS = gl.constexpr(GLUON_BLOCK_M // 2)
+# a program's BLOCK_M rows are BLOCK_M // 64 consumer warpgroups.
+_WG_ROWS = gl.constexpr(GLUON_WG_ROWS)
 _GL_DTYPE = {
     torch.bfloat16: gl.bfloat16,
     torch.float16: gl.float16,
@@ -114,25 +118,26 @@ _GL_DTYPE = {
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
+@gluon.constexpr_function
+def _turn_asm(WG, NUM_WG, PASS):
+    """The instruction of ``_turn``: warpgroup ``WG`` of ``NUM_WG`` waits on its
+    own named barrier, or arrives on the next warpgroup's (ids 16 - NUM_WG to 15,
+    256 threads each: the waiting warpgroup and the one that passes it the turn)."""
+    wg = (WG + 1) % NUM_WG if PASS else WG
+    op = "bar.arrive" if PASS else "bar.sync"
+    return f"{op} {16 - NUM_WG + wg}, 256; mov.u32 $0, $1;"
+
+
 @gluon.jit
-def _turn(t, WG: gl.constexpr, PASS: gl.constexpr):
+def _turn(t, WG: gl.constexpr, NUM_WG: gl.constexpr, PASS: gl.constexpr):
     """Warpgroup ``WG`` waits for its turn to issue (``bar.sync`` on its named
-    barrier), or passes the turn to the other warpgroup once it has issued
-    (``PASS``: ``bar.arrive`` on the other's). Two hardware named barriers of 256
-    threads (both warpgroups), ids 14 and 15, above those the compiler gives the
+    barrier), or passes the turn to the next warpgroup of the ring of ``NUM_WG``
+    once it has issued (``PASS``: ``bar.arrive`` on the next one's). Hardware
+    named barriers from id 16 - NUM_WG to 15, above those the compiler gives the
     partitions' own barriers; an arrive does not wait, and no warpgroup-wide sync
     precedes it, as one precedes an mbarrier arrive. ``t`` only carries the
     instruction (inline assembly takes an operand)."""
-    if PASS:
-        if WG == 0:
-            asm: gl.constexpr = "bar.arrive 15, 256; mov.u32 $0, $1;"
-        else:
-            asm: gl.constexpr = "bar.arrive 14, 256; mov.u32 $0, $1;"
-    else:
-        if WG == 0:
-            asm: gl.constexpr = "bar.sync 14, 256; mov.u32 $0, $1;"
-        else:
-            asm: gl.constexpr = "bar.sync 15, 256; mov.u32 $0, $1;"
+    asm: gl.constexpr = _turn_asm(WG, NUM_WG, PASS)
     gl.inline_asm_elementwise(asm, "=r,r", [t], dtype=gl.int32, is_pure=False, pack=1)
 
 
@@ -178,8 +183,8 @@ def _refill_slot(
     BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
     ROWS_PER_HEAD: gl.constexpr, STAGES: gl.constexpr,
 ):  # fmt: skip
-    """Step ``t`` of the load warp for one cache (K or V): wait until both consumer
-    warpgroups have released the ring slot ``dsts`` (``empty``, from the ring's
+    """Step ``t`` of the load warp for one cache (K or V): wait until every consumer
+    warpgroup has released the ring slot ``dsts`` (``empty``, from the ring's
     second round on), then start the TMA loads of key tile ``tile`` into it: one
     box of ``BOX_N`` rows per page the tile spans and column part of the head
     (``descs`` and ``dsts``: one part, or the split head's two); ``bar`` completes
@@ -339,7 +344,7 @@ def _producer(
     ROWS_PER_HEAD: gl.constexpr, STAGES: gl.constexpr,
 ):  # fmt: skip
     """The load warp: K and V of key tile ``first_tile + t`` into ring slot
-    ``t % STAGES``, each once both consumer warpgroups have released that ring's
+    ``t % STAGES``, each once every consumer warpgroup has released that ring's
     slot from its previous tile (K after q.k, V after p.v). ``k_descs``,
     ``k_smem`` (and V's): a descriptor and a ring per column part of the head."""
     for t in range(steps):
@@ -447,10 +452,11 @@ def _consumer(
     SPLIT_HEAD: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """One consumer warpgroup: 64 query rows from ``row0 + 64 * WG``. Its q.k and
-    p.v are issued in turns with the other warpgroup's (``_turn``), so one's
-    softmax runs while the other's products occupy the tensor cores. ``args``: the
-    values both warpgroups share (``hopper_prefill_kernel``); ``q_smem``,
-    ``k_smem`` and ``v_smem`` hold one ring per column part of the head. With
+    p.v are issued in turns with the other warpgroups' (``_turn``, round a ring),
+    so one's softmax runs while another's products occupy the tensor cores.
+    ``args``: the values all consumer warpgroups share
+    (``hopper_prefill_kernel``); ``q_smem`` (one tile per warpgroup), ``k_smem``
+    and ``v_smem`` hold one ring per column part of the head. With
     ``SPLIT_HEAD`` there are two parts (``lo`` and ``hi`` columns): q.k sums one
     product per part into one score tile, and p.v runs into one accumulator per
     part, ``o`` (the first ``lo`` columns) and ``o_hi``."""
@@ -460,6 +466,7 @@ def _consumer(
         steps, scale_log2, softcap, sliding_window, fp8_args, sinks_ptr,
     ) = args  # fmt: skip
     M: gl.constexpr = _WG_ROWS
+    NUM_WG: gl.constexpr = q_smem[0].shape[0]  # one query tile per warpgroup
     STAGES: gl.constexpr = k_smem[0].shape[0]
     BLOCK_N: gl.constexpr = k_smem[0].shape[1]
     # The first column part: the whole (padded) head, or the split head's lo.
@@ -544,13 +551,16 @@ def _consumer(
     if SPLIT_HEAD:
         o_hi = gl.zeros([M, HEAD_HI], gl.float32, O_HI_LAYOUT)
 
-    if WG == 1:
-        _turn(0, WG, PASS=True)  # warpgroup 0 issues first
-    _turn(0, WG, PASS=False)
+    # The turn goes round the ring from warpgroup 0: the last one passes it first,
+    # one turn ahead, and keeps its last (every barrier sees one arrive per wait).
+    LAST_WG: gl.constexpr = NUM_WG - 1
+    if WG == LAST_WG:
+        _turn(0, WG, NUM_WG, PASS=True)
+    _turn(0, WG, NUM_WG, PASS=False)
     mbarrier.wait(k_bars.index(0), 0)
     s = _issue_qk(q_smem, k_smem, WG, 0, s_init)
-    if (WG == 0) | (steps > 1):
-        _turn(0, WG, PASS=True)
+    if (WG < LAST_WG) | (steps > 1):
+        _turn(0, WG, NUM_WG, PASS=True)
     s = warpgroup_mma_wait(0, deps=[s])
     mbarrier.arrive(k_empty.index(0))
     p, alpha, m_i, l_i = _softmax_step(
@@ -565,7 +575,7 @@ def _consumer(
         # Issue q.k of tile t and p.v of tile t - 1 in this warpgroup's turn.
         cur = t % STAGES
         prev = (t - 1) % STAGES
-        _turn(t, WG, PASS=False)
+        _turn(t, WG, NUM_WG, PASS=False)
         mbarrier.wait(k_bars.index(cur), (t // STAGES) & 1)
         s_tok = _issue_qk(q_smem, k_smem, WG, cur, s_init)
         if FP8:
@@ -578,9 +588,8 @@ def _consumer(
                 o_hi_tok = warpgroup_mma(
                     p_hi, v_smem[1].index(prev), o_hi, is_async=True
                 )
-        if (WG == 0) | (t < steps - 1):
-            # Warpgroup 1 passed one turn ahead at the start; it keeps the last.
-            _turn(t, WG, PASS=True)
+        if (WG < LAST_WG) | (t < steps - 1):
+            _turn(t, WG, NUM_WG, PASS=True)
         # The softmax of tile t runs while p.v of tile t - 1 is in flight. Each
         # async wgmma above is one commit group; in issue order: q.k (1 group,
         # or split 2: lo, then hi onto it), then p.v (1, or split 2: ``o``, then
@@ -616,7 +625,7 @@ def _consumer(
         mbarrier.wait(v_bars.index(cur), ((steps - 1) // STAGES) & 1)
         if (last + 1) * BLOCK_N > seq_len:
             # Zero the value rows past the sequence end (see the module doc): one
-            # warpgroup writes, the other waits for it.
+            # warpgroup writes, the others wait for it.
             if WG == 0:
                 for part in gl.static_range(len(v_smem)):
                     _zero_keys_past_end(v_smem[part], cur, last * BLOCK_N, seq_len)
@@ -645,6 +654,19 @@ def _consumer(
         )
 
 
+@gluon.constexpr_function
+def _worker_warps(num_wg):
+    """Warps of the worker partitions: the consumers past the first, the load warp."""
+    return [4] * (num_wg - 1) + [1]
+
+
+@gluon.constexpr_function
+def _worker_registers(num_wg):
+    """Registers a thread of each worker partition (``GLUON_WORKER_REGISTERS``)."""
+    consumer, load = GLUON_WORKER_REGISTERS[num_wg]
+    return [consumer] * (num_wg - 1) + [load]
+
+
 @gluon.jit(do_not_specialize=["seq_start", "num_seqs"])
 def hopper_prefill_kernel(
     query_ptr, output_ptr, k_desc, v_desc, k_hi_desc, v_hi_desc, block_table_ptr,
@@ -663,7 +685,9 @@ def hopper_prefill_kernel(
 ):  # fmt: skip
     gl.static_assert(STAGES >= 2)
     gl.static_assert(num_warps == 4)
-    gl.static_assert(BLOCK_M == 2 * _WG_ROWS)
+    NUM_WG: gl.constexpr = BLOCK_M // _WG_ROWS  # consumer warpgroups
+    gl.static_assert(BLOCK_M == NUM_WG * _WG_ROWS)
+    gl.static_assert((NUM_WG == 2) | (NUM_WG == 3))
     gl.static_assert(not (SPLIT_HEAD and k_desc.dtype.is_fp8()))  # 16-bit only
     # The first column part's width: the head size's power of two, or the split
     # head's first part.
@@ -689,7 +713,7 @@ def hopper_prefill_kernel(
         else:
             k_descs = (k_desc,)
             v_descs = (v_desc,)
-        q_smem = _allocate_tiles(k_descs, 2, _WG_ROWS)
+        q_smem = _allocate_tiles(k_descs, NUM_WG, _WG_ROWS)
         k_smem = _allocate_tiles(k_descs, STAGES, BLOCK_N)
         v_smem = _allocate_tiles(v_descs, STAGES, BLOCK_N)
         bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -701,8 +725,8 @@ def hopper_prefill_kernel(
         for i in gl.static_range(STAGES):
             mbarrier.init(k_bars.index(i), count=1)
             mbarrier.init(v_bars.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)
-            mbarrier.init(v_empty.index(i), count=2)
+            mbarrier.init(k_empty.index(i), count=NUM_WG)
+            mbarrier.init(v_empty.index(i), count=NUM_WG)
         mbarrier.init(tail_bar.index(0), count=1)
         fence_async_shared()
         if k_desc.dtype.is_fp8():
@@ -711,7 +735,7 @@ def hopper_prefill_kernel(
                 [BLOCK_N, HEAD_PAD], gl.float16
             )
             v16_smem = gl.allocate_shared_memory(
-                gl.float16, [2, BLOCK_N, HEAD_PAD], v16_layout
+                gl.float16, [NUM_WG, BLOCK_N, HEAD_PAD], v16_layout
             )
             fp8_args = (v16_smem, gl.load(k_scale_ptr), gl.load(v_scale_ptr))
         else:
@@ -723,7 +747,7 @@ def hopper_prefill_kernel(
         else:
             scale_log2 = softmax_scale * LOG2E
             capping = ()
-        # What both consumer warpgroups take: the values (one tuple), then the
+        # What every consumer warpgroup takes: the values (one tuple), then the
         # compile-time constants and the warpgroup (its rows from ``64 * WG``).
         consumer = (
             query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty,
@@ -731,25 +755,54 @@ def hopper_prefill_kernel(
             kv_head, first_tile, steps, scale_log2, capping, sliding_window,
             fp8_args, sinks_ptr,
         )  # fmt: skip
+        # Warpgroup 0 is the default partition; the other consumers and the load
+        # warp are workers, with their registers (setmaxnreg) from the table.
+        # Gluon takes the partitions only as a list written in the call, and a
+        # compile-time constant only as a value written there (in a variable it
+        # is a run-time value): one call per count of consumer warpgroups.
         # fmt: off
-        gl.warp_specialize(
-            [
-                (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
-                             STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE, USE_WINDOW,
-                             USE_SOFTCAP, USE_SINKS, FP8_MAX, SPLIT_HEAD,
-                             0)),
-                (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD, STRIDE_O_TOKEN,
-                             STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE, USE_WINDOW,
-                             USE_SOFTCAP, USE_SINKS, FP8_MAX, SPLIT_HEAD,
-                             1)),
-                (_producer, (k_descs, v_descs, k_smem, v_smem, k_bars, v_bars,
-                             k_empty, v_empty, table_row_ptr, kv_head, first_tile,
-                             steps, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
-                             ROWS_PER_HEAD, STAGES)),
-            ],
-            [4, 1],  # warps of the second consumer and of the load warp
-            [240, 32],  # their registers (setmaxnreg)
-        )
+        if NUM_WG == 2:
+            gl.warp_specialize(
+                [
+                    (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
+                                 STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
+                                 USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
+                                 SPLIT_HEAD, 0)),
+                    (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
+                                 STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
+                                 USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
+                                 SPLIT_HEAD, 1)),
+                    (_producer, (k_descs, v_descs, k_smem, v_smem, k_bars, v_bars,
+                                 k_empty, v_empty, table_row_ptr, kv_head, first_tile,
+                                 steps, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
+                                 ROWS_PER_HEAD, STAGES)),
+                ],
+                _worker_warps(NUM_WG),
+                _worker_registers(NUM_WG),
+            )
+        else:
+            gl.warp_specialize(
+                [
+                    (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
+                                 STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
+                                 USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
+                                 SPLIT_HEAD, 0)),
+                    (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
+                                 STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
+                                 USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
+                                 SPLIT_HEAD, 1)),
+                    (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
+                                 STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
+                                 USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
+                                 SPLIT_HEAD, 2)),
+                    (_producer, (k_descs, v_descs, k_smem, v_smem, k_bars, v_bars,
+                                 k_empty, v_empty, table_row_ptr, kv_head, first_tile,
+                                 steps, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
+                                 ROWS_PER_HEAD, STAGES)),
+                ],
+                _worker_warps(NUM_WG),
+                _worker_registers(NUM_WG),
+            )
         # fmt: on
 
 

@@ -48,20 +48,31 @@ QUERY_LEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384)
 # 192 also split but are untimed.
 SPLIT_HEAD_SIZES = (96,)
 
-# What the Hopper kernel in Gluon (``prefix_prefill_hopper.py``) takes: two
-# consumer warpgroups of 64 rows on 4 warps each (the kernel adds the second
-# warpgroup and its load warp), K/V tiles of 64 or 128 keys in a ring of at least
-# 2 stages, head sizes whose tiles are whole wgmma operands (96 in 128 columns,
-# zero-padded, or with ``split_head`` on a 16-bit cache in two unpadded column
-# tiles of 64 and 32: ``GLUON_SPLIT_HEAD_SIZES``, 1.08-1.11x the padded tiles on
-# an H200). One rule, read by the sweep's validity filter (``is_valid_config``) and by
-# the launch plan (``prefix_prefill.hopper_kernel_refusal``).
-GLUON_BLOCK_M = 128
+# What the Hopper kernel in Gluon (``prefix_prefill_hopper.py``) takes: consumer
+# warpgroups of 64 rows (``GLUON_WG_ROWS``) on 4 warps each, two (128 rows) or, at
+# the head sizes of ``GLUON_THREE_WG_HEAD_SIZES`` on 16-bit caches, three (192 rows:
+# FlashAttention-3's tile for head 64, whose accumulator and score tile fit the 160
+# registers three consumers get; an fp8 cache's builds spill); the kernel adds the
+# warpgroups past the first and its load warp.
+# K/V tiles of 64 or 128 keys in a ring of at least 2 stages, head sizes whose
+# tiles are whole wgmma operands (96 in 128 columns, zero-padded, or with
+# ``split_head`` on a 16-bit cache in two unpadded column tiles of 64 and 32:
+# ``GLUON_SPLIT_HEAD_SIZES``, 1.08-1.11x the padded tiles on an H200). One rule,
+# read by the sweep's validity filter (``is_valid_config``) and by the launch plan
+# (``prefix_prefill.hopper_kernel_refusal``).
+GLUON_WG_ROWS = 64
+GLUON_BLOCK_MS = (128, 192)
 GLUON_NUM_WARPS = 4
 GLUON_BLOCK_NS = (64, 128)
 GLUON_MIN_STAGES = 2
 GLUON_HEAD_SIZES = (64, 96, 128, 256)
 GLUON_SPLIT_HEAD_SIZES = (96,)
+GLUON_THREE_WG_HEAD_SIZES = (64,)
+# Registers a thread (setmaxnreg) of the Hopper kernel's worker partitions, by its
+# number of consumer warpgroups: (each consumer past the first, the load warp).
+# 65,536 a program: two consumers of 240 beside a load warp of 32 (FlashAttention-3's
+# split for two), three of 160 beside 24.
+GLUON_WORKER_REGISTERS = {2: (240, 32), 3: (160, 24)}
 
 # The sweep of a tuning run (candidates violating `is_valid_config` are skipped).
 PREFILL_CONFIG_SPACE = {
@@ -153,14 +164,16 @@ def query_len_bucket(max_query_len: int) -> int:
 def shared_memory_estimate(config: PrefillConfig, *, head_size: int, kv_dtype) -> int:
     """Bytes of shared memory a program of ``config`` takes: the q tile and a K and
     a V tile per pipeline stage (the portable kernel's upcast copies not counted),
-    and on the Hopper kernel with an fp8 cache its two consumers' fp16 V tiles."""
+    and on the Hopper kernel with an fp8 cache each consumer warpgroup's fp16 V
+    tile."""
     head_pad = head_pad_of(head_size)
     kv_bytes = 1 if dtype_name(kv_dtype) == "fp8" else 2
     total = config.block_m * head_pad * 2 + config.num_stages * (
         2 * config.block_n * head_pad * kv_bytes
     )
     if config.gluon and kv_bytes == 1:
-        total += 2 * config.block_n * head_pad * 2
+        consumers = config.block_m // GLUON_WG_ROWS
+        total += consumers * config.block_n * head_pad * 2
     return total
 
 
@@ -171,8 +184,9 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         config.block_m % 64 == 0
         and config.num_warps % 4 == 0
         # at most 128 rows per warpgroup (4 warps): its fp32 accumulator alone
-        # takes block_m / warpgroups * head_pad / 128 registers per thread
-        and config.block_m // (config.num_warps // 4) <= 128
+        # takes block_m / warpgroups * head_pad / 128 registers per thread (the
+        # Hopper kernel's warpgroups are its own: ``gluon_config_refusal``)
+        and (config.gluon or config.block_m // (config.num_warps // 4) <= 128)
         and config.block_n >= 16
         and smem <= HOPPER_SMEM_BYTES_PER_PROGRAM
         and not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 64)
@@ -185,13 +199,23 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
     )
 
 
-def gluon_config_refusal(config: PrefillConfig) -> str | None:
-    """Why the Hopper kernel cannot run ``config``'s tiles (None: it can)."""
-    if (config.block_m, config.num_warps) != (GLUON_BLOCK_M, GLUON_NUM_WARPS):
+def gluon_config_refusal(config: PrefillConfig, head_size: int, kv_dtype) -> str | None:
+    """Why the Hopper kernel cannot run ``config``'s tiles at ``head_size`` on a
+    ``kv_dtype`` cache (None: it can)."""
+    if config.block_m not in GLUON_BLOCK_MS or config.num_warps != GLUON_NUM_WARPS:
         return (
-            f"the Hopper kernel takes {GLUON_BLOCK_M} rows on {GLUON_NUM_WARPS} "
-            "warps (two consumer warpgroups; it adds its own warps), not "
-            f"{config.block_m} on {config.num_warps}"
+            f"the Hopper kernel takes {' or '.join(map(str, GLUON_BLOCK_MS))} rows "
+            f"on {GLUON_NUM_WARPS} warps (consumer warpgroups of {GLUON_WG_ROWS} "
+            f"rows; it adds its own warps), not {config.block_m} on "
+            f"{config.num_warps}"
+        )
+    if config.block_m // GLUON_WG_ROWS == 3 and (
+        head_size not in GLUON_THREE_WG_HEAD_SIZES or dtype_name(kv_dtype) == "fp8"
+    ):
+        return (
+            f"three consumer warpgroups ({config.block_m} rows) fit their registers "
+            f"at head sizes {GLUON_THREE_WG_HEAD_SIZES} on 16-bit caches only, not "
+            f"head size {head_size} on a {dtype_name(kv_dtype)} cache: take 128 rows"
         )
     if config.num_stages < GLUON_MIN_STAGES:
         return f"the key loop needs at least {GLUON_MIN_STAGES} stages"
@@ -231,7 +255,7 @@ def gluon_entry_refusal(config: PrefillConfig, kv_dtype, head_size: int) -> str 
     an fp8 cache runs q.k on fp8 tensor cores; a launch it does not take runs the
     portable kernel with the key's heuristic config
     (``prefix_prefill.portable_config``), not with these fields."""
-    refusal = gluon_config_refusal(config)
+    refusal = gluon_config_refusal(config, head_size, kv_dtype)
     if refusal is not None:
         return refusal
     if not (config.use_tma and config.longest_first):
@@ -339,9 +363,11 @@ def fit_shared_memory(
 
 def tile_refusal(config: PrefillConfig) -> str | None:
     """Why no kernel takes ``config``'s tiles (None: they are powers of two of at
-    least 16, what ``tl.dot`` and the row/key tiling need)."""
+    least 16, what ``tl.dot`` and the row/key tiling need, or rows of whole
+    consumer warpgroups of the Hopper kernel: ``GLUON_BLOCK_MS``)."""
     tiles = (config.block_m, config.block_n)
-    if any(n < 16 or n & (n - 1) for n in tiles):
+    gluon_rows = config.gluon and config.block_m in GLUON_BLOCK_MS
+    if any(n < 16 or n & (n - 1) for n in tiles[gluon_rows:]):
         return f"tiles must be powers of two >= 16, got {tiles}"
     return None
 
