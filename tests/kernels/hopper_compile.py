@@ -257,9 +257,9 @@ def _amd_prefix_prefill_kwargs():
 # head size 128 spills one 8-byte register (Triton 3.6).
 MAX_GLUON_STACK_BYTES = 8
 # Three consumer warpgroups (160 registers each) with a window and a soft-cap
-# together spill (80 bytes a thread, Triton 3.8); no served model has both at
+# together spill (80-88 bytes a thread, Triton 3.8); no served model has both at
 # head 64, and either alone does not spill.
-MAX_GLUON_3WG_WINDOW_SOFTCAP_STACK_BYTES = 80
+MAX_GLUON_3WG_WINDOW_SOFTCAP_STACK_BYTES = 96
 # Marks the cases that are H200 table entries a GPU sweep chose by timing.
 TIMED = "[timed H200 table entry]"
 # Marks the portable builds behind table entries that run the Gluon kernel on
