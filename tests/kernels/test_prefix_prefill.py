@@ -1160,6 +1160,8 @@ def test_fp16_queries_take_the_bf16_entry_their_table_lacks(tmp_path, monkeypatc
         ({}, {"block_m": 192}, "powers of two"),
         ({"head_size": 64}, {"block_m": 192, "gluon": True, "use_tma": True}, None),
         ({}, {"block_m": 192, "gluon": True, "use_tma": True}, "head size 128"),
+        ({}, {"poly_exp2": True}, "without gluon"),
+        ({}, {"gluon": True, "use_tma": True, "poly_exp2": True}, None),
         ({}, {}, None),  # the controls: what the H200 table ships
         ({}, {"gluon": True, "use_tma": True}, None),
         # The Gluon kernel loads a tile of more keys than a page as page boxes.
