@@ -128,6 +128,13 @@ def _tile(**fields):
         ({"head_size": 64}, _tile(block_m=192), None),
         ({"head_size": 64}, {**_tile(block_m=192), "sinks": torch.ones(8)}, None),
         ({}, _tile(block_m=192), "not head size 128 on a bfloat16 cache"),
+        # poly_exp2: 16-bit caches only.
+        ({}, _tile(poly_exp2=True), None),
+        (
+            {"dtype": torch.float8_e4m3fn},
+            _tile(poly_exp2=True, fp8_qk=True),
+            "poly_exp2 takes 16-bit caches",
+        ),
         (
             {"head_size": 64, "dtype": torch.float8_e4m3fn},
             _tile(block_m=192, fp8_qk=True),

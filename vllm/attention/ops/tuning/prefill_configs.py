@@ -150,7 +150,7 @@ class PrefillConfig:
     poly_exp2: with ``gluon``, half of the softmax's exponentials (every other
         score column) on the FMA pipe as a cubic (``EXP2_POLY``), the others on
         the MUFU unit, whose 16 results a clock per SM take as long as the
-        tile's products at head size 64. Gluon launches only.
+        tile's products at head size 64. Gluon launches on 16-bit caches only.
     """
 
     block_m: int
@@ -229,6 +229,11 @@ def gluon_config_refusal(config: PrefillConfig, head_size: int, kv_dtype) -> str
             f"three consumer warpgroups ({config.block_m} rows) fit their registers "
             f"at head sizes {GLUON_THREE_WG_HEAD_SIZES} on 16-bit caches only, not "
             f"head size {head_size} on a {dtype_name(kv_dtype)} cache: take 128 rows"
+        )
+    if config.poly_exp2 and dtype_name(kv_dtype) == "fp8":
+        return (
+            "poly_exp2 takes 16-bit caches (with an fp8 cache's fp16 V copies the "
+            "builds spill): unset poly_exp2"
         )
     if config.num_stages < GLUON_MIN_STAGES:
         return f"the key loop needs at least {GLUON_MIN_STAGES} stages"
