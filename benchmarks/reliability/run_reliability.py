@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import re
 import resource
@@ -826,7 +827,7 @@ def main(argv: list[str] | None = None) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     # `timeout` and job schedulers stop with SIGTERM: leave through the finally
     # blocks, which stop the server (its GPU memory would block every later start).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    signal.signal(signal.SIGTERM, _on_sigterm)
     together = tuple(b.name for b in backends) if a.together else ()
     switch_lock = threading.RLock()
     pools = {
@@ -850,12 +851,35 @@ def main(argv: list[str] | None = None) -> int:
                     ok &= record(name, b, *run_one(name, ctx, envs[b.name]), a)
                 pools[b.name].stop()
     finally:
+        _LEAVING.set()  # from here on a SIGTERM is not delivered again
         for pool in pools.values():
             pool.stop()
     for b in backends:
         print(f"[reliability] {b.name}: {pools[b.name].started} server starts",
               flush=True)  # fmt: skip
     return 0 if ok else 1
+
+
+# Set once main's last cleanup (stopping the servers) has begun.
+_LEAVING = threading.Event()
+# Seconds after which a SIGTERM is delivered again while the suite has not left.
+SIGTERM_REDELIVER_S = 2.0
+
+
+def _on_sigterm(signum, frame):
+    """Leave with exit status 143 through the finally blocks. The exception can
+    land in code that swallows it (a ``__del__`` run by the garbage collector, such
+    as an asyncio transport's: "Exception ignored in"), so until main's cleanup
+    begins the signal is sent again every ``SIGTERM_REDELIVER_S``."""
+
+    def again():
+        if not _LEAVING.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    timer = threading.Timer(SIGTERM_REDELIVER_S, again)
+    timer.daemon = True
+    timer.start()
+    sys.exit(128 + signal.SIGTERM)
 
 
 def run_side_by_side(name, backends, pools, envs, lockstep, a) -> bool:

@@ -276,6 +276,37 @@ def test_sigterm_stops_the_running_server(tmp_path):
             os.kill(server, signal.SIGKILL)
 
 
+# A SIGTERM that lands in a finalizer: the handler's SystemExit is swallowed there
+# ("Exception ignored in"), as when the garbage collector runs an asyncio
+# transport's __del__; the process then sleeps on.
+SWALLOWED_SIGTERM = """
+import os, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+from benchmarks.reliability import run_reliability
+signal.signal(signal.SIGTERM, run_reliability._on_sigterm)
+
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # the handler runs here, inside __del__
+            pass
+
+Finalized()
+time.sleep(30)
+"""
+
+
+def test_a_sigterm_swallowed_in_a_finalizer_is_delivered_again():
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", SWALLOWED_SIGTERM, str(REPO)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "Exception ignored" in proc.stderr  # the first delivery was swallowed
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert time.monotonic() - t0 < 20  # the second one ended the sleep
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
