@@ -384,8 +384,10 @@ def tile_refusal(config: PrefillConfig) -> str | None:
     least 16, what ``tl.dot`` and the row/key tiling need, or rows of whole
     consumer warpgroups of the Hopper kernel: ``GLUON_BLOCK_MS``)."""
     tiles = (config.block_m, config.block_n)
-    gluon_rows = config.gluon and config.block_m in GLUON_BLOCK_MS
-    if any(n < 16 or n & (n - 1) for n in tiles[gluon_rows:]):
+    checked = tiles
+    if config.gluon and config.block_m in GLUON_BLOCK_MS:
+        checked = (config.block_n,)  # the rows are whole warpgroups
+    if any(n < 16 or n & (n - 1) for n in checked):
         return f"tiles must be powers of two >= 16, got {tiles}"
     return None
 
