@@ -183,7 +183,6 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         "longest_first": (True,),
         "split_head": (False, True),
         "gluon": (False,),
-        "poly_exp2": (False, True),
     }
     got = list(tune._candidates(128, torch.bfloat16, 4, 64, space))
     assert got == [
@@ -206,27 +205,12 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
     ]
     # gluon: one candidate per valid tile (128 rows on 4 warps, 64 or 128 keys),
     # with TMA for the launches the portable kernel keeps.
-    gluon_space = {
-        **space,
-        "block_m": (64, 128),
-        "gluon": (True,),
-        "poly_exp2": (False,),
-    }
+    gluon_space = {**space, "block_m": (64, 128), "gluon": (True,)}
     got = list(tune._candidates(128, torch.bfloat16, 4, 64, gluon_space))
     assert got == [PrefillConfig(128, 128, 4, 2, True, gluon=True)]
     # An fp8 key: the Gluon kernel takes it with q.k on fp8 tensor cores only.
     got = list(tune._candidates(128, torch.float8_e4m3fn, 4, 64, gluon_space))
     assert got == [PrefillConfig(128, 128, 4, 2, True, fp8_qk=True, gluon=True)]
-    # poly_exp2 only with gluon (the portable kernel ignores it); 192 rows (three
-    # consumer warpgroups) only at head 64.
-    poly_space = {**gluon_space, "block_m": (128, 192), "poly_exp2": (False, True)}
-    got = list(tune._candidates(128, torch.bfloat16, 4, 64, poly_space))
-    assert got == [
-        PrefillConfig(128, 128, 4, 2, True, gluon=True),
-        PrefillConfig(128, 128, 4, 2, True, gluon=True, poly_exp2=True),
-    ]
-    got = list(tune._candidates(64, torch.bfloat16, 4, 64, poly_space))
-    assert len(got) == 4 and {c.block_m for c in got} == {128, 192}
     # Head size 96 on a 16-bit cache: padded and split (split_head), the only
     # head size the Gluon kernel splits; never split on an fp8 cache.
     got = list(tune._candidates(96, torch.bfloat16, 4, 64, gluon_space))
@@ -236,6 +220,14 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
     ]
     got = list(tune._candidates(96, torch.float8_e4m3fn, 4, 64, gluon_space))
     assert got == [PrefillConfig(128, 128, 4, 2, True, fp8_qk=True, gluon=True)]
+    # 192 rows (three consumer warpgroups) only at head 64 on a 16-bit cache.
+    rows_space = {**gluon_space, "block_m": (128, 192)}
+    got = list(tune._candidates(128, torch.bfloat16, 4, 64, rows_space))
+    assert got == [PrefillConfig(128, 128, 4, 2, True, gluon=True)]
+    got = list(tune._candidates(64, torch.bfloat16, 4, 64, rows_space))
+    assert [c.block_m for c in got] == [128, 192]
+    got = list(tune._candidates(64, torch.float8_e4m3fn, 4, 64, rows_space))
+    assert [c.block_m for c in got] == [128]
 
 
 def test_tuning_always_times_the_heuristic_and_the_previous_entry(monkeypatch):

@@ -418,8 +418,11 @@ def test_decode_planner_is_wave_aware_where_the_data_says():
     H200) take the tuning data's wave-aware split rule, fp16 caches bf16's.
     Llama-3.1-8B heads, 132 SMs: fp8 (3 programs per SM, any count)
     splits batch 64 (512 programs, 1.3 waves of 396) in 3 and keeps batch 96
-    (768, 1.94 waves) whole; bf16 (4 per SM, powers of two) keeps batch 64 (one
-    wave of 528) whole and splits batch 77 (616 programs, 1.17 waves) in 2."""
+    (768, 1.94 waves) whole; bf16 (4 per SM, any count) keeps batch 64 (one
+    wave of 528) whole, splits batch 77 (616 programs, 1.17 waves) in 2, batch
+    40 (320 programs) in 3 (960: two waves of programs a third as long, where 2
+    splits make 640, two waves of half-length programs) and batch 12 in 5 (480,
+    one wave, where the target rule's 8 make 768, 1.45 waves)."""
 
     def planner(kv_dtype):
         return DecodePlanner(
@@ -435,9 +438,10 @@ def test_decode_planner_is_wave_aware_where_the_data_says():
     assert [fp8.plan(n)[0] for n in (16, 32, 64, 96, 128)] == [3, 3, 3, 1, 3]
     assert fp8.workspaces[3].shape[0] >= 128
     bf16_rule = dc.wave_rule(kv_dtype=torch.bfloat16, hopper=True)
-    assert (bf16_rule.programs_per_sm, bf16_rule.any_count) == (4, False)
+    assert (bf16_rule.programs_per_sm, bf16_rule.any_count) == (4, True)
     bf16, fp16 = planner(torch.bfloat16), planner(torch.float16)
     assert [bf16.plan(n)[0] for n in (64, 77, 96, 102, 128)] == [1, 2, 2, 1, 1]
+    assert [bf16.plan(n)[0] for n in (12, 24, 40, 46)] == [5, 2, 3, 1]
     assert dc.wave_rule(kv_dtype=torch.float16, hopper=True) == bf16_rule
     assert fp16.plan(77)[0] == 2
     for n in range(1, 257):
@@ -469,12 +473,16 @@ def test_decode_planner_plans_every_batch_once(batch_invariant):
         batch_invariant=batch_invariant,
     )
     buffers = set()
+    # The CPU interpreter plans as an H200: bf16's wave rule.
+    wave = dc.wave_rule(kv_dtype=torch.bfloat16, hopper=True)
     for n in range(1, 65):
         splits, workspace, config = planner.plan(n)
         want = (
             1
             if batch_invariant
-            else choose_decode_splits(num_seqs=n, num_kv_heads=8, num_sms=132)
+            else choose_decode_splits(
+                num_seqs=n, num_kv_heads=8, num_sms=132, wave=wave
+            )
         )
         assert splits == want, n
         assert config == planner.configs[splits > 1]

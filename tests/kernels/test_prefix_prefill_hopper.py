@@ -37,7 +37,6 @@ from vllm.attention.ops.triton_attention_common import (  # noqa: E402
     merge_splits_kernel,
 )
 from vllm.attention.ops.tuning.prefill_configs import (  # noqa: E402
-    EXP2_POLY,
     PrefillConfig,
     is_valid_config,
 )
@@ -128,13 +127,6 @@ def _tile(**fields):
         ({"head_size": 64}, _tile(block_m=192), None),
         ({"head_size": 64}, {**_tile(block_m=192), "sinks": torch.ones(8)}, None),
         ({}, _tile(block_m=192), "not head size 128 on a bfloat16 cache"),
-        # poly_exp2: 16-bit caches only.
-        ({}, _tile(poly_exp2=True), None),
-        (
-            {"dtype": torch.float8_e4m3fn},
-            _tile(poly_exp2=True, fp8_qk=True),
-            "poly_exp2 takes 16-bit caches",
-        ),
         (
             {"head_size": 64, "dtype": torch.float8_e4m3fn},
             _tile(block_m=192, fp8_qk=True),
@@ -276,38 +268,15 @@ def test_head_96_runs_in_128_columns_of_zeros_past_the_row(pretend_hopper):
 
 def test_three_consumer_warpgroups_take_192_rows(pretend_hopper):
     """192-row tiles: a grid of 192-row programs, the kernel's BLOCK_M of three
-    consumer warpgroups; the flags of the launch from the config."""
-    three = dataclasses.replace(GLUON_TILE, block_m=192, poly_exp2=True)
+    consumer warpgroups; 128-row tiles keep two."""
+    three = dataclasses.replace(GLUON_TILE, block_m=192)
     kernel, grid, kwargs = _gluon_launch(*_tensors(head_size=64, group=7), three)
     assert kernel is hopper.hopper_prefill_kernel
     # 100 tokens x 7 heads in 4 tiles of 192 rows, for 3 sequences x 2 KV heads.
     assert grid == (4 * 6,)
     assert kwargs["BLOCK_M"] == 192
-    assert kwargs["POLY_EXP2"] is True
-    _, _, kwargs = _gluon_launch(*_tensors(head_size=64, group=7))
-    assert kwargs["BLOCK_M"] == 128 and kwargs["POLY_EXP2"] is False
-
-
-def test_the_exp2_cubic_is_within_an_eighth_of_bf16_rounding():
-    """``_exp2_fma``'s arithmetic in torch (fp32: floor, the cubic by Horner,
-    the exponent added to the bits) over the softmax's arguments, 0 down to past
-    -127: relative error at most 2.7e-4 where 2**x is a normal number, 2**0
-    exactly 1, and -inf gives 0."""
-    x = torch.cat(
-        [torch.linspace(-130.0, 0.0, 400_001), torch.tensor([-float("inf"), 0.0])]
-    )
-    xc = torch.clamp(x, min=-127.0)
-    n = torch.floor(xc)
-    f = xc - n
-    c1, c2, c3 = (torch.tensor(c, dtype=torch.float32) for c in EXP2_POLY)
-    p = ((f * c3 + c2) * f + c1) * f + 1.0
-    got = (p.view(torch.int32) + (n.to(torch.int32) << 23)).view(torch.float32)
-    want = torch.exp2(x.double())
-    normal = x >= -126.0
-    rel = ((got.double() - want) / want)[normal].abs().max().item()
-    assert rel <= 2.7e-4, rel
-    assert got[-1].item() == 1.0 and got[-2].item() == 0.0
-    assert (got[~normal] < 2.0**-125).all() and (got >= 0).all()
+    _, grid, kwargs = _gluon_launch(*_tensors(head_size=64, group=7))
+    assert kwargs["BLOCK_M"] == 128 and grid == (6 * 6,)
 
 
 SPLIT_TILE = dataclasses.replace(GLUON_TILE, split_head=True)
@@ -462,7 +431,6 @@ def test_shipped_gluon_entries_run_the_gluon_kernel(pretend_hopper):
 
 TILE_64 = dataclasses.replace(GLUON_TILE, block_n=64)
 TILE_192 = dataclasses.replace(GLUON_TILE, block_m=192)
-POLY = dataclasses.replace(GLUON_TILE, poly_exp2=True)
 # (head size, group, page size, config, (query_len, kv_len) rows, sliding window,
 # soft-cap)
 GPU_CASES = [
@@ -503,20 +471,6 @@ GPU_CASES = [
     (64, 8, 16, TILE_192, [(1, 1), (300, 300), (129, 1000)], 128, None, True),
     (64, 8, 64, TILE_192, [(77, 300), (513, 513)], None, None, True),
     (64, 2, 128, dataclasses.replace(TILE_192, num_stages=3), [(257, 257)], 50, 5.0),
-    # Half the exponentials on the FMA pipe (poly_exp2): two and three consumer
-    # warpgroups, a window with sinks, a soft-cap, head 128.
-    (64, 4, 64, POLY, [(37, 100), (513, 2000)]),
-    (
-        64,
-        8,
-        16,
-        dataclasses.replace(TILE_192, poly_exp2=True),
-        [(300, 300)],
-        128,
-        None,
-        True,
-    ),
-    (128, 4, 64, POLY, [(513, 2000), (1, 70)], None, 5.0),
 ]
 
 

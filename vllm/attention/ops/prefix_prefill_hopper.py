@@ -102,7 +102,6 @@ from vllm.attention.ops.triton_attention_common import (
     softcap_enabled,
 )
 from vllm.attention.ops.tuning.prefill_configs import (
-    EXP2_POLY,
     GLUON_WG_ROWS,
     GLUON_WORKER_REGISTERS,
 )
@@ -110,8 +109,6 @@ from vllm.attention.ops.tuning.prefill_configs import (
 # Query rows per consumer warpgroup: a wgmma instruction covers 64 rows of 4 warps;
 # a program's BLOCK_M rows are BLOCK_M // 64 consumer warpgroups.
 _WG_ROWS = gl.constexpr(GLUON_WG_ROWS)
-# The coefficients of ``_exp2_fma``'s cubic (f, f**2, f**3).
-_EXP2_C1, _EXP2_C2, _EXP2_C3 = (gl.constexpr(c) for c in EXP2_POLY)
 _GL_DTYPE = {
     torch.bfloat16: gl.bfloat16,
     torch.float16: gl.float16,
@@ -207,42 +204,11 @@ def _refill_slot(
 
 
 @gluon.jit
-def _exp2_fma(x):
-    """2**x for x <= 0 on the FMA pipe, not the MUFU unit: x = n + f with n =
-    floor(x) (at least -127) and f in [0, 1); 2**f as ``EXP2_POLY`` (Horner),
-    then n added to its exponent bits. -inf and x below -127 give 0 or a
-    subnormal below 2**-126, as good as 0 beside a row sum of at least 1."""
-    x = gl.maximum(x, -127.0)
-    n = gl.floor(x)
-    f = x - n
-    p = gl.fma(gl.fma(gl.fma(f, _EXP2_C3, _EXP2_C2), f, _EXP2_C1), f, 1.0)
-    bits = p.to(gl.int32, bitcast=True) + (n.to(gl.int32) << 23)
-    return bits.to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def _exp2_tile(x, LAYOUT: gl.constexpr, POLY_EXP2: gl.constexpr):
-    """2**x of a score tile in ``LAYOUT`` (a wgmma accumulator's: each thread holds
-    pairs of adjacent columns). With ``POLY_EXP2`` the odd columns go to the FMA
-    pipe (``_exp2_fma``) and the even ones to the MUFU unit, which alone would
-    take as long as the tile's products at head size 64 (FlashAttention-4's
-    balance); the split and the join move no data between threads."""
-    if POLY_EXP2:
-        ROWS: gl.constexpr = x.shape[0]
-        COLS: gl.constexpr = x.shape[1]
-        even, odd = gl.split(gl.reshape(x, [ROWS, COLS // 2, 2]))
-        y = gl.reshape(gl.join(gl.exp2(even), _exp2_fma(odd)), [ROWS, COLS])
-        return gl.convert_layout(y, LAYOUT, assert_trivial=True)
-    else:
-        return gl.exp2(x)
-
-
-@gluon.jit
 def _softmax_step(
     s, m_i, l_i, tile, first_masked, window_full, pos, seq_len, sliding_window,
     scale_log2, softcap, S_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
     O_LAYOUT: gl.constexpr, P_DTYPE: gl.constexpr, BLOCK_N: gl.constexpr,
-    USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr, POLY_EXP2: gl.constexpr,
+    USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr,
 ):  # fmt: skip
     """Online softmax over one tile of raw scores: the probabilities as the P.V
     operand (the cache's dtype), the accumulator rows' rescale factor, the new row
@@ -282,9 +248,7 @@ def _softmax_step(
     else:
         m_ref = m_new  # key 0, in the first tile, is visible to every row
     alpha = gl.exp2(m_i - m_ref)
-    p = _exp2_tile(
-        gl.fma(s, scale_log2, -gl.expand_dims(m_ref, 1)), S_LAYOUT, POLY_EXP2
-    )
+    p = gl.exp2(gl.fma(s, scale_log2, -gl.expand_dims(m_ref, 1)))
     l_i = l_i * alpha + gl.sum(p, axis=1)
     p = gl.convert_layout(p.to(P_DTYPE), P_LAYOUT)
     alpha = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
@@ -485,7 +449,7 @@ def _consumer(
     STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
     GROUP_SIZE: gl.constexpr, HEAD_SIZE: gl.constexpr, USE_WINDOW: gl.constexpr,
     USE_SOFTCAP: gl.constexpr, USE_SINKS: gl.constexpr, FP8_MAX: gl.constexpr,
-    SPLIT_HEAD: gl.constexpr, POLY_EXP2: gl.constexpr, WG: gl.constexpr,
+    SPLIT_HEAD: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """One consumer warpgroup: 64 query rows from ``row0 + 64 * WG``. Its q.k and
     p.v are issued in turns with the other warpgroups' (``_turn``, round a ring),
@@ -602,7 +566,7 @@ def _consumer(
     p, alpha, m_i, l_i = _softmax_step(
         s, m_i, l_i, first_tile, first_masked, window_full, pos, seq_len,
         sliding_window, scale_log2, softcap, S_LAYOUT, P_LAYOUT, O_LAYOUT, P_DTYPE,
-        BLOCK_N, USE_WINDOW, USE_SOFTCAP, POLY_EXP2,
+        BLOCK_N, USE_WINDOW, USE_SOFTCAP,
     )  # fmt: skip
     if FP8:
         v16 = v16_smem.index(WG)
@@ -637,7 +601,7 @@ def _consumer(
         p_next, alpha, m_i, l_i = _softmax_step(
             s, m_i, l_i, first_tile + t, first_masked, window_full, pos, seq_len,
             sliding_window, scale_log2, softcap, S_LAYOUT, P_LAYOUT, O_LAYOUT,
-            P_DTYPE, BLOCK_N, USE_WINDOW, USE_SOFTCAP, POLY_EXP2,
+            P_DTYPE, BLOCK_N, USE_WINDOW, USE_SOFTCAP,
         )  # fmt: skip
         if SPLIT_HEAD:
             o, o_hi, p, p_hi = warpgroup_mma_wait(0, deps=[o_tok, o_hi_tok, p, p_hi])
@@ -717,7 +681,7 @@ def hopper_prefill_kernel(
     ROWS_PER_HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr,
     USE_SINKS: gl.constexpr, FP8_MAX: gl.constexpr, SPLIT_HEAD: gl.constexpr,
-    POLY_EXP2: gl.constexpr, num_warps: gl.constexpr,
+    num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(STAGES >= 2)
     gl.static_assert(num_warps == 4)
@@ -803,11 +767,11 @@ def hopper_prefill_kernel(
                     (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
                                  STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
                                  USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
-                                 SPLIT_HEAD, POLY_EXP2, 0)),
+                                 SPLIT_HEAD, 0)),
                     (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
                                  STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
                                  USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
-                                 SPLIT_HEAD, POLY_EXP2, 1)),
+                                 SPLIT_HEAD, 1)),
                     (_producer, (k_descs, v_descs, k_smem, v_smem, k_bars, v_bars,
                                  k_empty, v_empty, table_row_ptr, kv_head, first_tile,
                                  steps, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
@@ -822,15 +786,15 @@ def hopper_prefill_kernel(
                     (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
                                  STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
                                  USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
-                                 SPLIT_HEAD, POLY_EXP2, 0)),
+                                 SPLIT_HEAD, 0)),
                     (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
                                  STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
                                  USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
-                                 SPLIT_HEAD, POLY_EXP2, 1)),
+                                 SPLIT_HEAD, 1)),
                     (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
                                  STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
                                  USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
-                                 SPLIT_HEAD, POLY_EXP2, 2)),
+                                 SPLIT_HEAD, 2)),
                     (_producer, (k_descs, v_descs, k_smem, v_smem, k_bars, v_bars,
                                  k_empty, v_empty, table_row_ptr, kv_head, first_tile,
                                  steps, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
@@ -912,7 +876,6 @@ def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
         USE_SINKS=inputs.sinks is not None,
         FP8_MAX=fp8_max(key_cache.dtype),
         SPLIT_HEAD=split is not None,
-        POLY_EXP2=config.poly_exp2,
         num_warps=config.num_warps,
     )
     return hopper_prefill_kernel, (plan.programs,), kwargs

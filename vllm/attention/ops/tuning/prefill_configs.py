@@ -73,10 +73,6 @@ GLUON_THREE_WG_HEAD_SIZES = (64,)
 # 65,536 a program: two consumers of 240 beside a load warp of 32 (FlashAttention-3's
 # split for two), three of 160 beside 24.
 GLUON_WORKER_REGISTERS = {2: (240, 32), 3: (160, 24)}
-# 2**f on [0, 1) as 1 + c1 f + c2 f**2 + c3 f**3 (``poly_exp2``): a least-squares
-# fit of the relative error, at most 2.7e-4, an eighth of bf16's rounding of P
-# (2**-9); 2**0 is exactly 1.
-EXP2_POLY = (0.6951161318175388, 0.2287720602821773, 0.07558710270612909)
 
 # The sweep of a tuning run (candidates violating `is_valid_config` are skipped).
 PREFILL_CONFIG_SPACE = {
@@ -96,8 +92,6 @@ PREFILL_CONFIG_SPACE = {
     # The Hopper kernel in Gluon where it applies (--gluon 0 1; 128 x 64 and
     # 128 x 128 tiles on 4 warps only).
     "gluon": (False,),
-    # The Gluon kernel's exponentials half on the FMA pipe (--poly-exp2 0 1).
-    "poly_exp2": (False,),
 }
 
 
@@ -147,10 +141,6 @@ class PrefillConfig:
         kernel runs the same config, with the same result. The launch plan
         (``prefix_prefill.plan_prefill``) chooses the kernel first and then the
         split count for that kernel.
-    poly_exp2: with ``gluon``, half of the softmax's exponentials (every other
-        score column) on the FMA pipe as a cubic (``EXP2_POLY``), the others on
-        the MUFU unit, whose 16 results a clock per SM take as long as the
-        tile's products at head size 64. Gluon launches on 16-bit caches only.
     """
 
     block_m: int
@@ -162,7 +152,6 @@ class PrefillConfig:
     longest_first: bool = True
     split_head: bool = False
     gluon: bool = False
-    poly_exp2: bool = False
 
 
 def query_len_bucket(max_query_len: int) -> int:
@@ -204,7 +193,6 @@ def is_valid_config(config: PrefillConfig, *, head_size: int, kv_dtype) -> bool:
         and not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 64)
         and not (config.fp8_qk and dtype_name(kv_dtype) != "fp8")
         and not (config.split_head and head_split(head_size) is None)
-        and not (config.poly_exp2 and not config.gluon)
         and not (
             config.gluon
             and gluon_entry_refusal(config, kv_dtype, head_size) is not None
@@ -229,11 +217,6 @@ def gluon_config_refusal(config: PrefillConfig, head_size: int, kv_dtype) -> str
             f"three consumer warpgroups ({config.block_m} rows) fit their registers "
             f"at head sizes {GLUON_THREE_WG_HEAD_SIZES} on 16-bit caches only, not "
             f"head size {head_size} on a {dtype_name(kv_dtype)} cache: take 128 rows"
-        )
-    if config.poly_exp2 and dtype_name(kv_dtype) == "fp8":
-        return (
-            "poly_exp2 takes 16-bit caches (with an fp8 cache's fp16 V copies the "
-            "builds spill): unset poly_exp2"
         )
     if config.num_stages < GLUON_MIN_STAGES:
         return f"the key loop needs at least {GLUON_MIN_STAGES} stages"
@@ -417,8 +400,6 @@ def entry_refusal(fields: dict, config: PrefillConfig) -> str | None:
         return "fp8_qk is set for a 16-bit cache, where it does nothing"
     if config.split_head and head_split(head_size) is None:
         return f"split_head is set for head size {head_size}, which does not split"
-    if config.poly_exp2 and not config.gluon:
-        return "poly_exp2 is set without gluon: the portable kernel ignores it"
     if config.use_tma and not config.gluon and fields["block_size"] % config.block_n:
         return (
             f"use_tma is set but {config.block_n}-key tiles are not slices of "
