@@ -37,6 +37,7 @@ from vllm.attention.ops.triton_paged_decode_attention_2d import (
     WORKSPACE_DTYPE,
     DecodePlanner,
     choose_decode_splits,
+    decode_wave_rule,
     decode_workspace_shape,
     paged_decode_attention,
 )
@@ -473,8 +474,7 @@ def test_decode_planner_plans_every_batch_once(batch_invariant):
         batch_invariant=batch_invariant,
     )
     buffers = set()
-    # The CPU interpreter plans as an H200: bf16's wave rule.
-    wave = dc.wave_rule(kv_dtype=torch.bfloat16, hopper=True)
+    wave = decode_wave_rule(kv_dtype=torch.bfloat16, device=torch.device("cpu"))
     for n in range(1, 65):
         splits, workspace, config = planner.plan(n)
         want = (

@@ -1557,6 +1557,7 @@ def test_picked_configs_fit_the_gpus_shared_memory():
     from vllm.attention.ops.hardware import HOPPER_SMEM_BYTES_PER_PROGRAM
     from vllm.attention.ops.tuning.prefill_configs import (
         GLUON_BLOCK_MS,
+        GLUON_WG_ROWS,
         QUERY_LEN_BUCKETS,
         fit_shared_memory,
         heuristic_prefill_config,
@@ -1590,7 +1591,7 @@ def test_picked_configs_fit_the_gpus_shared_memory():
             assert small.block_m % 64 == 0 and small.num_warps % 4 == 0
             gluon = small.gluon and small.block_m in GLUON_BLOCK_MS
             rows_per_warpgroup = (
-                64 if gluon else small.block_m // (small.num_warps // 4)
+                GLUON_WG_ROWS if gluon else small.block_m // (small.num_warps // 4)
             )
             assert rows_per_warpgroup <= 128
             shrunk += small != config
