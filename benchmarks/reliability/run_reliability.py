@@ -13,7 +13,8 @@ while the next use asks for the same arguments. Every scenario also fails on an
 HTTP 5xx, an ERROR line in a server log, or a server that does not come up. Writes
 ``<out-dir>/<scenario>-<backend>.json`` per scenario and backend, and the greedy
 outputs under ``<out-dir>/outputs/`` (the reference backend's are compared with the
-others': run FLASH_ATTN first or in the same call).
+others': whichever of them runs second, in the same call or a later one with the
+same ``--out-dir``).
 
 Backends run one after the other, each with the whole GPU; with ``--together`` they
 run side by side on one GPU, scenario by scenario: each server gets an equal share
@@ -727,10 +728,31 @@ def record(name: str, backend: harness.Backend, rec: dict, outs: dict, a) -> boo
         rec["agreement_with_reference"] = {**vs_ref, "reference": harness.BASELINE}
     path = a.out_dir / f"{name}-{backend.name}.json"
     harness.write_json(path, rec)
+    if backend.name == harness.BASELINE:
+        compare_earlier(name, outs, a.out_dir)
     print(f"[reliability] {name} {backend.name}: {'PASS' if rec['pass'] else 'FAIL'}"
           f" {rec['requests']} {'; '.join(rec['reasons'])} -> {path}",
           flush=True)  # fmt: skip
     return rec["pass"]
+
+
+def compare_earlier(name: str, ref_outs: dict, out_dir: Path) -> None:
+    """The reference backend ran after the others (a later call with the same
+    ``--out-dir``): their records of ``name`` get their agreement with its outputs."""
+    for path in sorted(out_dir.glob(f"{name}-*.json")):
+        other = path.stem[len(name) + 1 :]
+        outs = out_dir / "outputs" / path.name
+        if other not in harness.BACKENDS or other == harness.BASELINE:
+            continue
+        if not outs.exists():
+            continue
+        rec = harness.read_json(path)
+        vs_ref = agreement(harness.read_json(outs), ref_outs)
+        rec["agreement_with_reference"] = {**vs_ref, "reference": harness.BASELINE}
+        harness.write_json(path, rec)
+        print(f"[reliability] {name} {other}: {vs_ref['identical']}/"
+              f"{vs_ref['compared']} identical to {harness.BASELINE} -> {path}",
+              flush=True)  # fmt: skip
 
 
 def parse_args(argv):

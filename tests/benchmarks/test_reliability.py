@@ -176,6 +176,21 @@ def test_agreement_with_the_reference_backend(tmp_path, env, fraction):
 @pytest.mark.parametrize(
     "env, fraction", [({}, 1.0), ({"FAKE_REL_WRONG": "TRITON_ATTN"}, 0.0)]
 )
+def test_a_reference_run_later_completes_the_earlier_records(tmp_path, env, fraction):
+    # the fork alone in one call, the reference in a later one with the same out-dir
+    r, recs = _run(tmp_path, "spec-decode", "TRITON_ATTN-fork", env)
+    assert recs["spec-decode-TRITON_ATTN-fork"]["agreement_with_reference"] is None
+    r, recs = _run(tmp_path, "spec-decode", "FLASH_ATTN", env)
+    assert r.returncode == 0, r.stdout[-2000:]
+    vs = recs["spec-decode-TRITON_ATTN-fork"]["agreement_with_reference"]
+    assert vs["reference"] == "FLASH_ATTN" and vs["compared"] == 4
+    assert vs["fraction"] == fraction
+    assert recs["spec-decode-FLASH_ATTN"]["agreement_with_reference"] is None
+
+
+@pytest.mark.parametrize(
+    "env, fraction", [({}, 1.0), ({"FAKE_REL_WRONG": "TRITON_ATTN"}, 0.0)]
+)
 def test_backends_side_by_side(tmp_path, env, fraction):
     # --together: both backends' servers at once, each with half the GPU memory and
     # half the rate; the open-loop load starts on both at the same moment, also when
