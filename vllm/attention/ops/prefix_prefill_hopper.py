@@ -73,9 +73,11 @@ never overlap. Gluon states the schedule explicitly:
   for its tile (its largest magnitude maps to the format's largest value, as the
   portable kernel's ``fp8_qk``), folded with ``k_scale`` into the score scale.
   p.v stays 16-bit: wgmma takes fp8 operands only K-major, and V's tile is
-  key-major. Each consumer converts every V tile into its own fp16 copy in shared
-  memory (exact), zeroing the rows past the sequence end there, and releases the
-  fp8 slot at once; p.v reads the copy, and ``v_scale`` scales the output.
+  key-major. A converter partition of two warps (``_converter``) turns each V tile
+  once into an fp16 tile of a second ring (exact), zeroing the rows past the
+  sequence end there, and releases the fp8 slot at once; the consumers read that
+  ring as they read the V ring of a 16-bit cache, and ``v_scale`` scales the
+  output. The conversion runs beside the consumers, not between their turns.
 """
 
 import functools
@@ -268,30 +270,38 @@ def _query_to_fp8(q, FP8_MAX: gl.constexpr, FP8_DTYPE: gl.constexpr):
 
 
 @gluon.jit
-def _values_to_fp16(v_smem, v_bars, v_empty, v16, t, tile, seq_len):
-    """An fp8 cache's V tile ``tile`` (ring step ``t``) into this consumer's fp16
-    copy ``v16``, in slices of 32 keys; keys past the sequence end become zeros
-    (a free cache slot may hold NaN). Then the ring slot is released and the copy
-    made visible to wgmma. Exact: every e4m3 value is an fp16 value."""
+def _converter(
+    v_smem, v_bars, v_empty, v16_smem, v16_ready, v16_empty, first_tile, steps,
+    seq_len,
+):  # fmt: skip
+    """The converter partition of an fp8 cache (two warps): V tile ``first_tile +
+    t`` from the TMA ring's slot ``t % STAGES`` into the fp16 ring's slot of the
+    same index, once every consumer has released that fp16 slot (after its p.v);
+    keys past the sequence end become zeros (a free cache slot may hold NaN).
+    It releases the fp8 slot at once, and ``v16_ready`` hands the tile to the
+    consumers. Exact: every e4m3 value is an fp16 value."""
     STAGES: gl.constexpr = v_smem.shape[0]
     BLOCK_N: gl.constexpr = v_smem.shape[1]
     HEAD_PAD: gl.constexpr = v_smem.shape[2]
-    KEYS: gl.constexpr = 32
-    # 16 bytes of fp8 per thread and load.
+    # 16 bytes of fp8 per thread and load, 32 elements per thread and pass.
+    KEYS: gl.constexpr = 2048 // HEAD_PAD
     LAYOUT: gl.constexpr = gl.BlockedLayout(
-        [1, 16], [512 // HEAD_PAD, HEAD_PAD // 16], [4, 1], [1, 0]
+        [1, 16], [512 // HEAD_PAD, HEAD_PAD // 16], [2, 1], [1, 0]
     )
-    slot = t % STAGES
-    mbarrier.wait(v_bars.index(slot), (t // STAGES) & 1)
-    for k0 in gl.static_range(0, BLOCK_N, KEYS):
-        v = v_smem.index(slot).slice(k0, KEYS).load(LAYOUT)
-        keys = gl.arange(0, KEYS, layout=gl.SliceLayout(1, LAYOUT))
-        keys = tile * BLOCK_N + k0 + keys
-        v = gl.where(gl.expand_dims(keys < seq_len, 1), v.to(gl.float16), 0.0)
-        v16.slice(k0, KEYS).store(v)
-    mbarrier.arrive(v_empty.index(slot))
-    fence_async_shared()
-    _cta_barrier()
+    for t in range(steps):
+        slot = t % STAGES
+        if t >= STAGES:
+            mbarrier.wait(v16_empty.index(slot), (t // STAGES - 1) & 1)
+        mbarrier.wait(v_bars.index(slot), (t // STAGES) & 1)
+        for k0 in gl.static_range(0, BLOCK_N, KEYS):
+            v = v_smem.index(slot).slice(k0, KEYS).load(LAYOUT)
+            keys = gl.arange(0, KEYS, layout=gl.SliceLayout(1, LAYOUT))
+            keys = (first_tile + t) * BLOCK_N + k0 + keys
+            v = gl.where(gl.expand_dims(keys < seq_len, 1), v.to(gl.float16), 0.0)
+            v16_smem.index(slot).slice(k0, KEYS).store(v)
+        mbarrier.arrive(v_empty.index(slot))
+        fence_async_shared()  # the stores, before wgmma reads them
+        mbarrier.arrive(v16_ready.index(slot))
 
 
 @gluon.jit
@@ -338,15 +348,18 @@ def _key_tiles(
 
 @gluon.jit
 def _producer(
-    k_descs, v_descs, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty,
-    table_row_ptr, kv_head, first_tile, steps, BLOCK_N: gl.constexpr,
-    BLOCK_SIZE: gl.constexpr, ROWS_PER_BLOCK: gl.constexpr,
-    ROWS_PER_HEAD: gl.constexpr, STAGES: gl.constexpr,
+    args, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+    ROWS_PER_BLOCK: gl.constexpr, ROWS_PER_HEAD: gl.constexpr, STAGES: gl.constexpr,
 ):  # fmt: skip
     """The load warp: K and V of key tile ``first_tile + t`` into ring slot
-    ``t % STAGES``, each once every consumer warpgroup has released that ring's
-    slot from its previous tile (K after q.k, V after p.v). ``k_descs``,
-    ``k_smem`` (and V's): a descriptor and a ring per column part of the head."""
+    ``t % STAGES``, each once its readers have released that ring's slot from its
+    previous tile (K: every consumer warpgroup, after q.k; V: every consumer,
+    after p.v, or an fp8 cache's converter). ``k_descs``, ``k_smem`` (and V's): a
+    descriptor and a ring per column part of the head."""
+    (
+        k_descs, v_descs, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty,
+        table_row_ptr, kv_head, first_tile, steps,
+    ) = args  # fmt: skip
     for t in range(steps):
         slot = t % STAGES
         tile = first_tile + t
@@ -512,7 +525,7 @@ def _consumer(
         other=0.0,
     )
     if FP8:
-        v16_smem, k_scale, v_scale = fp8_args
+        k_scale, v_scale = fp8_args
         q, q_scale = _query_to_fp8(q, FP8_MAX, k_smem[0].dtype)
         if USE_SOFTCAP:
             softcap = (softcap[0] * (q_scale * k_scale), softcap[1])
@@ -568,9 +581,6 @@ def _consumer(
         sliding_window, scale_log2, softcap, S_LAYOUT, P_LAYOUT, O_LAYOUT, P_DTYPE,
         BLOCK_N, USE_WINDOW, USE_SOFTCAP,
     )  # fmt: skip
-    if FP8:
-        v16 = v16_smem.index(WG)
-        _values_to_fp16(v_smem[0], v_bars, v_empty, v16, 0, first_tile, seq_len)
     for t in range(1, steps):
         # Issue q.k of tile t and p.v of tile t - 1 in this warpgroup's turn.
         cur = t % STAGES
@@ -578,16 +588,11 @@ def _consumer(
         _turn(t, WG, NUM_WG, PASS=False)
         mbarrier.wait(k_bars.index(cur), (t // STAGES) & 1)
         s_tok = _issue_qk(q_smem, k_smem, WG, cur, s_init)
-        if FP8:
-            o_tok = warpgroup_mma(p, v16, o, is_async=True)
-        else:
-            mbarrier.wait(v_bars.index(prev), ((t - 1) // STAGES) & 1)
-            o_tok = warpgroup_mma(p, v_smem[0].index(prev), o, is_async=True)
-            if SPLIT_HEAD:
-                p_hi = gl.convert_layout(p, P_HI_LAYOUT, assert_trivial=True)
-                o_hi_tok = warpgroup_mma(
-                    p_hi, v_smem[1].index(prev), o_hi, is_async=True
-                )
+        mbarrier.wait(v_bars.index(prev), ((t - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(p, v_smem[0].index(prev), o, is_async=True)
+        if SPLIT_HEAD:
+            p_hi = gl.convert_layout(p, P_HI_LAYOUT, assert_trivial=True)
+            o_hi_tok = warpgroup_mma(p_hi, v_smem[1].index(prev), o_hi, is_async=True)
         if (WG < LAST_WG) | (t < steps - 1):
             _turn(t, WG, NUM_WG, PASS=True)
         # The softmax of tile t runs while p.v of tile t - 1 is in flight. Each
@@ -607,22 +612,19 @@ def _consumer(
             o, o_hi, p, p_hi = warpgroup_mma_wait(0, deps=[o_tok, o_hi_tok, p, p_hi])
         else:
             o, p = warpgroup_mma_wait(0, deps=[o_tok, p])
-        if FP8:  # p.v of tile t - 1 has read the copy: tile t's goes in
-            _values_to_fp16(v_smem[0], v_bars, v_empty, v16, t, first_tile + t, seq_len)
-        else:
-            mbarrier.arrive(v_empty.index(prev))
+        mbarrier.arrive(v_empty.index(prev))
         o = o * gl.expand_dims(alpha, 1)
         if SPLIT_HEAD:
             alpha_hi = gl.convert_layout(alpha, ROW_HI, assert_trivial=True)
             o_hi = o_hi * gl.expand_dims(alpha_hi, 1)
         p = p_next
 
-    if FP8:  # the copy holds the last tile, its keys past the end zeroed
-        o_tok = warpgroup_mma(p, v16, o, is_async=True)
-    else:
-        last = first_tile + steps - 1
-        cur = (steps - 1) % STAGES
-        mbarrier.wait(v_bars.index(cur), ((steps - 1) // STAGES) & 1)
+    last = first_tile + steps - 1
+    cur = (steps - 1) % STAGES
+    mbarrier.wait(v_bars.index(cur), ((steps - 1) // STAGES) & 1)
+    # A compile-time branch around a run-time one: an fp8 cache's converter has
+    # zeroed the rows past the end already.
+    if not FP8:  # noqa: SIM102
         if (last + 1) * BLOCK_N > seq_len:
             # Zero the value rows past the sequence end (see the module doc): one
             # warpgroup writes, the others wait for it.
@@ -634,10 +636,10 @@ def _consumer(
                 mbarrier.arrive(tail_bar)
             else:
                 mbarrier.wait(tail_bar, 0)
-        o_tok = warpgroup_mma(p, v_smem[0].index(cur), o, is_async=True)
-        if SPLIT_HEAD:
-            p_hi = gl.convert_layout(p, P_HI_LAYOUT, assert_trivial=True)
-            o_hi_tok = warpgroup_mma(p_hi, v_smem[1].index(cur), o_hi, is_async=True)
+    o_tok = warpgroup_mma(p, v_smem[0].index(cur), o, is_async=True)
+    if SPLIT_HEAD:
+        p_hi = gl.convert_layout(p, P_HI_LAYOUT, assert_trivial=True)
+        o_hi_tok = warpgroup_mma(p_hi, v_smem[1].index(cur), o_hi, is_async=True)
     if SPLIT_HEAD:
         o, o_hi, p, p_hi = warpgroup_mma_wait(0, deps=[o_tok, o_hi_tok, p, p_hi])
     else:
@@ -655,16 +657,18 @@ def _consumer(
 
 
 @gluon.constexpr_function
-def _worker_warps(num_wg):
-    """Warps of the worker partitions: the consumers past the first, the load warp."""
-    return [4] * (num_wg - 1) + [1]
+def _worker_warps(num_wg, fp8):
+    """Warps of the worker partitions: the consumers past the first, then an fp8
+    cache's converter (two warps), then the load warp."""
+    return [4] * (num_wg - 1) + ([2] if fp8 else []) + [1]
 
 
 @gluon.constexpr_function
-def _worker_registers(num_wg):
-    """Registers a thread of each worker partition (``GLUON_WORKER_REGISTERS``)."""
-    consumer, load = GLUON_WORKER_REGISTERS[num_wg]
-    return [consumer] * (num_wg - 1) + [load]
+def _worker_registers(num_wg, fp8):
+    """Registers a thread of each worker partition (``GLUON_WORKER_REGISTERS``;
+    an fp8 cache's converter and the load warp share one warpgroup's count)."""
+    consumer, load = GLUON_WORKER_REGISTERS[(num_wg, fp8)]
+    return [consumer] * (num_wg - 1) + [load] * (2 if fp8 else 1)
 
 
 @gluon.jit(do_not_specialize=["seq_start", "num_seqs"])
@@ -688,7 +692,9 @@ def hopper_prefill_kernel(
     NUM_WG: gl.constexpr = BLOCK_M // _WG_ROWS  # consumer warpgroups
     gl.static_assert(BLOCK_M == NUM_WG * _WG_ROWS)
     gl.static_assert((NUM_WG == 2) | (NUM_WG == 3))
-    gl.static_assert(not (SPLIT_HEAD and k_desc.dtype.is_fp8()))  # 16-bit only
+    FP8: gl.constexpr = k_desc.dtype.is_fp8()
+    gl.static_assert(not (SPLIT_HEAD and FP8))  # 16-bit only
+    gl.static_assert(not (FP8 and NUM_WG == 3))  # its builds spill
     # The first column part's width: the head size's power of two, or the split
     # head's first part.
     HEAD_PAD: gl.constexpr = k_desc.block_type.shape[1]
@@ -722,24 +728,34 @@ def hopper_prefill_kernel(
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         tail_bar = gl.allocate_shared_memory(gl.int64, [1, 1], bar_layout)
+        # An fp8 cache's V slots have one reader, the converter.
+        V_READERS: gl.constexpr = 1 if FP8 else NUM_WG
         for i in gl.static_range(STAGES):
             mbarrier.init(k_bars.index(i), count=1)
             mbarrier.init(v_bars.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=NUM_WG)
-            mbarrier.init(v_empty.index(i), count=NUM_WG)
+            mbarrier.init(v_empty.index(i), count=V_READERS)
         mbarrier.init(tail_bar.index(0), count=1)
-        fence_async_shared()
-        if k_desc.dtype.is_fp8():
-            # Each consumer's fp16 copy of the V tile (``_values_to_fp16``).
+        if FP8:
+            # The converter's ring of fp16 V tiles (``_converter``), which the
+            # consumers read in place of the TMA ring.
             v16_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
                 [BLOCK_N, HEAD_PAD], gl.float16
             )
             v16_smem = gl.allocate_shared_memory(
-                gl.float16, [NUM_WG, BLOCK_N, HEAD_PAD], v16_layout
+                gl.float16, [STAGES, BLOCK_N, HEAD_PAD], v16_layout
             )
-            fp8_args = (v16_smem, gl.load(k_scale_ptr), gl.load(v_scale_ptr))
+            v16_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+            v16_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+            for i in gl.static_range(STAGES):
+                mbarrier.init(v16_ready.index(i), count=1)
+                mbarrier.init(v16_empty.index(i), count=NUM_WG)
+            v_read = ((v16_smem,), v16_ready, v16_empty)
+            fp8_args = (gl.load(k_scale_ptr), gl.load(v_scale_ptr))
         else:
+            v_read = (v_smem, v_bars, v_empty)
             fp8_args = ()
+        fence_async_shared()
 
         if USE_SOFTCAP:  # capped scores are in log2 units (``_softmax_step``)
             scale_log2 = softcap * 0.0 + 1.0
@@ -750,18 +766,21 @@ def hopper_prefill_kernel(
         # What every consumer warpgroup takes: the values (one tuple), then the
         # compile-time constants and the warpgroup (its rows from ``64 * WG``).
         consumer = (
-            query_ptr, output_ptr, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty,
-            v_empty, tail_bar.index(0), q_start, q_len, seq_len, row0,
+            query_ptr, output_ptr, q_smem, k_smem, v_read[0], k_bars, v_read[1],
+            k_empty, v_read[2], tail_bar.index(0), q_start, q_len, seq_len, row0,
             kv_head, first_tile, steps, scale_log2, capping, sliding_window,
             fp8_args, sinks_ptr,
         )  # fmt: skip
-        # Warpgroup 0 is the default partition; the other consumers and the load
-        # warp are workers, with their registers (setmaxnreg) from the table.
-        # Gluon takes the partitions only as a list written in the call, and a
-        # compile-time constant only as a value written there (in a variable it
-        # is a run-time value): one call per count of consumer warpgroups.
+        producer = (k_descs, v_descs, k_smem, v_smem, k_bars, v_bars, k_empty,
+                    v_empty, table_row_ptr, kv_head, first_tile, steps)  # fmt: skip
+        # Warpgroup 0 is the default partition; the other consumers, an fp8
+        # cache's converter and the load warp are workers, with their registers
+        # (setmaxnreg) from the table. Gluon takes the partitions only as a list
+        # written in the call, and a compile-time constant only as a value
+        # written there (in a variable it is a run-time value): one call per
+        # count of consumer warpgroups, and one for an fp8 cache.
         # fmt: off
-        if NUM_WG == 2:
+        if FP8:
             gl.warp_specialize(
                 [
                     (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
@@ -772,13 +791,30 @@ def hopper_prefill_kernel(
                                  STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
                                  USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
                                  SPLIT_HEAD, 1)),
-                    (_producer, (k_descs, v_descs, k_smem, v_smem, k_bars, v_bars,
-                                 k_empty, v_empty, table_row_ptr, kv_head, first_tile,
-                                 steps, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
+                    (_converter, (v_smem[0], v_bars, v_empty, v16_smem, v16_ready,
+                                  v16_empty, first_tile, steps, seq_len)),
+                    (_producer, (producer, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
                                  ROWS_PER_HEAD, STAGES)),
                 ],
-                _worker_warps(NUM_WG),
-                _worker_registers(NUM_WG),
+                _worker_warps(NUM_WG, FP8),
+                _worker_registers(NUM_WG, FP8),
+            )
+        elif NUM_WG == 2:
+            gl.warp_specialize(
+                [
+                    (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
+                                 STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
+                                 USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
+                                 SPLIT_HEAD, 0)),
+                    (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
+                                 STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
+                                 USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
+                                 SPLIT_HEAD, 1)),
+                    (_producer, (producer, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
+                                 ROWS_PER_HEAD, STAGES)),
+                ],
+                _worker_warps(NUM_WG, FP8),
+                _worker_registers(NUM_WG, FP8),
             )
         else:
             gl.warp_specialize(
@@ -795,13 +831,11 @@ def hopper_prefill_kernel(
                                  STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
                                  USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
                                  SPLIT_HEAD, 2)),
-                    (_producer, (k_descs, v_descs, k_smem, v_smem, k_bars, v_bars,
-                                 k_empty, v_empty, table_row_ptr, kv_head, first_tile,
-                                 steps, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
+                    (_producer, (producer, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
                                  ROWS_PER_HEAD, STAGES)),
                 ],
-                _worker_warps(NUM_WG),
-                _worker_registers(NUM_WG),
+                _worker_warps(NUM_WG, FP8),
+                _worker_registers(NUM_WG, FP8),
             )
         # fmt: on
 

@@ -69,10 +69,14 @@ GLUON_HEAD_SIZES = (64, 96, 128, 256)
 GLUON_SPLIT_HEAD_SIZES = (96,)
 GLUON_THREE_WG_HEAD_SIZES = (64,)
 # Registers a thread (setmaxnreg) of the Hopper kernel's worker partitions, by its
-# number of consumer warpgroups: (each consumer past the first, the load warp).
-# 65,536 a program: two consumers of 240 beside a load warp of 32 (FlashAttention-3's
-# split for two), three of 160 beside 24.
-GLUON_WORKER_REGISTERS = {2: (240, 32), 3: (160, 24)}
+# number of consumer warpgroups and whether the cache is fp8: (each consumer past
+# the first, the load warp; with an fp8 cache also its converter, two warps in the
+# load warp's warpgroup, which share one count). 65,536 a program, the first
+# consumer gets what the others leave: two consumers of 240 beside a load warp of
+# 32 (FlashAttention-3's split for two), three of 160 beside 24; with an fp8
+# cache's converter two of 232 beside 40.
+GLUON_WORKER_REGISTERS = {(2, False): (240, 32), (3, False): (160, 24),
+                          (2, True): (232, 40)}  # fmt: skip
 
 # The sweep of a tuning run (candidates violating `is_valid_config` are skipped).
 PREFILL_CONFIG_SPACE = {
@@ -165,16 +169,14 @@ def query_len_bucket(max_query_len: int) -> int:
 def shared_memory_estimate(config: PrefillConfig, *, head_size: int, kv_dtype) -> int:
     """Bytes of shared memory a program of ``config`` takes: the q tile and a K and
     a V tile per pipeline stage (the portable kernel's upcast copies not counted),
-    and on the Hopper kernel with an fp8 cache each consumer warpgroup's fp16 V
-    tile."""
+    and on the Hopper kernel with an fp8 cache a ring of fp16 V tiles as deep."""
     head_pad = head_pad_of(head_size)
     kv_bytes = 1 if dtype_name(kv_dtype) == "fp8" else 2
     total = config.block_m * head_pad * 2 + config.num_stages * (
         2 * config.block_n * head_pad * kv_bytes
     )
-    if config.gluon and kv_bytes == 1:
-        consumers = config.block_m // GLUON_WG_ROWS
-        total += consumers * config.block_n * head_pad * 2
+    if config.gluon and kv_bytes == 1:  # the converter's ring of fp16 V tiles
+        total += config.num_stages * config.block_n * head_pad * 2
     return total
 
 
