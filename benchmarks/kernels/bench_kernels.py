@@ -181,6 +181,29 @@ CHUNK = 2048  # chunked prefill: one 2k chunk after a cached prefix
 MATRIX_PREFILL_FRESH = [(1, 512, 512), (1, 2048, 2048), (1, 8192, 8192),
                         (1, 32768, 32768)]  # fmt: skip
 MATRIX_PREFILL_CHUNKED = [(1, CHUNK, cached + CHUNK) for cached in (8192, 16384, 32768)]
+# What `vllm serve` makes of a long prompt on an H100 or H200: chunks of its default
+# token budget (8192 on GPUs of 70 GiB or more; vLLM's `get_batch_defaults`), each
+# over the part already cached. The first chunk is MATRIX_PREFILL_FRESH's 8k
+# prefill; these are the later ones, of the end-to-end 10k prompt and of a 32k one,
+# on the fork's page size (64).
+SERVING_TOKEN_BUDGET = 8192
+SERVING_PROMPTS = (10000, 32768)
+SERVING_BLOCK_SIZE = 64
+
+
+def later_chunks(prompt: int, budget: int) -> list[tuple[int, int, int]]:
+    """``(batch, query_len, kv_len)`` of each chunk of a ``prompt``-token prefill
+    after the first, the budget's tokens at a time."""
+    return [
+        (1, min(budget, prompt - done), min(prompt, done + budget))
+        for done in range(budget, prompt, budget)
+    ]
+
+
+MATRIX_PREFILL_SERVING = [
+    chunk for prompt in SERVING_PROMPTS
+    for chunk in later_chunks(prompt, SERVING_TOKEN_BUDGET)
+]  # fmt: skip
 # (batch, kv_len): batch 1-256, contexts 1k-32k; at most 2M cached tokens per point
 # (17 GB at head 256, group 16, bf16; the FA3/stock copy doubles it).
 MATRIX_DECODE = [(1, 1024), (1, 8192), (1, 32768), (4, 32768), (16, 4096),
@@ -191,7 +214,8 @@ MATRIX_CORE = {
     "prefill": [(1, 8192, 8192), (1, CHUNK, 16384 + CHUNK)],
     "decode": [(1, 32768), (64, 8192)],
 }
-# (group, head size) of the end-to-end models: every length of the sweep.
+# (group, head size) of the end-to-end models: every length of the sweep (the
+# serving chunks on SERVING_BLOCK_SIZE).
 MATRIX_SWEEP_SHAPES = [(1, 96), (2, 256), (4, 128), (5, 128), (7, 128), (8, 128)]
 # (group, head size, window, soft-cap), as the models use them; FA3 takes both
 # (window_size=(W - 1, 0), softcap). Gemma-2 alternates window+cap / cap-only.
@@ -343,6 +367,9 @@ def matrix_shapes(
         ):
             for length in sweeps[kernel]:
                 add(kernel, group, head, block, kv, length)
+            if kernel == "prefill" and block == SERVING_BLOCK_SIZE:
+                for length in MATRIX_PREFILL_SERVING:
+                    add(kernel, group, head, block, kv, length)
         for (group, head, window, cap), kv, block in itertools.product(
             MATRIX_FEATURES, MATRIX_KV_DTYPES, blocks
         ):

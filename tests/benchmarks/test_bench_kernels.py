@@ -389,6 +389,21 @@ def test_matrix_covers_every_group_head_size_page_dtype_and_feature():
         if s.query_len == 2048 and s.context > 2048
     }
     assert {8192, 16384, 32768} <= chunked and max(chunked) <= 32768
+    # the later chunks `vllm serve` (token budget 8192) makes of a 10k and a 32k
+    # prompt, for every end-to-end model, on pages of 64
+    serving = {(1, 1808, 10000), (1, 8192, 16384), (1, 8192, 24576), (1, 8192, 32768)}
+    assert set(bk.MATRIX_PREFILL_SERVING) == serving
+    for group, head in bk.MATRIX_SWEEP_SHAPES:
+        for kv in ("bfloat16", "float8_e4m3fn"):
+            have = {
+                (s.batch, s.query_len, s.context)
+                for s in prefill
+                if (s.num_q_heads // s.num_kv_heads, s.head_size, s.kv_dtype)
+                == (group, head, kv)
+                and s.block_size == 64
+                and not s.window
+            }
+            assert serving <= have, (group, head, kv)
     decode = [s for s in shapes if s.kernel == "decode"]
     assert {s.batch for s in decode} >= {1, 256}
     assert {s.context for s in decode} >= {1024, 32768}
@@ -399,7 +414,7 @@ def test_matrix_covers_every_group_head_size_page_dtype_and_feature():
         for s in prefill
         if s.num_q_heads == 56 and s.head_size == 128 and not s.window
     }
-    assert len(qwen7) == 3 * 2 * 7
+    assert len(qwen7) == 3 * 2 * 7 + 2 * 4  # + the serving chunks on pages of 64
 
 
 def _main(monkeypatch, capsys, *argv) -> str:
