@@ -372,8 +372,8 @@ def test_valid_gluon_configs_are_warpgroups_of_64_rows():
     assert not is_valid_config(
         dataclasses.replace(GLUON_TILE, longest_first=False), **ok
     )
-    # fp8 caches: each consumer's fp16 copy of the V tile counts too, so head
-    # 256 takes 64-key tiles only (128: 288 KiB).
+    # fp8 caches: the converter's ring of fp16 V tiles counts too, so head 256
+    # takes 64-key tiles only.
     fp8 = dataclasses.replace(GLUON_TILE, fp8_qk=True)
     assert is_valid_config(fp8, head_size=128, kv_dtype=torch.float8_e4m3fn)
     assert not is_valid_config(fp8, head_size=256, kv_dtype=torch.float8_e4m3fn)
@@ -542,8 +542,8 @@ def test_matches_reference_on_hopper(case, q_dtype):
 
 FP8_TILE = dataclasses.replace(GLUON_TILE, fp8_qk=True)
 # As GPU_CASES, on e4m3 caches: every head size, pages of 16 and 64, a window,
-# Gemma-2's soft-cap at head 256 (64-key tiles: the fp16 V copies take shared
-# memory).
+# Gemma-2's soft-cap at head 256 (64-key tiles: the converter's fp16 V ring takes
+# shared memory).
 GPU_FP8_CASES = [
     (128, 4, 64, FP8_TILE, [(1, 1), (37, 100), (200, 200), (64, 1000), (513, 2000)]),
     (
