@@ -204,6 +204,35 @@ MATRIX_PREFILL_SERVING = [
     chunk for prompt in SERVING_PROMPTS
     for chunk in later_chunks(prompt, SERVING_TOKEN_BUDGET)
 ]  # fmt: skip
+
+
+def serving_steps(prompt: int, budget: int, steps: int) -> list[list[tuple[int, int]]]:
+    """The prefill batches ``(query_len, kv_len)`` per sequence of the first
+    ``steps`` steps that hold two or more sequences, when prompts of ``prompt``
+    tokens queue for a token budget of ``budget``: each step continues the oldest
+    unfinished prompt and fills the rest of the budget from the next ones, as
+    vLLM's scheduler chunks waiting prompts (decodes left out)."""
+    found, done = [], [0]
+    while len(found) < steps:
+        left, batch, i = budget, [], 0
+        while left:
+            if i == len(done):
+                done.append(0)
+            take = min(left, prompt - done[i])
+            if take:
+                done[i] += take
+                batch.append((take, done[i]))
+                left -= take
+            i += 1
+        if len(batch) > 1:
+            found.append(batch)
+    return found
+
+
+# The 10k workload's mixed steps: a prompt's last chunk over its cached part beside
+# the next prompt's first (1808 over 8192 beside 6384, then 3616 over 6384 beside
+# 4576, ...): one launch, sequences of very different key counts.
+MATRIX_SERVING_STEPS = serving_steps(SERVING_PROMPTS[0], SERVING_TOKEN_BUDGET, 4)
 # (batch, kv_len): batch 1-256, contexts 1k-32k; at most 2M cached tokens per point
 # (17 GB at head 256, group 16, bf16; the FA3/stock copy doubles it).
 MATRIX_DECODE = [(1, 1024), (1, 8192), (1, 32768), (4, 32768), (16, 4096),
@@ -253,6 +282,27 @@ class Shape:
     # Encoder self-attention: no cache, the keys are the step's own K/V rows (ours
     # reads them as one-key pages, block_size 1; query_len == context).
     kv_from_step: bool = False
+    # A prefill batch of sequences of different lengths, "q/kv+q/kv+..." (a step of
+    # chunked serving: ``serving_steps``); batch, query_len and context are then
+    # its count and largest lengths, which the launches take as their maxima.
+    seqs: str | None = None
+
+
+def seq_lengths(s: Shape) -> list[tuple[int, int]]:
+    """``(query_len, kv_len)`` of each sequence of ``s``."""
+    if s.seqs is None:
+        return [(s.query_len, s.context)] * s.batch
+    return [tuple(map(int, seq.split("/"))) for seq in s.seqs.split("+")]
+
+
+def mixed_fields(seqs: list[tuple[int, int]]) -> dict:
+    """The Shape fields of a batch of sequences of these ``(query_len, kv_len)``."""
+    return dict(
+        batch=len(seqs),
+        query_len=max(q for q, _ in seqs),
+        context=max(kv for _, kv in seqs),
+        seqs="+".join(f"{q}/{kv}" for q, kv in seqs),
+    )
 
 
 # Page sizes of --decode-batches (vLLM's default on CUDA, and the H200 tables' 64).
@@ -314,7 +364,12 @@ def sweep(args) -> list[Shape]:
 
 
 def _matrix_shape(kernel, group, head, block, kv_dtype, length, window=None, cap=None):
-    if kernel == "prefill":
+    """``length``: (batch, q_len, kv_len) of a prefill, (batch, kv_len) of a
+    decode, or a list of (q_len, kv_len), one per sequence (a mixed prefill)."""
+    mixed = mixed_fields(length) if isinstance(length, list) else {}
+    if mixed:
+        batch, q_len, kv_len = (mixed.pop(f) for f in ("batch", "query_len", "context"))
+    elif kernel == "prefill":
         batch, q_len, kv_len = length
     else:
         (batch, kv_len), q_len = length, 1
@@ -322,6 +377,7 @@ def _matrix_shape(kernel, group, head, block, kv_dtype, length, window=None, cap
     name += f"-cap{cap:g}" if cap else ""
     return Shape(kernel, name, batch, q_len, kv_len, group * MATRIX_KV_HEADS,
                  MATRIX_KV_HEADS, head, block, kv_dtype=kv_dtype, window=window,
+                 **mixed,
                  softcap=cap)  # fmt: skip
 
 
@@ -370,6 +426,8 @@ def matrix_shapes(
             if kernel == "prefill" and block == SERVING_BLOCK_SIZE:
                 for length in MATRIX_PREFILL_SERVING:
                     add(kernel, group, head, block, kv, length)
+                for step in MATRIX_SERVING_STEPS:
+                    add(kernel, group, head, block, kv, step)
         for (group, head, window, cap), kv, block in itertools.product(
             MATRIX_FEATURES, MATRIX_KV_DTYPES, blocks
         ):
@@ -381,14 +439,14 @@ def matrix_shapes(
 # The fields that name a point of the matrix (a record's, a Shape's alike).
 KEY_FIELDS = (
     "kernel", "dtype", "kv_cache_dtype", "group", "head_size", "block_size",
-    "q_len", "kv_len", "batch", "window", "softcap",
+    "q_len", "kv_len", "batch", "seqs", "window", "softcap",
 )  # fmt: skip
 
 
 def shape_key(s: Shape) -> tuple:
     return (s.kernel, s.dtype, s.kv_dtype, s.num_q_heads // s.num_kv_heads,
-            s.head_size, s.block_size, s.query_len, s.context, s.batch, s.window,
-            None if s.softcap is None else float(s.softcap))  # fmt: skip
+            s.head_size, s.block_size, s.query_len, s.context, s.batch, s.seqs,
+            s.window, None if s.softcap is None else float(s.softcap))  # fmt: skip
 
 
 def record_key(r: dict) -> tuple:
@@ -423,12 +481,14 @@ def decode_bytes(s: Shape) -> float:
 
 def prefill_flops(s: Shape) -> float:
     """Causally visible (query, key) pairs (at most W per query with a window W);
-    every pair when not causal."""
-    prefix = s.context - s.query_len
-    visible = _sum_min(prefix + 1, s.context, s.window)
-    if not s.causal:
-        visible = s.query_len * s.context
-    return 4.0 * s.head_size * s.num_q_heads * s.batch * visible
+    every pair when not causal; summed over the sequences."""
+    visible = 0
+    for query_len, context in seq_lengths(s):
+        if s.causal:
+            visible += _sum_min(context - query_len + 1, context, s.window)
+        else:
+            visible += query_len * context
+    return 4.0 * s.head_size * s.num_q_heads * visible
 
 
 def throughput(s: Shape, us: float | None) -> float | None:
@@ -498,7 +558,9 @@ def build_inputs(s: Shape, device: str, rotate: bool) -> Inputs:
     if s.kv_from_step:  # the step's rows in order: request r's keys follow its start
         perm = torch.arange(num_blocks, device=device, dtype=torch.int32)
     tables = list(perm.view(num_sets, s.batch, pages).unbind(0))
-    tokens = s.batch * s.query_len
+    lengths = seq_lengths(s)
+    starts = [0, *itertools.accumulate(q for q, _ in lengths)]
+    tokens = starts[-1]
     query = torch.randn(
         (tokens, s.num_q_heads, s.head_size), device=device, generator=gen
     ).to(q_dtype)
@@ -506,10 +568,10 @@ def build_inputs(s: Shape, device: str, rotate: bool) -> Inputs:
         query=query,
         kv_cache=kv_cache,
         block_tables=[t.contiguous() for t in tables],
-        seq_lens=torch.full((s.batch,), s.context, dtype=torch.int32, device=device),
-        query_start_loc=torch.arange(
-            0, tokens + 1, s.query_len, dtype=torch.int32, device=device
+        seq_lens=torch.tensor(
+            [kv for _, kv in lengths], dtype=torch.int32, device=device
         ),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
         k_scale=k_scale,
         v_scale=v_scale,
         softmax_scale=1.0 / math.sqrt(s.head_size),
@@ -880,10 +942,11 @@ def reference_rows(s: Shape, inp: Inputs) -> list[tuple[slice, torch.Tensor]]:
     seqs = sorted({*range(min(4, s.batch)), *range(max(0, s.batch - 4), s.batch)})
     if s.kernel == "prefill":
         seqs = sorted({0, s.batch - 1})
-    rows = min(s.query_len, 256)
+    lengths = seq_lengths(s)
     checked = []
     for seq in seqs:
-        end = (seq + 1) * s.query_len
+        end = sum(q for q, _ in lengths[: seq + 1])
+        rows = min(lengths[seq][0], 256)
         ref = ops.ref_paged_attention(
             query=inp.query[end - rows : end],
             key_cache=inp.kv_cache[:, 0],
@@ -1004,6 +1067,7 @@ def _flat_fields(s: Shape, record: dict) -> None:
         group=s.num_q_heads // s.num_kv_heads,
         q_len=s.query_len,
         kv_len=s.context,
+        seqs=s.seqs,
     )
     for name in CALLERS:
         us = record["time_us"].get(name)
@@ -1274,7 +1338,7 @@ def run_matrix(shapes: list[Shape], args, path: Path, header: dict, measure) -> 
         print(
             f"[{n + 1}/{len(todo)} {time.time() - start:.0f}s] {s.kernel} {s.model} "
             f"{s.kv_dtype} bs={s.block_size} batch={s.batch} q={s.query_len} "
-            f"kv={s.context}: {cells}",
+            f"kv={s.context}{f' seqs={s.seqs}' if s.seqs else ''}: {cells}",
             flush=True,
         )
         if not sticky_device_ok():
@@ -1712,8 +1776,8 @@ def main() -> None:
         ]
         print(
             f"[{i + 1}/{len(shapes)} {time.time() - start:.0f}s] {s.kernel} {s.model}"
-            f" bs={s.block_size} batch={s.batch} q={s.query_len} ctx={s.context}: "
-            + ", ".join(cells)
+            f" bs={s.block_size} batch={s.batch} q={s.query_len} ctx={s.context}"
+            f"{f' seqs={s.seqs}' if s.seqs else ''}: " + ", ".join(cells)
         )
     result["wall_s"] = time.time() - start
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")

@@ -414,7 +414,8 @@ def test_matrix_covers_every_group_head_size_page_dtype_and_feature():
         for s in prefill
         if s.num_q_heads == 56 and s.head_size == 128 and not s.window
     }
-    assert len(qwen7) == 3 * 2 * 7 + 2 * 4  # + the serving chunks on pages of 64
+    # + the serving chunks and mixed steps on pages of 64
+    assert len(qwen7) == 3 * 2 * 7 + 2 * (4 + len(bk.MATRIX_SERVING_STEPS))
 
 
 def _main(monkeypatch, capsys, *argv) -> str:
@@ -555,6 +556,57 @@ def test_sinks_reach_our_kernels_and_the_reference(kernel, monkeypatch):
     assert bk.max_abs_err(runner.output, checked) < 2e-2
     plain = bk.reference_rows(dataclasses.replace(shape, sinks=False), inp)
     assert bk.max_abs_err(runner.output, plain) > 5e-2
+
+
+def test_a_mixed_prefill_batch_reaches_our_kernel_and_the_reference(monkeypatch):
+    """A step of chunked serving (sequences of different lengths in one launch):
+    the inputs hold each sequence's own query rows and KV length, our kernel (the
+    interpreter here) and the fp32 reference agree on both sequences' rows, and
+    the work counts each sequence's visible keys."""
+    from tests.kernels.interpreter_compat import install
+
+    install()
+    monkeypatch.setattr(bk, "ops", bk._Namespace())
+    bk.import_ours()
+    shape = bk.Shape(
+        kernel="prefill", model="m", num_q_heads=4, num_kv_heads=2, head_size=64,
+        block_size=16, **bk.mixed_fields([(5, 37), (9, 9)]),
+    )  # fmt: skip
+    assert (shape.batch, shape.query_len, shape.context) == (2, 9, 37)
+    inp = bk.build_inputs(shape, "cpu", rotate=False)
+    assert inp.query_start_loc.tolist() == [0, 5, 14]
+    assert inp.seq_lens.tolist() == [37, 9]
+    assert inp.query.shape[0] == 14
+    runner = bk.caller_ours(shape, inp)
+    runner.run(0)
+    checked = bk.reference_rows(shape, inp)
+    assert [(rows.start, rows.stop) for rows, _ in checked] == [(0, 5), (5, 14)]
+    assert bk.max_abs_err(runner.output, checked) < 2e-2
+    # the first sequence's reference at the second's rows (a wrong offset) fails
+    assert bk.max_abs_err(runner.output, [(slice(5, 10), checked[0][1])]) > 5e-2
+    pairs = sum(37 - 5 + i + 1 for i in range(5)) + sum(i + 1 for i in range(9))
+    assert bk.prefill_flops(shape) == 4 * 64 * 4 * pairs
+
+
+def test_serving_steps_continue_one_prompt_beside_the_next():
+    steps = bk.serving_steps(10000, 8192, 3)
+    assert steps == [
+        [(1808, 10000), (6384, 6384)],
+        [(3616, 10000), (4576, 4576)],
+        [(5424, 10000), (2768, 2768)],
+    ]
+    assert all(sum(q for q, _ in step) == 8192 for step in steps)
+    # a prompt that fits the budget twice: two or more whole prompts a step
+    assert bk.serving_steps(3000, 8192, 1) == [
+        [(3000, 3000), (3000, 3000), (2192, 2192)]
+    ]
+    mixed = [s for s in bk.matrix_shapes() if s.seqs]
+    assert {s.seqs for s in mixed} == {
+        "+".join(f"{q}/{kv}" for q, kv in step) for step in bk.MATRIX_SERVING_STEPS
+    }
+    assert {s.block_size for s in mixed} == {64}
+    keys = {bk.shape_key(s) for s in mixed}
+    assert len(keys) == len(mixed)  # each step its own point
 
 
 def test_fa3_skips_what_it_does_not_take(monkeypatch):
