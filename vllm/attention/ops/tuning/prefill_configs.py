@@ -71,10 +71,10 @@ GLUON_THREE_WG_HEAD_SIZES = (64,)
 # Registers a thread (setmaxnreg) of the Hopper kernel's worker partitions, by its
 # number of consumer warpgroups and whether the cache is fp8: (each consumer past
 # the first, the load warp; with an fp8 cache also its converter, two warps in the
-# load warp's warpgroup, which share one count). 65,536 a program, the first
-# consumer gets what the others leave: two consumers of 240 beside a load warp of
-# 32 (FlashAttention-3's split for two), three of 160 beside 24; with an fp8
-# cache's converter two of 232 beside 40.
+# load warp's warpgroup, which share one count). 65,536 a program; Triton gives the
+# first consumer what the workers leave (multiples of 8): the second 240, the first
+# 232, beside a load warp of 32 (FlashAttention-3's split for two); the others 160,
+# the first 168, beside 24; with an fp8 cache's converter 232 each beside 40.
 GLUON_WORKER_REGISTERS = {(2, False): (240, 32), (3, False): (160, 24),
                           (2, True): (232, 40)}  # fmt: skip
 
