@@ -366,19 +366,18 @@ def sweep(args) -> list[Shape]:
 def _matrix_shape(kernel, group, head, block, kv_dtype, length, window=None, cap=None):
     """``length``: (batch, q_len, kv_len) of a prefill, (batch, kv_len) of a
     decode, or a list of (q_len, kv_len), one per sequence (a mixed prefill)."""
-    mixed = mixed_fields(length) if isinstance(length, list) else {}
-    if mixed:
-        batch, q_len, kv_len = (mixed.pop(f) for f in ("batch", "query_len", "context"))
+    if isinstance(length, list):
+        lengths = mixed_fields(length)
     elif kernel == "prefill":
-        batch, q_len, kv_len = length
+        lengths = dict(zip(("batch", "query_len", "context"), length))
     else:
-        (batch, kv_len), q_len = length, 1
+        lengths = dict(batch=length[0], query_len=1, context=length[1])
     name = f"g{group}-d{head}" + (f"-w{window}" if window else "")
     name += f"-cap{cap:g}" if cap else ""
-    return Shape(kernel, name, batch, q_len, kv_len, group * MATRIX_KV_HEADS,
-                 MATRIX_KV_HEADS, head, block, kv_dtype=kv_dtype, window=window,
-                 **mixed,
-                 softcap=cap)  # fmt: skip
+    return Shape(kernel=kernel, model=name, num_q_heads=group * MATRIX_KV_HEADS,
+                 num_kv_heads=MATRIX_KV_HEADS, head_size=head, block_size=block,
+                 kv_dtype=kv_dtype, window=window, softcap=cap,
+                 **lengths)  # fmt: skip
 
 
 def matrix_shapes(

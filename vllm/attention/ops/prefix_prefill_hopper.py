@@ -111,6 +111,8 @@ from vllm.attention.ops.tuning.prefill_configs import (
 # Query rows per consumer warpgroup: a wgmma instruction covers 64 rows of 4 warps;
 # a program's BLOCK_M rows are BLOCK_M // 64 consumer warpgroups.
 _WG_ROWS = gl.constexpr(GLUON_WG_ROWS)
+# Warps of an fp8 cache's converter partition (``_converter``).
+_CONVERTER_WARPS = gl.constexpr(2)
 _GL_DTYPE = {
     torch.bfloat16: gl.bfloat16,
     torch.float16: gl.float16,
@@ -284,9 +286,9 @@ def _converter(
     BLOCK_N: gl.constexpr = v_smem.shape[1]
     HEAD_PAD: gl.constexpr = v_smem.shape[2]
     # 16 bytes of fp8 per thread and load, 32 elements per thread and pass.
-    KEYS: gl.constexpr = 2048 // HEAD_PAD
+    KEYS: gl.constexpr = 1024 * _CONVERTER_WARPS // HEAD_PAD
     LAYOUT: gl.constexpr = gl.BlockedLayout(
-        [1, 16], [512 // HEAD_PAD, HEAD_PAD // 16], [2, 1], [1, 0]
+        [1, 16], [512 // HEAD_PAD, HEAD_PAD // 16], [_CONVERTER_WARPS, 1], [1, 0]
     )
     for t in range(steps):
         slot = t % STAGES
@@ -660,7 +662,7 @@ def _consumer(
 def _worker_warps(num_wg, fp8):
     """Warps of the worker partitions: the consumers past the first, then an fp8
     cache's converter (two warps), then the load warp."""
-    return [4] * (num_wg - 1) + ([2] if fp8 else []) + [1]
+    return [4] * (num_wg - 1) + ([_CONVERTER_WARPS.value] if fp8 else []) + [1]
 
 
 @gluon.constexpr_function
