@@ -175,10 +175,11 @@ def scrape(port: int) -> dict[str, float]:
 
 async def open_loop(
     base, port, model, make_req, *, rate, duration_s, drain_s, sample_s,
-    max_in_flight=2048, seed=0, server_session=None,
+    max_in_flight=2048, seed=0, server_session=None, stop_at_cap=False,
 ) -> tuple[list[Result], list[dict], dict]:  # fmt: skip
     """Poisson arrivals at ``rate`` req/s for ``duration_s`` (at most ``max_in_flight``
-    open: an arrival past that is not sent), then up to ``drain_s`` for the rest; GPU
+    open: an arrival past that is not sent; with ``stop_at_cap`` the schedule ends
+    there, ``stopped_at_s`` in the load), then up to ``drain_s`` for the rest; GPU
     memory (the whole GPU's, and with ``server_session`` the server processes' own:
     ``run_soak.session_gpu_memory_mib``) and metrics every ``sample_s``. Each
     request goes out at its scheduled time, or at once when the loop is behind, so a
@@ -190,7 +191,7 @@ async def open_loop(
     samples: list[dict] = []
     tasks, keys = [], []
     stop = asyncio.Event()
-    open_now, not_sent, lag = 0, 0, 0.0
+    open_now, not_sent, lag, stopped_at = 0, 0, 0.0, None
 
     def finished(_task) -> None:
         nonlocal open_now
@@ -228,10 +229,13 @@ async def open_loop(
                 open_now += 1
             else:
                 not_sent += 1
+                if stop_at_cap:
+                    stopped_at = round(time.monotonic() - t0, 3)
+                    break
             due += rng.expovariate(rate)
         load = load_summary(
             rate=rate, duration_s=duration_s, sent=len(tasks), not_sent=not_sent,
-            lag_s=lag, cpu_s=time.process_time() - cpu0,
+            lag_s=lag, cpu_s=time.process_time() - cpu0, stopped_at_s=stopped_at,
         )  # fmt: skip
         results = await _gather(tasks, drain_s, keys)
         stop.set()
@@ -239,17 +243,22 @@ async def open_loop(
     return results, samples, load
 
 
-def load_summary(*, rate, duration_s, sent, not_sent, lag_s, cpu_s) -> dict:
+def load_summary(
+    *, rate, duration_s, sent, not_sent, lag_s, cpu_s, stopped_at_s=None
+) -> dict:
     """What an open loop put on the server: the asked and the sent rate, arrivals
-    not sent at the in-flight cap, the furthest a send fell behind its schedule, and
-    the client's CPU seconds per second of load."""
+    not sent at the in-flight cap, the furthest a send fell behind its schedule, the
+    client's CPU seconds per second of load, and when a schedule stopped at the cap
+    ended (None: it ran its whole duration; the rates are over the time it ran)."""
+    ran_s = duration_s if stopped_at_s is None else stopped_at_s
     return {
         "asked_rate": rate,
-        "sent_rate": round(sent / duration_s, 3) if duration_s else None,
+        "sent_rate": round(sent / ran_s, 3) if ran_s else None,
         "sent": sent,
         "not_sent_at_cap": not_sent,
         "max_send_lag_s": round(lag_s, 3),
-        "client_cpu_share": round(cpu_s / duration_s, 3) if duration_s else None,
+        "client_cpu_share": round(cpu_s / ran_s, 3) if ran_s else None,
+        "stopped_at_s": stopped_at_s,
     }
 
 

@@ -323,7 +323,7 @@ def rate(ctx: Ctx) -> float:
     return ctx.args.rate / ctx.pool.share
 
 
-def open_loop(ctx: Ctx, live, rate: float, cancel_frac: float):
+def open_loop(ctx: Ctx, live, rate: float, cancel_frac: float, stop_at_cap=False):
     a = ctx.args
 
     def make(i: int) -> client.Req:
@@ -346,6 +346,7 @@ def open_loop(ctx: Ctx, live, rate: float, cancel_frac: float):
         live.base, live.port, a.model, make, rate=rate, duration_s=a.duration_s,
         drain_s=a.drain_s, sample_s=a.sample_s, seed=a.seed,
         server_session=live.session,  # started with start_new_session
+        max_in_flight=a.max_in_flight, stop_at_cap=stop_at_cap,
     ))  # fmt: skip
     ctx.results += res
     return res, samples, load
@@ -653,15 +654,19 @@ def saturated(load: dict, server: dict, reasons: list) -> None:
 def soak(ctx: Ctx) -> tuple[dict, dict, list]:
     a, reasons = ctx.args, []
     with ctx.server("plain", plain(a)) as live:
-        res, samples, load = open_loop(ctx, live, 0.8 * rate(ctx), a.soak_cancel_frac)
+        res, samples, load = open_loop(ctx, live, 0.8 * rate(ctx), a.soak_cancel_frac,
+                                       stop_at_cap=a.stop_when_saturated)  # fmt: skip
     all_complete(res, reasons)
     warm = warmup_failures(live, reasons)
     load_sent(load, reasons)
     server = server_load(samples)
     saturated(load, server, reasons)
-    tput = throughput_windows(res, a.duration_s, a.window_s)
-    if tput["change"] is None or abs(tput["change"]) > a.max_throughput_change:
-        reasons.append(f"throughput of the last window vs the first: {tput}")
+    if load["stopped_at_s"] is None:
+        tput = throughput_windows(res, a.duration_s, a.window_s)
+        if tput["change"] is None or abs(tput["change"]) > a.max_throughput_change:
+            reasons.append(f"throughput of the last window vs the first: {tput}")
+    else:  # failed already (saturated); a cut-short run has no last window
+        tput = {"not_checked": f"the load stopped at {load['stopped_at_s']} s"}
     late = live.info.get("late_jit_compiles", [])
     if late:
         reasons.append(f"Triton compiled while serving: {', '.join(late[:5])}")
@@ -776,6 +781,13 @@ def parse_args(argv):
     add("--max-growth-mib", type=int, default=256)
     add("--cancel-frac", type=float, default=0.3)
     add("--soak-cancel-frac", type=float, default=0.05)
+    add("--max-in-flight", type=int, default=2048,
+        help="the load client's cap on open requests: an arrival that finds it "
+             "full is not sent (and fails a soak)")  # fmt: skip
+    add("--stop-when-saturated", action="store_true",
+        help="end the soak's load at the first arrival that finds the client's "
+             "in-flight cap full (the run has failed then), sparing the GPU time "
+             "of the rest of --duration-s")  # fmt: skip
     add("--window-s", type=float, default=300.0)
     add("--max-throughput-change", type=float, default=0.05)
     add("--max-model-len", type=int, default=10240, help="of every server")

@@ -161,6 +161,26 @@ def test_each_rule_can_fail(tmp_path, scenario, env, reason):
     assert any(reason in x for x in rec["reasons"]), rec["reasons"]
 
 
+@pytest.mark.parametrize("stop", [True, False])
+def test_a_saturated_soak_stops_its_load_only_when_asked(tmp_path, stop):
+    # one open request at a time and slow answers: the second arrival finds the
+    # client's cap full, which fails the soak; asked to, the load stops there
+    env = {"FAKE_REL_TOKEN_S": "0.05"}
+    extra = ["--max-in-flight", "1", "--duration-s", "4", "--window-s", "1"]
+    r, recs = _run(tmp_path, "soak", env=env,
+                   extra=extra + ["--stop-when-saturated"] * stop)  # fmt: skip
+    rec = recs["soak-TRITON_ATTN-fork"]
+    assert r.returncode == 1 and not rec["pass"], r.stdout[-2000:]
+    assert any("in-flight cap full" in x for x in rec["reasons"]), rec["reasons"]
+    load, tput = rec["numbers"]["load"], rec["numbers"]["throughput"]
+    if stop:
+        assert load["stopped_at_s"] < 4 and load["not_sent_at_cap"] == 1
+        assert "not_checked" in tput
+    else:
+        assert load["stopped_at_s"] is None and load["not_sent_at_cap"] > 1
+        assert "first_tok_per_s" in tput
+
+
 @pytest.mark.parametrize(
     "env, fraction", [({}, 1.0), ({"FAKE_REL_WRONG": "TRITON_ATTN"}, 0.0)]
 )

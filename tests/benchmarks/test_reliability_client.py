@@ -66,6 +66,39 @@ def test_open_loop_reports_a_client_that_cannot_keep_up():
     assert reasons and "behind its schedule" in reasons[0]
 
 
+async def _loop_against_a_server_that_never_answers(stop_at_cap, duration_s):
+    release = asyncio.Event()
+
+    async def handle(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        await release.wait()  # the request stays open
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        return await client.open_loop(
+            f"http://127.0.0.1:{port}", _closed_port(), "m",
+            lambda i: client.Req(f"r{i}", [1, 2, 3], 4), rate=100,
+            duration_s=duration_s, drain_s=0.3, sample_s=5, max_in_flight=3,
+            stop_at_cap=stop_at_cap,
+        )  # fmt: skip
+    finally:
+        release.set()
+        server.close()
+
+
+def test_open_loop_stops_at_the_cap_only_when_asked():
+    # three requests stay open: the 4th arrival finds the cap full
+    _, _, load = asyncio.run(_loop_against_a_server_that_never_answers(True, 30.0))
+    assert load["sent"] == 3 and load["not_sent_at_cap"] == 1
+    assert load["stopped_at_s"] is not None and load["stopped_at_s"] < 5
+    assert load["sent_rate"] == pytest.approx(3 / load["stopped_at_s"], rel=0.01)
+    _, _, load = asyncio.run(_loop_against_a_server_that_never_answers(False, 0.5))
+    assert load["stopped_at_s"] is None
+    assert load["sent"] == 3 and load["not_sent_at_cap"] > 1
+
+
 async def _keepalive_server(idle_limit_s: float, resets: list):
     """HTTP/1.1 keep-alive server answering one streamed completion per request; a
     request that arrives on a connection idle for more than ``idle_limit_s`` is
