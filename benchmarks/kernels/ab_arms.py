@@ -28,7 +28,9 @@ feature it lacks), of their median throughputs; its median, min and max, the num
 of points where the arm is faster, and ``by_throughput``, how many points were
 paired without FA3); ``points`` with every run's numbers (FA3's note where it did
 not run); ``not_run``, the points where ours did not run, each with the bench's
-notes (why); the GPU, driver and versions of the first run; ``complete``.
+notes (why); the GPU, driver and versions of the first run; ``notes``, the
+bench's ``note:`` lines (each once; printed too, with the stack: a torch and Triton
+other than ``--stock-site``'s say so there); ``complete``.
 ``--collect`` only writes the record from the runs already in ``--work-dir``;
 ``--dry-run`` prints the commands.
 """
@@ -48,6 +50,20 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 BENCH = Path("benchmarks") / "kernels" / "bench_kernels.py"
+
+
+def run_notes(work_dir: Path, runs: list[tuple[str, int]]) -> list[str]:
+    """The bench's ``note:`` lines in the logs of these runs, each once (e.g. that
+    the kernels ran on a torch and Triton other than the stock install's)."""
+    notes: list[str] = []
+    for name, rnd in runs:
+        log = work_dir / f"{name}-r{rnd}.log"
+        if not log.exists():
+            continue
+        for line in log.read_text().splitlines():
+            if line.startswith("note:") and line not in notes:
+                notes.append(line)
+    return notes
 
 
 def parse_named(items: list[str], what: str) -> dict[str, str]:
@@ -300,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
     first = next(iter(runs.values()), {})  # runs hold round 1's arms first
+    notes = run_notes(args.work_dir, [(name, rnd) for name, rnd in runs])
     record = {
         "what": args.what,
         "gpu": first.get("gpu"),
@@ -307,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": first.get("torch"),
         "triton": first.get("triton"),
         "versions": first.get("versions"),
+        "notes": notes,
         "command": shlex.join(
             ["benchmarks/kernels/ab_arms.py", *argv, "--", *bench_args]
         ),
@@ -324,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         **summarize(arms, runs, args.baseline),
     }
     args.out.write_text(json.dumps(record, indent=1) + "\n")
+    stack = {k: record[k] for k in ("gpu", "torch", "triton")}
+    print("stack:", json.dumps({**stack, "versions": record["versions"]}))
+    for note in notes:
+        print(note)
     for name, row in record["summary"].items():
         print(name, json.dumps(row))
     for name, row in record["paired"].items():

@@ -27,6 +27,8 @@ with open(os.environ["AB_LOG"], "a") as f:
                         "commit": os.environ.get("BENCH_COMMIT")}) + "\\n")
 if "--fail" in argv and "--out" not in argv:
     sys.exit(1)
+if os.environ.get("AB_NOTE"):
+    print("note: torch t and Triton tr come from elsewhere")
 speed = float((tree / "SPEED").read_text()) * (0.9 if "--slow" in argv else 1.0)
 records = []
 for i, point_speed in enumerate((1.0, 0.5, 0.25)):
@@ -216,3 +218,23 @@ def test_a_point_where_ours_did_not_run_is_listed_with_why(tmp_path):
     assert (row["arm"], row["run"], row["q_len"]) == ("exp", 1, 4096)
     assert row["notes_ours"] == "failed: no such config"
     assert "not run:" in res.stdout
+
+
+@pytest.mark.parametrize("note", [True, False])
+def test_the_bench_notes_reach_the_output_and_the_record(tmp_path, note):
+    # e.g. that the kernels ran on the host's torch and Triton, not --stock-site's
+    a = _tree(tmp_path, "a", 1.0)
+    env = {"AB_NOTE": "1"} if note else {}
+    os.environ.update(env)
+    try:
+        r = _run(tmp_path, "--rounds", "2", "--arm", f"a={a}", "--out",
+                 str(tmp_path / "ab.json"), "--", "--matrix", "full")  # fmt: skip
+    finally:
+        for k in env:
+            os.environ.pop(k)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec = json.loads((tmp_path / "ab.json").read_text())
+    line = "note: torch t and Triton tr come from elsewhere"
+    assert rec["notes"] == ([line] if note else [])
+    assert (line in r.stdout.splitlines()) == note
+    assert '"triton": "tr"' in r.stdout  # the stack line
