@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
     first = next(iter(runs.values()), {})  # runs hold round 1's arms first
-    notes = run_notes(args.work_dir, [(name, rnd) for name, rnd in runs])
+    notes = run_notes(args.work_dir, list(runs))
     record = {
         "what": args.what,
         "gpu": first.get("gpu"),
@@ -342,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         **summarize(arms, runs, args.baseline),
     }
     args.out.write_text(json.dumps(record, indent=1) + "\n")
-    stack = {k: record[k] for k in ("gpu", "torch", "triton")}
-    print("stack:", json.dumps({**stack, "versions": record["versions"]}))
+    stack = {k: record[k] for k in ("gpu", "torch", "triton", "versions")}
+    print("stack:", json.dumps(stack))
     for note in notes:
         print(note)
     for name, row in record["summary"].items():

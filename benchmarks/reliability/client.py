@@ -248,8 +248,9 @@ def load_summary(
 ) -> dict:
     """What an open loop put on the server: the asked and the sent rate, arrivals
     not sent at the in-flight cap, the furthest a send fell behind its schedule, the
-    client's CPU seconds per second of load, and when a schedule stopped at the cap
-    ended (None: it ran its whole duration; the rates are over the time it ran)."""
+    client's CPU seconds per second of load, and the second at which a schedule
+    stopped at the cap ended (None: it ran its whole duration); the rates are over
+    the time it ran."""
     ran_s = duration_s if stopped_at_s is None else stopped_at_s
     return {
         "asked_rate": rate,

@@ -221,17 +221,13 @@ def test_a_point_where_ours_did_not_run_is_listed_with_why(tmp_path):
 
 
 @pytest.mark.parametrize("note", [True, False])
-def test_the_bench_notes_reach_the_output_and_the_record(tmp_path, note):
+def test_the_bench_notes_reach_the_output_and_the_record(tmp_path, monkeypatch, note):
     # e.g. that the kernels ran on the host's torch and Triton, not --stock-site's
     a = _tree(tmp_path, "a", 1.0)
-    env = {"AB_NOTE": "1"} if note else {}
-    os.environ.update(env)
-    try:
-        r = _run(tmp_path, "--rounds", "2", "--arm", f"a={a}", "--out",
-                 str(tmp_path / "ab.json"), "--", "--matrix", "full")  # fmt: skip
-    finally:
-        for k in env:
-            os.environ.pop(k)
+    if note:
+        monkeypatch.setenv("AB_NOTE", "1")
+    r = _run(tmp_path, "--rounds", "2", "--arm", f"a={a}", "--out",
+             str(tmp_path / "ab.json"), "--", "--matrix", "full")  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     rec = json.loads((tmp_path / "ab.json").read_text())
     line = "note: torch t and Triton tr come from elsewhere"
