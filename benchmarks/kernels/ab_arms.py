@@ -11,11 +11,12 @@ An arm is a source tree (``NAME=DIR``: its ``bench_kernels.py`` and its
 e.g. ``--prefill-config ...`` or ``--decode-programs-per-sm 0``). Every arm runs
 the bench options after ``--`` (``--callers ours fa3`` is added unless given), so
 each arm's points are timed against FA3 in the same process. Runs are interleaved:
-round 1 runs every arm in order, then round 2, and so on, each in a process of its
-own (``ARM-rN.json`` in ``--work-dir``; a run whose file exists is not run again,
-so rerunning the command resumes; a failed run's output is removed, so it runs
-again). Runs with ``--matrix`` write their records with
-``--out``; others into a folder of their own (``--results-dir``).
+round 1 runs every arm in order, round 2 in reverse order, and so on, so that a
+drift within a round (the GPU warming up over it, say) favours no arm over two
+rounds. Each run is a process of its own (``ARM-rN.json`` in ``--work-dir``; a run
+whose file exists is not run again, so rerunning the command resumes; a failed
+run's output is removed, so it runs again). Runs with ``--matrix`` write their
+records with ``--out``; others into a folder of their own (``--results-dir``).
 
 The record (``--out``): per arm its tree, commit (``--arm-commit NAME=SHA`` where
 the tree has no git metadata, else git's, else ``$BENCH_COMMIT``) and options;
@@ -285,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     runs: dict[tuple[str, int], dict] = {}
     for rnd in range(1, args.rounds + 1):
-        for name, tree in trees.items():
+        # Even rounds reversed (the module doc says why).
+        order = list(trees.items())
+        for name, tree in order if rnd % 2 else order[::-1]:
             path = run_file(args.work_dir, name, rnd)
             cmd = bench_command(args, name, tree, extra.get(name, []), rnd)
             if args.dry_run:

@@ -9,7 +9,8 @@ imports stock vLLM from ``--stock-site`` and the tree's ``vllm/attention/ops``
 (joined to ``vllm.__path__`` as ``bench_kernels.py`` does), and times
 ``paged_decode_attention``, the public entry point every tree keeps, with the split
 count the tree itself chooses (as its backend would: wave-aware where the tree's
-data says). Trees are interleaved per round; the record holds
+data says). Trees are interleaved per round, in reverse order every other round;
+the record holds
 every time and each tree's median per point. Points are ``BATCHxCONTEXT:PAGE:KV``
 (KV ``bf16`` or ``fp8``), at Llama-3.1-8B's heads (32 query, 8 KV, head 128).
 ``--interpret`` runs one tiny point on the CPU (a smoke test of the script).
@@ -152,7 +153,9 @@ def main() -> None:
     trees = dict(t.split("=", 1) for t in args.tree) or {"head": str(REPO)}
     runs = []
     for rnd in range(args.rounds):
-        for name, tree in trees.items():
+        # Odd rounds (from 0) reversed, as ab_arms.py interleaves its arms.
+        order = list(trees.items())
+        for name, tree in order[::-1] if rnd % 2 else order:
             cmd = [sys.executable, __file__, "--child", tree]
             cmd += ["--iters", str(args.iters), "--points", *args.points]
             cmd += ["--interpret"] if args.interpret else []

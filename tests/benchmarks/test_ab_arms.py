@@ -82,6 +82,13 @@ def _calls(tmp_path):
     return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
 
 
+def _run_name(call) -> str:
+    """ARM-rN of a logged bench call, from its --out file or --results-dir."""
+    argv = call["argv"]
+    flag = "--out" if "--out" in argv else "--results-dir"
+    return Path(argv[argv.index(flag) + 1]).name.removesuffix(".json")
+
+
 @pytest.mark.parametrize("matrix", [True, False])
 def test_interleaved_runs_summary_and_pairing(tmp_path, matrix):
     a, b = _tree(tmp_path, "a", 1.0), _tree(tmp_path, "b", 1.1)
@@ -94,7 +101,12 @@ def test_interleaved_runs_summary_and_pairing(tmp_path, matrix):
     res = _run(tmp_path, *args)
     assert res.returncode == 0, res.stdout + res.stderr
     calls = _calls(tmp_path)
-    # Round by round, arms in order; each arm's own options, FA3 in every run.
+    # Round by round, arms in order, then in reverse order; each arm's own options,
+    # FA3 in every run.
+    assert [_run_name(c) for c in calls] == [
+        "new-r1", "old-r1", "slow-r1", "slow-r2", "old-r2", "new-r2",
+    ]  # fmt: skip
+    calls = calls[:3] + calls[3:][::-1]  # round 2 in round 1's order
     assert [c["tree"] for c in calls] == ["b", "a", "b"] * 2
     assert all("--callers" in c["argv"] and c["commit"] == "c0" for c in calls)
     assert "--slow" in calls[2]["argv"] and "--slow" not in calls[0]["argv"]
