@@ -234,6 +234,10 @@ def ptx_summary(compiled) -> dict:
         # e4m3 -> bf16 goes through fp16 on sm_90: the second conversion per element
         # that fp8 caches avoid by running their dots in fp16.
         "cvt_bf16_f16": ptx.count("cvt.bf16.f16"),
+        # The Gluon kernel's fp8 converter: e4m3 pairs to fp16 pairs; and the 16-bit
+        # selects (the zeroing of value rows past the sequence end).
+        "cvt_e4m3_f16": ptx.count("cvt.rn.f16x2.e4m3x2"),
+        "selp_b16": ptx.count("selp.b16"),
         "shared_bytes": compiled.metadata.shared,
     }
 
@@ -743,6 +747,11 @@ def main() -> int:
             good = summary["wgmma"] > 0 and summary["tma"] > 0 and not serialized
             is_fp8 = kwargs["FP8_MAX"] > 0
             good &= (summary["wgmma_e4m3"] > 0) == is_fp8
+            # The converter copies every V tile but the last as it is: its 16-bit
+            # selects (two per conversion of two) are in the last tile's copy
+            # only, so a build has no more selects than conversions (selecting in
+            # the one copy of every tile: twice as many).
+            good &= not is_fp8 or summary["selp_b16"] <= summary["cvt_e4m3_f16"]
             good &= (summary["tanh"] > 0) == kwargs["USE_SOFTCAP"]
             stack_bytes = summary.get("stack_bytes", 0)
             most = MAX_GLUON_STACK_BYTES

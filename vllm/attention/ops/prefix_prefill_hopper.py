@@ -74,10 +74,10 @@ never overlap. Gluon states the schedule explicitly:
   portable kernel's ``fp8_qk``), folded with ``k_scale`` into the score scale.
   p.v stays 16-bit: wgmma takes fp8 operands only K-major, and V's tile is
   key-major. A converter partition of two warps (``_converter``) turns each V tile
-  once into an fp16 tile of a second ring (exact), zeroing the rows past the
-  sequence end there, and releases the fp8 slot at once; the consumers read that
-  ring as they read the V ring of a 16-bit cache, and ``v_scale`` scales the
-  output. The conversion runs beside the consumers, not between their turns.
+  once into an fp16 tile of a second ring (exact), zeroing the last tile's rows
+  past the sequence end there, and releases the fp8 slot at once; the consumers
+  read that ring as they read the V ring of a 16-bit cache, and ``v_scale``
+  scales the output. The conversion runs beside the consumers, not between their turns.
 """
 
 import functools
@@ -278,10 +278,32 @@ def _converter(
 ):  # fmt: skip
     """The converter partition of an fp8 cache (two warps): V tile ``first_tile +
     t`` from the TMA ring's slot ``t % STAGES`` into the fp16 ring's slot of the
-    same index, once every consumer has released that fp16 slot (after its p.v);
-    keys past the sequence end become zeros (a free cache slot may hold NaN).
-    It releases the fp8 slot at once, and ``v16_ready`` hands the tile to the
-    consumers. Exact: every e4m3 value is an fp16 value."""
+    same index (``_convert_tile``). The last tile's keys past the sequence end
+    become zeros (a free cache slot may hold NaN); the other tiles are copied as
+    they are, since the zeros are chosen per 16-bit element (splitting and
+    repacking each pair: three times the instructions of the copy)."""
+    ring = (v_smem, v_bars, v_empty, v16_smem, v16_ready, v16_empty)
+    STAGES: gl.constexpr = v_smem.shape[0]
+    BLOCK_N: gl.constexpr = v_smem.shape[1]
+    last = steps - 1
+    # A round of the ring per iteration, so that each slot is a compile-time
+    # constant there (its addresses immediates: fewer registers than the 40).
+    for t0 in range(0, last, STAGES):
+        for slot in gl.static_range(STAGES):
+            if t0 + slot < last:
+                _convert_tile(ring, t0 + slot, slot, 0, seq_len, MASKED=False)
+    key0 = (first_tile + last) * BLOCK_N
+    _convert_tile(ring, last, last % STAGES, key0, seq_len, MASKED=True)
+
+
+@gluon.jit
+def _convert_tile(ring, t, slot, key0, seq_len, MASKED: gl.constexpr):
+    """The converter's tile ``t`` in ring slot ``slot`` (``t % STAGES``), its
+    first key ``key0``: converted once every consumer has released the fp16 slot
+    (after its p.v) and the TMA has filled the fp8 one. It releases the fp8 slot
+    at once, and ``v16_ready`` hands the tile to the consumers. Exact: every e4m3
+    value is an fp16 value. ``MASKED``: keys from ``seq_len`` on become zeros."""
+    v_smem, v_bars, v_empty, v16_smem, v16_ready, v16_empty = ring
     STAGES: gl.constexpr = v_smem.shape[0]
     BLOCK_N: gl.constexpr = v_smem.shape[1]
     HEAD_PAD: gl.constexpr = v_smem.shape[2]
@@ -290,20 +312,18 @@ def _converter(
     LAYOUT: gl.constexpr = gl.BlockedLayout(
         [1, 16], [512 // HEAD_PAD, HEAD_PAD // 16], [_CONVERTER_WARPS, 1], [1, 0]
     )
-    for t in range(steps):
-        slot = t % STAGES
-        if t >= STAGES:
-            mbarrier.wait(v16_empty.index(slot), (t // STAGES - 1) & 1)
-        mbarrier.wait(v_bars.index(slot), (t // STAGES) & 1)
-        for k0 in gl.static_range(0, BLOCK_N, KEYS):
-            v = v_smem.index(slot).slice(k0, KEYS).load(LAYOUT)
-            keys = gl.arange(0, KEYS, layout=gl.SliceLayout(1, LAYOUT))
-            keys = (first_tile + t) * BLOCK_N + k0 + keys
-            v = gl.where(gl.expand_dims(keys < seq_len, 1), v.to(gl.float16), 0.0)
-            v16_smem.index(slot).slice(k0, KEYS).store(v)
-        mbarrier.arrive(v_empty.index(slot))
-        fence_async_shared()  # the stores, before wgmma reads them
-        mbarrier.arrive(v16_ready.index(slot))
+    if t >= STAGES:
+        mbarrier.wait(v16_empty.index(slot), (t // STAGES - 1) & 1)
+    mbarrier.wait(v_bars.index(slot), (t // STAGES) & 1)
+    for k0 in gl.static_range(0, BLOCK_N, KEYS):
+        v = v_smem.index(slot).slice(k0, KEYS).load(LAYOUT).to(gl.float16)
+        if MASKED:
+            keys = key0 + k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, LAYOUT))
+            v = gl.where(gl.expand_dims(keys < seq_len, 1), v, 0.0)
+        v16_smem.index(slot).slice(k0, KEYS).store(v)
+    mbarrier.arrive(v_empty.index(slot))
+    fence_async_shared()  # the stores, before wgmma reads them
+    mbarrier.arrive(v16_ready.index(slot))
 
 
 @gluon.jit
