@@ -77,7 +77,8 @@ never overlap. Gluon states the schedule explicitly:
   once into an fp16 tile of a second ring (exact), zeroing the last tile's rows
   past the sequence end there, and releases the fp8 slot at once; the consumers
   read that ring as they read the V ring of a 16-bit cache, and ``v_scale``
-  scales the output. The conversion runs beside the consumers, not between their turns.
+  scales the output. The conversion runs beside the consumers, not between their
+  turns.
 """
 
 import functools
@@ -287,7 +288,8 @@ def _converter(
     BLOCK_N: gl.constexpr = v_smem.shape[1]
     last = steps - 1
     # A round of the ring per iteration, so that each slot is a compile-time
-    # constant there (its addresses immediates: fewer registers than the 40).
+    # constant there: its addresses are immediates, and the copy fits the
+    # partition's 40 registers without spilling.
     for t0 in range(0, last, STAGES):
         for slot in gl.static_range(STAGES):
             if t0 + slot < last:
