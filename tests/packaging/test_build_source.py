@@ -176,7 +176,7 @@ def test_pr_kernel_tests_run_in_the_upstream_tree(pr_patch, pristine_tree, tmp_p
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=2400,  # the compile checks' cold builds (their own guard: 1800 s)
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "\n2 passed" in proc.stdout, proc.stdout[-2000:]
