@@ -619,8 +619,10 @@ def _consumer(
             o_hi_tok = warpgroup_mma(p_hi, v_smem[1].index(prev), o_hi, is_async=True)
         if (WG < LAST_WG) | (t < steps - 1):
             _turn(t, WG, NUM_WG, PASS=True)
-        # The softmax of tile t runs while p.v of tile t - 1 is in flight. Each
-        # async wgmma above is one commit group; in issue order: q.k (1 group,
+        # The softmax of tile t is meant to run while p.v of tile t - 1 is in
+        # flight (the sm_90 build waits for p.v before it: docs/kernels.md,
+        # "Where the build waits for p.v"). Each async wgmma above is one commit
+        # group; in issue order: q.k (1 group,
         # or split 2: lo, then hi onto it), then p.v (1, or split 2: ``o``, then
         # ``o_hi``). Groups complete in order, so waiting until at most as many
         # groups as p.v issued are outstanding completes all of q.k and leaves
