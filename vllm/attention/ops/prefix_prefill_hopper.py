@@ -622,11 +622,11 @@ def _consumer(
         # The softmax of tile t is meant to run while p.v of tile t - 1 is in
         # flight (the sm_90 build waits for p.v before it: docs/kernels.md,
         # "Where the build waits for p.v"). Each async wgmma above is one commit
-        # group; in issue order: q.k (1 group,
-        # or split 2: lo, then hi onto it), then p.v (1, or split 2: ``o``, then
-        # ``o_hi``). Groups complete in order, so waiting until at most as many
-        # groups as p.v issued are outstanding completes all of q.k and leaves
-        # all of p.v in flight: wait(1) padded, wait(2) split.
+        # group; in issue order: q.k (1 group, or split 2: lo, then hi onto it),
+        # then p.v (1, or split 2: ``o``, then ``o_hi``). Groups complete in
+        # order, so waiting until at most as many groups as p.v issued are
+        # outstanding completes all of q.k and leaves all of p.v in flight:
+        # wait(1) padded, wait(2) split.
         s = warpgroup_mma_wait(2 if SPLIT_HEAD else 1, deps=[s_tok])
         mbarrier.arrive(k_empty.index(cur))
         p_next, alpha, m_i, l_i = _softmax_step(
