@@ -183,6 +183,7 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
         "longest_first": (True,),
         "split_head": (False, True),
         "gluon": (False,),
+        "overlap_pv": (False, True),
     }
     got = list(tune._candidates(128, torch.bfloat16, 4, 64, space))
     assert got == [
@@ -205,7 +206,9 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
     ]
     # gluon: one candidate per valid tile (128 rows on 4 warps, 64 or 128 keys),
     # with TMA for the launches the portable kernel keeps.
-    gluon_space = {**space, "block_m": (64, 128), "gluon": (True,)}
+    gluon_space = {
+        **space, "block_m": (64, 128), "gluon": (True,), "overlap_pv": (False,)
+    }  # fmt: skip
     got = list(tune._candidates(128, torch.bfloat16, 4, 64, gluon_space))
     assert got == [PrefillConfig(128, 128, 4, 2, True, gluon=True)]
     # An fp8 key: the Gluon kernel takes it with q.k on fp8 tensor cores only.
@@ -228,6 +231,11 @@ def test_tuning_sweep_covers_every_config_field_and_skips_no_op_tma():
     assert [c.block_m for c in got] == [128, 192]
     got = list(tune._candidates(64, torch.float8_e4m3fn, 4, 64, rows_space))
     assert [c.block_m for c in got] == [128]
+    # overlap_pv: the Gluon kernel's only (the portable candidates above have
+    # none set); a Gluon sweep times each tile with and without it.
+    overlap_space = {**gluon_space, "overlap_pv": (False, True)}
+    got = list(tune._candidates(128, torch.bfloat16, 4, 64, overlap_space))
+    assert [c.overlap_pv for c in got] == [False, True]
 
 
 def test_tuning_always_times_the_heuristic_and_the_previous_entry(monkeypatch):

@@ -390,7 +390,7 @@ def hopper_path_problems(kind: str, config, kwargs: dict) -> list[str]:
     uses."""
     problems = []
     if kind.startswith("prefill"):
-        for field in ("use_tma", "gluon"):
+        for field in ("use_tma", "gluon", "overlap_pv"):
             if getattr(config, field):
                 problems.append(f"config.{field}={getattr(config, field)}")
         if kwargs.get("USE_TMA"):

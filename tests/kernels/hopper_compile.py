@@ -180,23 +180,56 @@ def wgmma_serialized(compiled) -> bool:
     return "C7514" in out.stdout + out.stderr
 
 
-def resources(compiled) -> dict:
-    """Registers and stack frame (bytes; spilled registers live there) of the cubin
-    Triton built for sm_90, as ``cuobjdump -res-usage`` (shipped with Triton) reads
-    them; empty when there is no cubin or no cuobjdump."""
-    tool = os.path.join(
-        os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump"
-    )
-    if "cubin" not in compiled.asm or not os.path.exists(tool):
-        return {}
+def read_cubin(compiled, tool: str, *args: str) -> str | None:
+    """What ``tool`` (one of the CUDA binary tools shipped with Triton) prints for
+    the cubin Triton built for sm_90, with ``args`` before the file; None when
+    there is no cubin or no such tool."""
+    path = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin", tool)
+    if "cubin" not in compiled.asm or not os.path.exists(path):
+        return None
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        out = subprocess.run(
-            [tool, "-res-usage", f.name], capture_output=True, text=True, check=True
+        return subprocess.run(
+            [path, *args, f.name], capture_output=True, text=True, check=True
         ).stdout
+
+
+def resources(compiled) -> dict:
+    """Registers and stack frame (bytes; spilled registers live there) of the sm_90
+    cubin, as ``cuobjdump -res-usage`` reads them; empty when there is no cubin or
+    no cuobjdump."""
+    out = read_cubin(compiled, "cuobjdump", "-res-usage") or ""
     match = re.search(r"REG:(\d+) STACK:(\d+)", out)
     return {"registers": int(match[1]), "stack_bytes": int(match[2])} if match else {}
+
+
+def softmax_overlaps_pv(compiled, block_n: int) -> bool | None:
+    """Whether a warpgroup's softmax runs while its own p.v is in flight in the
+    sm_90 build, as nvdisasm reads the cubin: after every wait that leaves wgmma
+    groups in flight (``WARPGROUP.DEPBAR.LE gsb0`` with a non-zero count: q.k
+    complete, p.v not), the tile's exponentials (``MUFU.EX2``, ``block_n / 2`` a
+    thread for 64 rows) come before the next wait for all groups. ptxas may move
+    that wait up to the top of its basic block, before the softmax
+    (docs/kernels.md, "Where the build waits for p.v"). None without a cubin or
+    nvdisasm."""
+    sass = read_cubin(compiled, "nvdisasm", "-c")
+    if sass is None:
+        return None
+    # Between one wait and the next: how many exponentials, and what the first
+    # wait left in flight.
+    events = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)|(MUFU\.EX2)", sass)
+    partial = []
+    in_flight = None
+    for depth, ex2 in events:
+        if ex2:
+            if in_flight:
+                partial[-1] += 1
+            continue
+        in_flight = int(depth, 16)
+        if in_flight:
+            partial.append(0)
+    return bool(partial) and min(partial) >= block_n // 2
 
 
 def sm90_resident_programs(*, registers: int, num_warps: int, shared_bytes: int) -> int:
@@ -260,10 +293,11 @@ def _amd_prefix_prefill_kwargs():
 # Stack frame the Gluon builds may keep up to head size 128: the 128 x 128 tile at
 # head size 128 spills one 8-byte register (Triton 3.6).
 MAX_GLUON_STACK_BYTES = 8
-# Three consumer warpgroups (160 registers each) with a window and a soft-cap
-# together spill (80-88 bytes a thread, Triton 3.8); no served model has both at
-# head 64, and either alone does not spill.
-MAX_GLUON_3WG_WINDOW_SOFTCAP_STACK_BYTES = 96
+# Three consumer warpgroups (160 registers each) with a soft-cap spill (80-88
+# bytes a thread, Triton 3.8) with a window, or with the softmax overlapping the
+# warpgroup's own p.v (its registers live while p.v is in flight); no served
+# model has a soft-cap at head 64 (Gemma-2's heads are 256).
+MAX_GLUON_3WG_SOFTCAP_STACK_BYTES = 96
 # Marks the cases that are H200 table entries a GPU sweep chose by timing.
 TIMED = "[timed H200 table entry]"
 # Marks the portable builds behind table entries that run the Gluon kernel on
@@ -625,9 +659,11 @@ def hopper_kernel_cases():
         is_fp8 = cache_dtype == fp8
         if is_fp8 and block_m == 192:
             continue  # three consumer warpgroups take 16-bit caches only
+        # The softmax overlapping its warpgroup's own p.v where the H200 table
+        # sets it: three consumer warpgroups (head 64).
         tile = PrefillConfig(
             block_m, block_n, 4, num_stages, use_tma=True, split_head=split,
-            gluon=True, fp8_qk=is_fp8,
+            gluon=True, fp8_qk=is_fp8, overlap_pv=block_m == 192,
         )  # fmt: skip
         q_dtype = torch.bfloat16 if is_fp8 else cache_dtype
         query = torch.empty((64, 8, head_size), dtype=q_dtype)
@@ -649,6 +685,7 @@ def hopper_kernel_cases():
         name += " split-head" if split else ""
         assert kernel is hopper.hopper_prefill_kernel, name
         assert kwargs["SPLIT_HEAD"] == split, name
+        name += " overlap-pv" if kwargs["OVERLAP_PV"] else ""
         yield name, kernel, kwargs
         # A sliding window: masks at its edge, the loop from its first tile.
         yield f"{name} window", kernel, {**kwargs, "USE_WINDOW": True}
@@ -757,10 +794,10 @@ def main() -> int:
             most = MAX_GLUON_STACK_BYTES
             if (
                 kwargs["BLOCK_M"] == 192
-                and kwargs["USE_WINDOW"]
                 and kwargs["USE_SOFTCAP"]
+                and (kwargs["USE_WINDOW"] or kwargs["OVERLAP_PV"])
             ):
-                most = MAX_GLUON_3WG_WINDOW_SOFTCAP_STACK_BYTES
+                most = MAX_GLUON_3WG_SOFTCAP_STACK_BYTES
             good &= stack_bytes <= most or kwargs["HEAD_SIZE"] > 128
             good &= summary["shared_bytes"] <= HOPPER_SMEM_BYTES_PER_PROGRAM
             # The q.k wait leaves exactly the p.v groups in flight: one padded,
@@ -770,8 +807,15 @@ def main() -> int:
             split = kwargs["SPLIT_HEAD"]
             good &= summary["wgmma_waits"] == ([0, 2] if split else [0, 1])
             good &= (summary["wgmma_n32"] > 0) == split
+            # The softmax runs while the warpgroup's own p.v is in flight exactly
+            # with OVERLAP_PV: without it ptxas waits for p.v before the softmax
+            # (should a later ptxas not, this says so: the flag is then moot).
+            overlap = softmax_overlaps_pv(compiled, kwargs["BLOCK_N"])
+            good &= overlap is None or overlap == kwargs["OVERLAP_PV"]
             ok &= good
-            print(f"{'ok ' if good else 'BAD'} {name}: {summary} {serialized=}")
+            print(
+                f"{'ok ' if good else 'BAD'} {name}: {summary} {serialized=} {overlap=}"
+            )
     for name, kwargs in _cache_write_cases():
         summary = ptx_summary(compile_for_target(_paged_cache_write_kernel, kwargs))
         print(f"ok  {name}: {summary}")

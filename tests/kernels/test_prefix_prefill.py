@@ -1162,6 +1162,13 @@ def test_fp16_queries_take_the_bf16_entry_their_table_lacks(tmp_path, monkeypatc
         ({}, {"block_m": 192}, "powers of two"),
         ({"head_size": 64}, {"block_m": 192, "gluon": True, "use_tma": True}, None),
         ({}, {"block_m": 192, "gluon": True, "use_tma": True}, "head size 128"),
+        # The softmax overlapping its warpgroup's own p.v: the Gluon kernel's.
+        ({}, {"overlap_pv": True}, "without gluon"),
+        (
+            {"head_size": 64},
+            {"block_m": 192, "gluon": True, "use_tma": True, "overlap_pv": True},
+            None,
+        ),
         ({}, {}, None),  # the controls: what the H200 table ships
         ({}, {"gluon": True, "use_tma": True}, None),
         # The Gluon kernel loads a tile of more keys than a page as page boxes.

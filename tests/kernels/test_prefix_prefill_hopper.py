@@ -279,6 +279,23 @@ def test_three_consumer_warpgroups_take_192_rows(pretend_hopper):
     assert kwargs["BLOCK_M"] == 128 and grid == (6 * 6,)
 
 
+def test_overlap_pv_is_the_configs_and_the_gluon_kernels_only(pretend_hopper):
+    """``overlap_pv`` reaches the kernel as its constexpr; a sweep keeps it to
+    Gluon candidates (the portable kernel has no such flag)."""
+    tensors = _tensors(head_size=64, group=4)
+    three = dataclasses.replace(GLUON_TILE, block_m=192)
+    _, _, kwargs = _gluon_launch(*tensors, three)
+    assert kwargs["OVERLAP_PV"] is False
+    overlap = dataclasses.replace(three, overlap_pv=True)
+    _, _, kwargs = _gluon_launch(*tensors, overlap)
+    assert kwargs["OVERLAP_PV"] is True
+    ok = dict(head_size=64, kv_dtype=torch.bfloat16)
+    assert is_valid_config(overlap, **ok)
+    portable = dataclasses.replace(overlap, block_m=128, gluon=False)
+    assert is_valid_config(dataclasses.replace(portable, overlap_pv=False), **ok)
+    assert not is_valid_config(portable, **ok)
+
+
 SPLIT_TILE = dataclasses.replace(GLUON_TILE, split_head=True)
 
 
@@ -430,7 +447,9 @@ def test_shipped_gluon_entries_run_the_gluon_kernel(pretend_hopper):
 
 
 TILE_64 = dataclasses.replace(GLUON_TILE, block_n=64)
-TILE_192 = dataclasses.replace(GLUON_TILE, block_m=192)
+# Three consumer warpgroups with the softmax overlapping each one's own p.v, as
+# the H200 table runs them (head 64).
+TILE_192 = dataclasses.replace(GLUON_TILE, block_m=192, overlap_pv=True)
 # (head size, group, page size, config, (query_len, kv_len) rows, sliding window,
 # soft-cap)
 GPU_CASES = [
@@ -458,6 +477,15 @@ GPU_CASES = [
     (256, 2, 64, TILE_64, [(300, 300), (70, 1000)], None, 50.0),
     (256, 2, 64, TILE_64, [(300, 700), (129, 640)], 200, 50.0),
     (128, 4, 64, GLUON_TILE, [(513, 2000), (37, 100)], None, 5.0),
+    # The softmax overlapping its warpgroup's own p.v on two warpgroups.
+    (
+        128,
+        4,
+        64,
+        dataclasses.replace(GLUON_TILE, overlap_pv=True),
+        [(37, 100), (513, 2000)],
+        200,
+    ),
     # Sinks (gpt-oss: head 64, group 8, a window of 128 on every other layer),
     # alone and with a soft-cap.
     (64, 8, 16, GLUON_TILE, [(1, 1), (300, 300), (129, 1000)], 128, None, True),

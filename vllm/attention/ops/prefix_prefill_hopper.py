@@ -36,11 +36,16 @@ never overlap. Gluon states the schedule explicitly:
       wait for its turn
       issue S(t) = Q K(t)^T, then O += P(t-1) V(t-1)   (async wgmma)
       let the next warpgroup issue
-      wait S(t); release K(t); softmax of S(t) -> P(t), alpha  (overlaps P(t-1) V(t-1))
+      wait S(t); release K(t); softmax of S(t) -> P(t), alpha
       wait O; release V(t-1); O = alpha * O
 
   The turns (two named barriers) make one warpgroup's softmax run while the other's
-  products occupy the tensor cores (FlashAttention-3's ping-pong).
+  products occupy the tensor cores (FlashAttention-3's ping-pong). Within a
+  warpgroup the softmax of S(t) overlaps P(t-1) V(t-1) only with constexpr
+  ``OVERLAP_PV`` (the config's ``overlap_pv``; the H200 table sets it where it
+  was measured faster, head 64): K(t) is then released after the softmax, behind
+  a branch that keeps the sm_90 build's wait for O after the softmax; without it
+  ptxas moves that wait before the softmax (docs/kernels.md).
 
   Row maxima are fp32 in log2 units (the softmax scale times log2(e)); each
   probability is the exponential of one fused multiply-add of its raw score
@@ -486,7 +491,7 @@ def _consumer(
     STRIDE_O_TOKEN: gl.constexpr, STRIDE_O_HEAD: gl.constexpr,
     GROUP_SIZE: gl.constexpr, HEAD_SIZE: gl.constexpr, USE_WINDOW: gl.constexpr,
     USE_SOFTCAP: gl.constexpr, USE_SINKS: gl.constexpr, FP8_MAX: gl.constexpr,
-    SPLIT_HEAD: gl.constexpr, WG: gl.constexpr,
+    SPLIT_HEAD: gl.constexpr, OVERLAP_PV: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """One consumer warpgroup: 64 query rows from ``row0 + 64 * WG``. Its q.k and
     p.v are issued in turns with the other warpgroups' (``_turn``, round a ring),
@@ -619,21 +624,30 @@ def _consumer(
             o_hi_tok = warpgroup_mma(p_hi, v_smem[1].index(prev), o_hi, is_async=True)
         if (WG < LAST_WG) | (t < steps - 1):
             _turn(t, WG, NUM_WG, PASS=True)
-        # The softmax of tile t is meant to run while p.v of tile t - 1 is in
-        # flight (the sm_90 build waits for p.v before it: docs/kernels.md,
-        # "Where the build waits for p.v"). Each async wgmma above is one commit
-        # group; in issue order: q.k (1 group, or split 2: lo, then hi onto it),
-        # then p.v (1, or split 2: ``o``, then ``o_hi``). Groups complete in
-        # order, so waiting until at most as many groups as p.v issued are
-        # outstanding completes all of q.k and leaves all of p.v in flight:
-        # wait(1) padded, wait(2) split.
+        # The softmax of tile t runs while p.v of tile t - 1 is in flight with
+        # OVERLAP_PV (without it the sm_90 build waits for p.v before the
+        # softmax: docs/kernels.md, "Where the build waits for p.v"). Each async
+        # wgmma above is one commit group; in issue order: q.k (1 group, or
+        # split 2: lo, then hi onto it), then p.v (1, or split 2: ``o``, then
+        # ``o_hi``). Groups complete in order, so waiting until at most as many
+        # groups as p.v issued are outstanding completes all of q.k and leaves
+        # all of p.v in flight: wait(1) padded, wait(2) split.
         s = warpgroup_mma_wait(2 if SPLIT_HEAD else 1, deps=[s_tok])
-        mbarrier.arrive(k_empty.index(cur))
+        if not OVERLAP_PV:
+            mbarrier.arrive(k_empty.index(cur))
         p_next, alpha, m_i, l_i = _softmax_step(
             s, m_i, l_i, first_tile + t, first_masked, window_full, pos, seq_len,
             sliding_window, scale_log2, softcap, S_LAYOUT, P_LAYOUT, O_LAYOUT,
             P_DTYPE, BLOCK_N, USE_WINDOW, USE_SOFTCAP,
         )  # fmt: skip
+        # A compile-time branch around a run-time one: K's slot is released
+        # after the softmax, behind a branch always taken here. ptxas puts the
+        # wait for p.v at the top of its basic block, so the branch keeps that
+        # wait after the softmax, which then runs while this warpgroup's own p.v
+        # is in flight (docs/kernels.md, "Where the build waits for p.v").
+        if OVERLAP_PV:  # noqa: SIM102
+            if seq_len > 0:
+                mbarrier.arrive(k_empty.index(cur))
         if SPLIT_HEAD:
             o, o_hi, p, p_hi = warpgroup_mma_wait(0, deps=[o_tok, o_hi_tok, p, p_hi])
         else:
@@ -711,7 +725,7 @@ def hopper_prefill_kernel(
     ROWS_PER_HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr,
     USE_SINKS: gl.constexpr, FP8_MAX: gl.constexpr, SPLIT_HEAD: gl.constexpr,
-    num_warps: gl.constexpr,
+    OVERLAP_PV: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(STAGES >= 2)
     gl.static_assert(num_warps == 4)
@@ -812,11 +826,11 @@ def hopper_prefill_kernel(
                     (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
                                  STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
                                  USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
-                                 SPLIT_HEAD, 0)),
+                                 SPLIT_HEAD, OVERLAP_PV, 0)),
                     (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
                                  STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
                                  USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
-                                 SPLIT_HEAD, 1)),
+                                 SPLIT_HEAD, OVERLAP_PV, 1)),
                     (_converter, (v_smem[0], v_bars, v_empty, v16_smem, v16_ready,
                                   v16_empty, first_tile, steps, seq_len)),
                     (_producer, (producer, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
@@ -831,11 +845,11 @@ def hopper_prefill_kernel(
                     (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
                                  STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
                                  USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
-                                 SPLIT_HEAD, 0)),
+                                 SPLIT_HEAD, OVERLAP_PV, 0)),
                     (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
                                  STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
                                  USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
-                                 SPLIT_HEAD, 1)),
+                                 SPLIT_HEAD, OVERLAP_PV, 1)),
                     (_producer, (producer, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
                                  ROWS_PER_HEAD, STAGES)),
                 ],
@@ -848,15 +862,15 @@ def hopper_prefill_kernel(
                     (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
                                  STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
                                  USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
-                                 SPLIT_HEAD, 0)),
+                                 SPLIT_HEAD, OVERLAP_PV, 0)),
                     (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
                                  STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
                                  USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
-                                 SPLIT_HEAD, 1)),
+                                 SPLIT_HEAD, OVERLAP_PV, 1)),
                     (_consumer, (consumer, STRIDE_Q_TOKEN, STRIDE_Q_HEAD,
                                  STRIDE_O_TOKEN, STRIDE_O_HEAD, GROUP_SIZE, HEAD_SIZE,
                                  USE_WINDOW, USE_SOFTCAP, USE_SINKS, FP8_MAX,
-                                 SPLIT_HEAD, 2)),
+                                 SPLIT_HEAD, OVERLAP_PV, 2)),
                     (_producer, (producer, BLOCK_N, BLOCK_SIZE, ROWS_PER_BLOCK,
                                  ROWS_PER_HEAD, STAGES)),
                 ],
@@ -936,6 +950,7 @@ def hopper_launch(plan, inputs: AttentionInputs) -> tuple:
         USE_SINKS=inputs.sinks is not None,
         FP8_MAX=fp8_max(key_cache.dtype),
         SPLIT_HEAD=split is not None,
+        OVERLAP_PV=config.overlap_pv,
         num_warps=config.num_warps,
     )
     return hopper_prefill_kernel, (plan.programs,), kwargs
