@@ -140,11 +140,11 @@ class PrefillConfig:
         issue their products in turns, so that one's softmax runs while
         another's q.k and p.v occupy the tensor cores
         (FlashAttention-3's ping-pong); within a warpgroup, p.v of one key tile
-        overlaps the softmax of the next. Honoured where that kernel applies
-        (``hopper_kernel_refusal``: sm_90, a 16-bit cache of the query's dtype or
-        an e4m3 one with ``fp8_qk``, head size 64, 96, 128 or 256, causal, no
-        ALiBi, no KV split); elsewhere the portable
-        kernel runs the same config, with the same result. The launch plan
+        overlaps the softmax of the next with ``overlap_pv``. Honoured where
+        that kernel applies (``hopper_kernel_refusal``: sm_90, a 16-bit cache of
+        the query's dtype or an e4m3 one with ``fp8_qk``, head size 64, 96, 128
+        or 256, causal, no ALiBi, no KV split); elsewhere the portable kernel
+        runs the same config, with the same result. The launch plan
         (``prefix_prefill.plan_prefill``) chooses the kernel first and then the
         split count for that kernel.
     overlap_pv: with ``gluon`` only: within a consumer warpgroup, the softmax of
