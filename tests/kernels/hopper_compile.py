@@ -216,20 +216,19 @@ def softmax_overlaps_pv(compiled, block_n: int) -> bool | None:
     sass = read_cubin(compiled, "nvdisasm", "-c")
     if sass is None:
         return None
-    # Between one wait and the next: how many exponentials, and what the first
-    # wait left in flight.
+    # The exponentials after each wait that leaves groups in flight, up to the
+    # next wait.
     events = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)|(MUFU\.EX2)", sass)
-    partial = []
-    in_flight = None
+    exps_in_flight = []
+    in_flight = 0
     for depth, ex2 in events:
-        if ex2:
+        if not ex2:
+            in_flight = int(depth, 16)
             if in_flight:
-                partial[-1] += 1
-            continue
-        in_flight = int(depth, 16)
-        if in_flight:
-            partial.append(0)
-    return bool(partial) and min(partial) >= block_n // 2
+                exps_in_flight.append(0)
+        elif in_flight:
+            exps_in_flight[-1] += 1
+    return bool(exps_in_flight) and min(exps_in_flight) >= block_n // 2
 
 
 def sm90_resident_programs(*, registers: int, num_warps: int, shared_bytes: int) -> int:
